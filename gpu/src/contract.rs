@@ -1,0 +1,51 @@
+//! The launch contract between host and device: kernel names, CTA shapes, tile sizes and
+//! shared-memory layouts, in one place. The host launchers size grids and shared memory from these
+//! constants and the kernels index with them; changing a number here changes both sides.
+
+/// Bytes in one `f32`.
+pub const F32_BYTES: usize = 4;
+/// Threads in a warp.
+pub const WARP_SIZE: u32 = 32;
+/// Bytes per `mbarrier` object (PTX ISA §9.7.13.15: a 64-bit, 8-byte aligned shared-memory object).
+pub const MBARRIER_BYTES: usize = 8;
+
+/// Warp-specialized, double-buffered vector add `C = A + B` (f32), after the chapter's
+/// "warp-specialized, two pipelines" kernel (ch. 11), done with per-role mbarrier arrivals.
+pub mod vector_add {
+    use super::*;
+
+    /// Entry point in the PTX module.
+    pub const KERNEL: &str = "ws_vector_add";
+    /// Elements of A (and of B, and of C) in one tile. A multiple of 4 (16-byte vectors).
+    pub const TILE_ELEMS: usize = 4096;
+    /// Pipeline depth: double buffering.
+    pub const STAGES: usize = 2;
+    /// Warps of the loader role (cp.async global -> shared).
+    pub const LOADER_WARPS: u32 = 1;
+    /// Warps of the compute role (shared A, B -> shared C).
+    pub const COMPUTE_WARPS: u32 = 1;
+    /// Warps of the storer role (shared C -> global).
+    pub const STORER_WARPS: u32 = 1;
+    /// Threads per CTA.
+    pub const THREADS_PER_CTA: u32 = WARP_SIZE * (LOADER_WARPS + COMPUTE_WARPS + STORER_WARPS);
+    /// CTAs the persistent grid places on each SM (shared memory allows 2 at 96 KiB each).
+    pub const CTAS_PER_SM: u32 = 2;
+
+    /// Shared-memory layout, byte offsets from the start of dynamic shared memory:
+    /// `[loader->compute full|empty mbarriers][compute->storer full|empty mbarriers][pad]`
+    /// then `STAGES x [A | B | C]`, each buffer `TILE_ELEMS` f32.
+    pub const LC_BARRIERS_OFFSET: usize = 0;
+    /// Offset of the compute->storer pipeline's barriers.
+    pub const CS_BARRIERS_OFFSET: usize = LC_BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES;
+    /// Offset of stage 0's A buffer (128-byte aligned).
+    pub const BUFFERS_OFFSET: usize = 128;
+    /// Bytes of one buffer (A, B or C) of one stage.
+    pub const BUFFER_BYTES: usize = TILE_ELEMS * F32_BYTES;
+    /// Bytes of one stage `[A | B | C]`.
+    pub const STAGE_BYTES: usize = 3 * BUFFER_BYTES;
+    /// Dynamic shared memory per CTA, bytes.
+    pub const SMEM_BYTES: usize = BUFFERS_OFFSET + STAGES * STAGE_BYTES;
+
+    const _: () = assert!(CS_BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
+    const _: () = assert!(TILE_ELEMS % 4 == 0);
+}

@@ -1,0 +1,26 @@
+//! warpline's device crate.
+//!
+//! Built twice from one source:
+//! - for `nvptx64-nvidia-cuda` (sm_90, PTX ISA 8.0) by `cargo xtask build-ptx`: the device library in
+//!   [`device`] and the kernels in `kernels`, emitted as one PTX module;
+//! - for the host as an ordinary rlib that exposes [`contract`] only, so the host launchers and the
+//!   kernels read the same tile sizes, warp roles and shared-memory layout.
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
+)]
+
+pub mod contract;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod device;
+#[cfg(target_arch = "nvptx64")]
+mod kernels;
+
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // A device panic traps the kernel; the host sees CUDA_ERROR_LAUNCH_FAILED.
+    unsafe { core::arch::nvptx::trap() }
+}

@@ -1,0 +1,74 @@
+//! Reference copy bandwidths measured in the same process as the figure they are compared with:
+//! pinned H2D, D2H and device-to-device copies, timed with events, best of several repetitions.
+
+use crate::device::Device;
+use crate::error::Result;
+use crate::memory::{MemPool, PinnedBuffer};
+
+/// Bytes per second of one measurement, as GB/s (1e9 bytes).
+fn gbps(bytes: usize, ms: f32) -> f64 {
+    bytes as f64 / (ms as f64 * 1e-3) / 1e9
+}
+
+/// Pinned host -> device bandwidth, GB/s, for `bytes` per copy; best of `reps`.
+pub fn pinned_h2d_gbps(dev: &Device, bytes: usize, reps: usize) -> Result<f64> {
+    let stream = dev.new_stream()?;
+    let pool = MemPool::device_default(dev, u64::MAX)?;
+    let host = PinnedBuffer::<u8>::new(dev, bytes)?;
+    let mut d = pool.alloc_async::<u8>(&stream, bytes)?;
+    let mut best = 0.0f64;
+    for _ in 0..reps.max(1) {
+        let t0 = stream.record()?;
+        // SAFETY: `host` lives until after the stream synchronises below.
+        unsafe { d.copy_from_host_async(&host)? };
+        let t1 = stream.record()?;
+        stream.synchronize()?;
+        best = best.max(gbps(bytes, t0.elapsed_ms(&t1)?));
+    }
+    Ok(best)
+}
+
+/// Device -> pinned host bandwidth, GB/s; best of `reps`.
+pub fn pinned_d2h_gbps(dev: &Device, bytes: usize, reps: usize) -> Result<f64> {
+    let stream = dev.new_stream()?;
+    let pool = MemPool::device_default(dev, u64::MAX)?;
+    let mut host = PinnedBuffer::<u8>::new(dev, bytes)?;
+    let mut d = pool.alloc_async::<u8>(&stream, bytes)?;
+    d.fill_async(7)?;
+    let mut best = 0.0f64;
+    for _ in 0..reps.max(1) {
+        let t0 = stream.record()?;
+        // SAFETY: `host` lives until after the stream synchronises below.
+        unsafe { d.copy_to_host_async(&mut host)? };
+        let t1 = stream.record()?;
+        stream.synchronize()?;
+        best = best.max(gbps(bytes, t0.elapsed_ms(&t1)?));
+    }
+    Ok(best)
+}
+
+/// Device-to-device copy bandwidth, GB/s counting bytes read plus bytes written (2 x `bytes`),
+/// median of `reps` (cuMemcpyDtoDAsync).
+pub fn d2d_copy_gbps(dev: &Device, bytes: usize, reps: usize) -> Result<f64> {
+    let stream = dev.new_stream()?;
+    let pool = MemPool::device_default(dev, u64::MAX)?;
+    let mut src = pool.alloc_async::<u8>(&stream, bytes)?;
+    src.fill_async(3)?;
+    let mut dst = pool.alloc_async::<u8>(&stream, bytes)?;
+    dst.copy_from_device(&src)?; // warm-up
+    let mut all = Vec::new();
+    for _ in 0..reps.max(1) {
+        let t0 = stream.record()?;
+        dst.copy_from_device(&src)?;
+        let t1 = stream.record()?;
+        stream.synchronize()?;
+        all.push(gbps(2 * bytes, t0.elapsed_ms(&t1)?));
+    }
+    Ok(median(&mut all))
+}
+
+/// Median of `v` (sorts it).
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}

@@ -1,0 +1,84 @@
+//! warpline's error type. Every CUDA call's result is checked and lands here with the call's name;
+//! every validation failure says what was wrong and what is allowed.
+
+use cudarc::driver::DriverError;
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in warpline's host crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No CUDA driver library (libcuda.so.1) could be loaded on this machine.
+    #[error("no CUDA driver on this machine (libcuda.so.1 could not be loaded); warpline's GPU path needs an NVIDIA driver and a Hopper (sm_90) GPU")]
+    NoDriver,
+    /// The driver is there but the requested device is not.
+    #[error("no CUDA device {ordinal}: the driver reports {available} device(s)")]
+    NoDevice { ordinal: usize, available: usize },
+    /// The device is older than Hopper.
+    #[error("{device} has compute capability {major}.{minor}; warpline's kernels need 9.0 or newer (Hopper, sm_90)")]
+    ComputeCapability { device: String, major: i32, minor: i32 },
+    /// A CUDA driver call failed.
+    #[error("CUDA call {call} failed: {source}")]
+    Cuda {
+        call: &'static str,
+        #[source]
+        source: DriverError,
+    },
+    /// The PTX module lacks a kernel the host expects (host and gpu/ out of step).
+    #[error("kernel `{kernel}` is not in the PTX module (entries: {entries}); rebuild with `cargo xtask build-ptx`")]
+    MissingKernel { kernel: String, entries: String },
+    /// Input lengths disagree.
+    #[error("{what}: length mismatch: {detail}")]
+    LengthMismatch { what: &'static str, detail: String },
+    /// A size of zero where at least one element is needed.
+    #[error("{what}: empty input: at least 1 element is needed")]
+    Empty { what: &'static str },
+    /// A size above what the kernel or the device supports.
+    #[error("{what}: {value} is too large: at most {max} is allowed")]
+    TooLarge { what: &'static str, value: u64, max: u64 },
+    /// A size that violates a shape rule (a multiple of a tile, say).
+    #[error("{what}: {detail}")]
+    BadShape { what: &'static str, detail: String },
+    /// A device address without the alignment a kernel's vector accesses need.
+    #[error("{what}: device address {addr:#x} is not {align}-byte aligned (the kernel uses {align}-byte accesses)")]
+    Misaligned { what: &'static str, addr: u64, align: u64 },
+    /// A buffer bound to one stream used on another.
+    #[error("{what}: the buffer belongs to another stream; use it on its own stream or move it with DeviceBuffer::move_to_stream")]
+    WrongStream { what: &'static str },
+    /// A kernel asks for more shared memory than the device allows per CTA.
+    #[error("kernel `{kernel}` needs {requested} bytes of shared memory per CTA; the device allows at most {max}")]
+    SharedMemory { kernel: &'static str, requested: usize, max: usize },
+    /// The device or its driver cannot launch thread-block clusters.
+    #[error("thread-block clusters are not supported by this device/driver (needs compute capability 9.0)")]
+    ClustersUnsupported,
+    /// The kernel and cluster configuration cannot be scheduled.
+    #[error("kernel `{kernel}` with clusters of {cluster} CTAs cannot be scheduled ({reason}); cluster sizes that fit: {fits:?}")]
+    ClusterDoesNotFit { kernel: &'static str, cluster: u32, reason: String, fits: Vec<u32> },
+    /// The device does not support stream-ordered memory pools.
+    #[error("this device does not support stream-ordered memory pools (cuMemAllocAsync)")]
+    MemoryPoolsUnsupported,
+    /// Reading or writing a .npy file failed.
+    #[error("{path}: {detail}")]
+    Npy { path: String, detail: String },
+    /// A GPU result disagrees with the CPU reference.
+    #[error("verification failed: {detail}")]
+    Verification { detail: String },
+}
+
+/// Attaches the name of the CUDA call to a driver error.
+pub(crate) trait CudaCall<T> {
+    fn call(self, call: &'static str) -> Result<T>;
+}
+
+impl<T> CudaCall<T> for Result<T, DriverError> {
+    fn call(self, call: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Cuda { call, source })
+    }
+}
+
+impl CudaCall<()> for cudarc::driver::sys::CUresult {
+    fn call(self, call: &'static str) -> Result<()> {
+        self.result().call(call)
+    }
+}

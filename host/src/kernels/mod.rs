@@ -1,0 +1,51 @@
+//! Typed launchers, one module per kernel family. Each validates its arguments (lengths, zero
+//! sizes, alignment, streams, sizes the kernel can index) before anything is launched.
+
+mod vector_add;
+
+pub use vector_add::{grid_for as vector_add_grid, vector_add, vector_add_with_grid, MAX_ELEMS as VECTOR_ADD_MAX_ELEMS};
+
+use crate::error::{Error, Result};
+use crate::memory::{DeviceView, DeviceViewMut};
+use crate::stream::Stream;
+
+/// A kernel of the module that the host launches, with the dynamic shared memory it needs.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSpec {
+    /// Entry name.
+    pub name: &'static str,
+    /// Dynamic shared memory per CTA, bytes.
+    pub dyn_smem_bytes: usize,
+}
+
+/// Every kernel the host launches; `Device::open` checks each is present and fits.
+pub const KERNEL_SPECS: &[KernelSpec] = &[KernelSpec {
+    name: warpline_gpu::contract::vector_add::KERNEL,
+    dyn_smem_bytes: warpline_gpu::contract::vector_add::SMEM_BYTES,
+}];
+
+pub(crate) fn check_aligned(what: &'static str, addr: u64, align: u64) -> Result<()> {
+    if addr % align != 0 {
+        return Err(Error::Misaligned { what, addr, align });
+    }
+    Ok(())
+}
+
+pub(crate) fn check_stream(what: &'static str, view_stream: &Stream, stream: &Stream) -> Result<()> {
+    if view_stream != stream {
+        return Err(Error::WrongStream { what });
+    }
+    Ok(())
+}
+
+/// Input view helper: stream and alignment checks in one place.
+pub(crate) fn check_input<T>(what: &'static str, v: &DeviceView<'_, T>, stream: &Stream, align: u64) -> Result<()> {
+    check_stream(what, v.stream(), stream)?;
+    check_aligned(what, v.device_ptr(), align)
+}
+
+/// Output view helper: stream and alignment checks in one place.
+pub(crate) fn check_output<T>(what: &'static str, v: &DeviceViewMut<'_, T>, stream: &Stream, align: u64) -> Result<()> {
+    check_stream(what, v.stream(), stream)?;
+    check_aligned(what, v.device_ptr(), align)
+}

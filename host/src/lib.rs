@@ -1,0 +1,30 @@
+//! # warpline
+//!
+//! Host side of warpline: opens a Hopper GPU through the CUDA driver API (via `cudarc`), loads the
+//! PTX module built from `gpu/` by `cargo xtask build-ptx`, and launches its kernels with typed,
+//! validated arguments; schedules batches over non-blocking streams with stream-ordered allocation.
+//!
+//! Rooms: [`device`] (context, module, capabilities), [`launch`] (cuLaunchKernelEx configurations),
+//! [`memory`] (memory pools, stream-bound device buffers, pinned host buffers), [`stream`] (streams
+//! and events), [`kernels`] (one typed launcher per kernel), [`pipeline`] (the multi-stream batch
+//! pipeline), [`bandwidth`] (reference copy measurements), [`reference`] (CPU references), [`npy`].
+
+pub mod bandwidth;
+pub mod device;
+pub mod error;
+pub mod kernels;
+pub mod launch;
+pub mod memory;
+pub mod npy;
+pub mod pipeline;
+pub mod reference;
+pub mod stream;
+
+pub use device::{Capabilities, Device};
+pub use error::{Error, Result};
+pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, MemPool, PinnedBuffer};
+pub use pipeline::{BatchPipeline, BatchTiming, PipelineReport};
+pub use stream::{Event, Stream};
+
+/// The PTX module built from `gpu/` (sm_90, PTX ISA 8.0), embedded at build time.
+pub const PTX: &str = include_str!(env!("WARPLINE_PTX_PATH"));
