@@ -7,7 +7,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=WARPLINE_PTX");
     let path = match std::env::var_os("WARPLINE_PTX") {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap()).join("../target/ptx/warpline_gpu.ptx"),
+        None => PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap())
+            .join("../target/ptx/warpline_gpu.ptx"),
     };
     println!("cargo:rerun-if-changed={}", path.display());
     if !path.exists() {

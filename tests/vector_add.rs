@@ -19,15 +19,30 @@ fn check(dev: &Device, n: usize, grid: Option<u32>) {
     db.copy_from_host(&b).unwrap();
     dc.fill_async(f32::NAN).unwrap();
     match grid {
-        None => kernels::vector_add(dev, &stream, da.as_view(), db.as_view(), dc.as_view_mut()).unwrap(),
-        Some(g) => kernels::vector_add_with_grid(dev, &stream, da.as_view(), db.as_view(), dc.as_view_mut(), g).unwrap(),
+        None => {
+            kernels::vector_add(dev, &stream, da.as_view(), db.as_view(), dc.as_view_mut()).unwrap()
+        }
+        Some(g) => kernels::vector_add_with_grid(
+            dev,
+            &stream,
+            da.as_view(),
+            db.as_view(),
+            dc.as_view_mut(),
+            g,
+        )
+        .unwrap(),
     }
     let mut c = vec![0f32; n];
     dc.copy_to_host(&mut c).unwrap();
     let want = reference::vector_add(&a, &b);
     for (i, (&g, &w)) in c.iter().zip(&want).enumerate() {
         assert!(
-            relative_eq!(g as f64, w, epsilon = 0.0, max_relative = reference::VECTOR_ADD_REL_BOUND),
+            relative_eq!(
+                g as f64,
+                w,
+                epsilon = 0.0,
+                max_relative = reference::VECTOR_ADD_REL_BOUND
+            ),
             "n = {n}, grid = {grid:?}: c[{i}] = {g}, f64 reference {w}"
         );
     }
@@ -35,7 +50,9 @@ fn check(dev: &Device, n: usize, grid: Option<u32>) {
 
 #[test]
 fn matches_cpu_reference_at_every_size() {
-    let Some(dev) = gpu_or_skip("vector_add sizes") else { return };
+    let Some(dev) = gpu_or_skip("vector_add sizes") else {
+        return;
+    };
     for &n in SIZES {
         check(&dev, n, None);
     }
@@ -43,7 +60,9 @@ fn matches_cpu_reference_at_every_size() {
 
 #[test]
 fn any_persistent_grid_size_completes_and_is_correct() {
-    let Some(dev) = gpu_or_skip("vector_add grids") else { return };
+    let Some(dev) = gpu_or_skip("vector_add grids") else {
+        return;
+    };
     let n = 4096 * 37 + 9; // 38 tiles
     for grid in [1, 2, 3, 37, 38, 39, 264, 5000] {
         check(&dev, n, Some(grid));

@@ -47,5 +47,5 @@ pub mod vector_add {
     pub const SMEM_BYTES: usize = BUFFERS_OFFSET + STAGES * STAGE_BYTES;
 
     const _: () = assert!(CS_BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
-    const _: () = assert!(TILE_ELEMS % 4 == 0);
+    const _: () = assert!(TILE_ELEMS.is_multiple_of(4));
 }

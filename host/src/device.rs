@@ -67,7 +67,10 @@ pub struct Device {
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device").field("caps", &self.caps).field("kernels", &self.kernels.keys()).finish()
+        f.debug_struct("Device")
+            .field("caps", &self.caps)
+            .field("kernels", &self.kernels.keys())
+            .finish()
     }
 }
 
@@ -80,8 +83,17 @@ pub fn driver_present() -> bool {
 /// The `.entry` names of a PTX module, in order.
 pub fn ptx_entries(ptx: &str) -> Vec<String> {
     ptx.lines()
-        .filter_map(|l| l.trim_start().strip_prefix(".visible .entry ").or_else(|| l.trim_start().strip_prefix(".entry ")))
-        .map(|rest| rest.split(|c: char| c == '(' || c.is_whitespace()).next().unwrap_or_default().to_string())
+        .filter_map(|l| {
+            l.trim_start()
+                .strip_prefix(".visible .entry ")
+                .or_else(|| l.trim_start().strip_prefix(".entry "))
+        })
+        .map(|rest| {
+            rest.split(|c: char| c == '(' || c.is_whitespace())
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
         .collect()
 }
 
@@ -115,7 +127,9 @@ impl Device {
             name: ctx.name().call("cuDeviceGetName")?,
             compute_capability: ctx.compute_capability().call("cuDeviceGetAttribute")?,
             sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
-            max_shared_mem_per_block_optin: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize,
+            max_shared_mem_per_block_optin: attr(
+                Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )? as usize,
             cluster_launch: attr(Attr::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)? != 0,
             memory_pools: attr(Attr::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0,
             async_engines: attr(Attr::CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT)? as u32,
@@ -124,9 +138,15 @@ impl Device {
         };
         let (major, minor) = caps.compute_capability;
         if major < 9 {
-            return Err(Error::ComputeCapability { device: caps.name, major, minor });
+            return Err(Error::ComputeCapability {
+                device: caps.name,
+                major,
+                minor,
+            });
         }
-        let module = ctx.load_module(Ptx::from_src(ptx)).call("cuModuleLoadData")?;
+        let module = ctx
+            .load_module(Ptx::from_src(ptx))
+            .call("cuModuleLoadData")?;
         let mut kernels = BTreeMap::new();
         for name in ptx_entries(ptx) {
             let func = module.load_function(&name).call("cuModuleGetFunction")?;
@@ -134,7 +154,12 @@ impl Device {
             unsafe { sys::cuFuncLoad(func.cu_function()) }.call("cuFuncLoad")?;
             kernels.insert(name.clone(), Kernel { name, func });
         }
-        let dev = Self { ctx, _module: module, kernels, caps };
+        let dev = Self {
+            ctx,
+            _module: module,
+            kernels,
+            caps,
+        };
         for spec in KERNEL_SPECS {
             let kernel = dev.kernel(spec.name)?;
             if spec.dyn_smem_bytes > dev.caps.max_shared_mem_per_block_optin {
@@ -220,7 +245,11 @@ mod tests {
     fn entries_of_embedded_ptx_include_every_kernel_spec() {
         let entries = ptx_entries(crate::PTX);
         for spec in KERNEL_SPECS {
-            assert!(entries.iter().any(|e| e == spec.name), "{} missing from {entries:?}", spec.name);
+            assert!(
+                entries.iter().any(|e| e == spec.name),
+                "{} missing from {entries:?}",
+                spec.name
+            );
         }
     }
 }

@@ -17,7 +17,11 @@ pub enum Error {
     NoDevice { ordinal: usize, available: usize },
     /// The device is older than Hopper.
     #[error("{device} has compute capability {major}.{minor}; warpline's kernels need 9.0 or newer (Hopper, sm_90)")]
-    ComputeCapability { device: String, major: i32, minor: i32 },
+    ComputeCapability {
+        device: String,
+        major: i32,
+        minor: i32,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA call {call} failed: {source}")]
     Cuda {
@@ -36,25 +40,42 @@ pub enum Error {
     Empty { what: &'static str },
     /// A size above what the kernel or the device supports.
     #[error("{what}: {value} is too large: at most {max} is allowed")]
-    TooLarge { what: &'static str, value: u64, max: u64 },
+    TooLarge {
+        what: &'static str,
+        value: u64,
+        max: u64,
+    },
     /// A size that violates a shape rule (a multiple of a tile, say).
     #[error("{what}: {detail}")]
     BadShape { what: &'static str, detail: String },
     /// A device address without the alignment a kernel's vector accesses need.
     #[error("{what}: device address {addr:#x} is not {align}-byte aligned (the kernel uses {align}-byte accesses)")]
-    Misaligned { what: &'static str, addr: u64, align: u64 },
+    Misaligned {
+        what: &'static str,
+        addr: u64,
+        align: u64,
+    },
     /// A buffer bound to one stream used on another.
     #[error("{what}: the buffer belongs to another stream; use it on its own stream or move it with DeviceBuffer::move_to_stream")]
     WrongStream { what: &'static str },
     /// A kernel asks for more shared memory than the device allows per CTA.
     #[error("kernel `{kernel}` needs {requested} bytes of shared memory per CTA; the device allows at most {max}")]
-    SharedMemory { kernel: &'static str, requested: usize, max: usize },
+    SharedMemory {
+        kernel: &'static str,
+        requested: usize,
+        max: usize,
+    },
     /// The device or its driver cannot launch thread-block clusters.
     #[error("thread-block clusters are not supported by this device/driver (needs compute capability 9.0)")]
     ClustersUnsupported,
     /// The kernel and cluster configuration cannot be scheduled.
     #[error("kernel `{kernel}` with clusters of {cluster} CTAs cannot be scheduled ({reason}); cluster sizes that fit: {fits:?}")]
-    ClusterDoesNotFit { kernel: &'static str, cluster: u32, reason: String, fits: Vec<u32> },
+    ClusterDoesNotFit {
+        kernel: &'static str,
+        cluster: u32,
+        reason: String,
+        fits: Vec<u32>,
+    },
     /// The device does not support stream-ordered memory pools.
     #[error("this device does not support stream-ordered memory pools (cuMemAllocAsync)")]
     MemoryPoolsUnsupported,

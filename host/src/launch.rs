@@ -29,7 +29,13 @@ pub struct LaunchConfig {
 impl LaunchConfig {
     /// A 1-D launch of `grid` CTAs of `block` threads with `shared_mem_bytes` dynamic shared memory.
     pub fn linear(grid: u32, block: u32, shared_mem_bytes: u32) -> Self {
-        Self { grid: [grid, 1, 1], block: [block, 1, 1], shared_mem_bytes, cluster: None, pdl: false }
+        Self {
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            shared_mem_bytes,
+            cluster: None,
+            pdl: false,
+        }
     }
 
     /// The same launch with clusters of `size` CTAs along x.
@@ -48,24 +54,41 @@ impl LaunchConfig {
     /// memory within the opt-in limit, cluster support and grid divisibility.
     pub fn validate(&self, dev: &Device, kernel: &'static str) -> Result<()> {
         if self.grid.contains(&0) || self.block.contains(&0) {
-            return Err(Error::BadShape { what: "launch configuration", detail: format!("grid {:?} and block {:?} must be non-zero", self.grid, self.block) });
+            return Err(Error::BadShape {
+                what: "launch configuration",
+                detail: format!(
+                    "grid {:?} and block {:?} must be non-zero",
+                    self.grid, self.block
+                ),
+            });
         }
         let threads: u32 = self.block.iter().product();
         if threads > 1024 {
-            return Err(Error::TooLarge { what: "threads per CTA", value: threads as u64, max: 1024 });
+            return Err(Error::TooLarge {
+                what: "threads per CTA",
+                value: threads as u64,
+                max: 1024,
+            });
         }
         let max = dev.capabilities().max_shared_mem_per_block_optin;
         if self.shared_mem_bytes as usize > max {
-            return Err(Error::SharedMemory { kernel, requested: self.shared_mem_bytes as usize, max });
+            return Err(Error::SharedMemory {
+                kernel,
+                requested: self.shared_mem_bytes as usize,
+                max,
+            });
         }
         if let Some(c) = self.cluster {
             if !dev.capabilities().cluster_launch {
                 return Err(Error::ClustersUnsupported);
             }
-            if c.contains(&0) || (0..3).any(|i| self.grid[i] % c[i] != 0) {
+            if c.contains(&0) || (0..3).any(|i| !self.grid[i].is_multiple_of(c[i])) {
                 return Err(Error::BadShape {
                     what: "cluster launch",
-                    detail: format!("grid {:?} must be a non-zero multiple of the cluster {:?}", self.grid, c),
+                    detail: format!(
+                        "grid {:?} must be a non-zero multiple of the cluster {:?}",
+                        self.grid, c
+                    ),
                 });
             }
         }
@@ -96,7 +119,11 @@ impl LaunchConfig {
     }
 
     /// `cfg` in the driver's layout, pointing into `attrs`.
-    pub(crate) fn to_driver(&self, stream: sys::CUstream, attrs: &mut [sys::CUlaunchAttribute]) -> sys::CUlaunchConfig {
+    pub(crate) fn driver_config(
+        &self,
+        stream: sys::CUstream,
+        attrs: &mut [sys::CUlaunchAttribute],
+    ) -> sys::CUlaunchConfig {
         sys::CUlaunchConfig {
             gridDimX: self.grid[0],
             gridDimY: self.grid[1],
@@ -119,11 +146,23 @@ impl LaunchConfig {
 /// parameter's type, and the kernel's memory accesses with these arguments stay inside live
 /// allocations that are ordered on `stream`. The typed launchers in [`crate::kernels`] establish
 /// this; prefer them.
-pub unsafe fn launch_raw(dev: &Device, kernel: &Kernel, stream: &Stream, cfg: &LaunchConfig, params: &mut [*mut c_void]) -> Result<()> {
+pub unsafe fn launch_raw(
+    dev: &Device,
+    kernel: &Kernel,
+    stream: &Stream,
+    cfg: &LaunchConfig,
+    params: &mut [*mut c_void],
+) -> Result<()> {
     dev.bind()?;
     let mut attrs = cfg.attributes();
-    let config = cfg.to_driver(stream.raw(), &mut attrs);
-    sys::cuLaunchKernelEx(&config, kernel.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()).call("cuLaunchKernelEx")
+    let config = cfg.driver_config(stream.raw(), &mut attrs);
+    sys::cuLaunchKernelEx(
+        &config,
+        kernel.cu_function(),
+        params.as_mut_ptr(),
+        std::ptr::null_mut(),
+    )
+    .call("cuLaunchKernelEx")
 }
 
 /// Builds the `void*` parameter array of a launch from local values: `params![a, b, n]`.

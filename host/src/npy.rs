@@ -9,7 +9,10 @@ use npyz::WriterBuilder;
 use crate::error::{Error, Result};
 
 fn npy_err(path: &Path, detail: impl std::fmt::Display) -> Error {
-    Error::Npy { path: path.display().to_string(), detail: detail.to_string() }
+    Error::Npy {
+        path: path.display().to_string(),
+        detail: detail.to_string(),
+    }
 }
 
 /// Reads an f32 array (little-endian `<f4`, C order) and returns its shape and elements.
@@ -18,13 +21,19 @@ pub fn read_f32(path: &Path) -> Result<(Vec<u64>, Vec<f32>)> {
     let file = File::open(path).map_err(|e| npy_err(path, e))?;
     let npy = npyz::NpyFile::new(BufReader::new(file)).map_err(|e| npy_err(path, e))?;
     if npy.order() != npyz::Order::C {
-        return Err(npy_err(path, "Fortran-ordered arrays are not supported; save with order='C'"));
+        return Err(npy_err(
+            path,
+            "Fortran-ordered arrays are not supported; save with order='C'",
+        ));
     }
     let shape = npy.shape().to_vec();
     let dtype = npy.dtype();
-    let data = npy
-        .into_vec::<f32>()
-        .map_err(|e| npy_err(path, format!("expected dtype float32 ('<f4'), file has {dtype:?}: {e}")))?;
+    let data = npy.into_vec::<f32>().map_err(|e| {
+        npy_err(
+            path,
+            format!("expected dtype float32 ('<f4'), file has {dtype:?}: {e}"),
+        )
+    })?;
     Ok((shape, data))
 }
 
@@ -32,7 +41,10 @@ pub fn read_f32(path: &Path) -> Result<(Vec<u64>, Vec<f32>)> {
 pub fn read_f32_1d(path: &Path) -> Result<Vec<f32>> {
     let (shape, data) = read_f32(path)?;
     if shape.len() != 1 {
-        return Err(npy_err(path, format!("expected a 1-D array, found shape {shape:?}")));
+        return Err(npy_err(
+            path,
+            format!("expected a 1-D array, found shape {shape:?}"),
+        ));
     }
     Ok(data)
 }
@@ -41,7 +53,13 @@ pub fn read_f32_1d(path: &Path) -> Result<Vec<f32>> {
 pub fn write_f32(path: &Path, shape: &[u64], data: &[f32]) -> Result<()> {
     let expected: u64 = shape.iter().product();
     if expected != data.len() as u64 {
-        return Err(npy_err(path, format!("shape {shape:?} holds {expected} elements, data has {}", data.len())));
+        return Err(npy_err(
+            path,
+            format!(
+                "shape {shape:?} holds {expected} elements, data has {}",
+                data.len()
+            ),
+        ));
     }
     let file = File::create(path).map_err(|e| npy_err(path, e))?;
     let mut w = npyz::WriteOptions::<f32>::new()
@@ -50,7 +68,8 @@ pub fn write_f32(path: &Path, shape: &[u64], data: &[f32]) -> Result<()> {
         .writer(std::io::BufWriter::new(file))
         .begin_nd()
         .map_err(|e| npy_err(path, e))?;
-    w.extend(data.iter().copied()).map_err(|e| npy_err(path, e))?;
+    w.extend(data.iter().copied())
+        .map_err(|e| npy_err(path, e))?;
     w.finish().map_err(|e| npy_err(path, e))
 }
 
@@ -68,8 +87,14 @@ mod tests {
         assert_eq!(read_f32_1d(&p).unwrap(), data);
         write_f32(&p, &[1, 37], &data).unwrap();
         assert!(matches!(read_f32_1d(&p), Err(Error::Npy { .. })));
-        assert!(matches!(write_f32(&p, &[36], &data), Err(Error::Npy { .. })));
-        assert!(matches!(read_f32_1d(&dir.join("missing.npy")), Err(Error::Npy { .. })));
+        assert!(matches!(
+            write_f32(&p, &[36], &data),
+            Err(Error::Npy { .. })
+        ));
+        assert!(matches!(
+            read_f32_1d(&dir.join("missing.npy")),
+            Err(Error::Npy { .. })
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

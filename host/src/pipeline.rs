@@ -67,7 +67,11 @@ impl PipelineReport {
     /// Sum of all stage times over the span: 1.0 means no overlap, higher means stages of
     /// different batches ran at the same time.
     pub fn overlap(&self) -> f64 {
-        let busy: f64 = self.batches.iter().map(|b| b.h2d_ms + b.kernel_ms + b.d2h_ms).sum();
+        let busy: f64 = self
+            .batches
+            .iter()
+            .map(|b| b.h2d_ms + b.kernel_ms + b.d2h_ms)
+            .sum();
         busy / self.span_ms
     }
 }
@@ -94,12 +98,20 @@ impl<'d> BatchPipeline<'d> {
     /// A pipeline over `streams` new non-blocking streams (1 to [`MAX_STREAMS`]).
     pub fn new(dev: &'d Device, streams: usize) -> Result<Self> {
         if streams == 0 {
-            return Err(Error::Empty { what: "pipeline streams" });
+            return Err(Error::Empty {
+                what: "pipeline streams",
+            });
         }
         if streams > MAX_STREAMS {
-            return Err(Error::TooLarge { what: "pipeline streams", value: streams as u64, max: MAX_STREAMS as u64 });
+            return Err(Error::TooLarge {
+                what: "pipeline streams",
+                value: streams as u64,
+                max: MAX_STREAMS as u64,
+            });
         }
-        let streams = (0..streams).map(|_| dev.new_stream()).collect::<Result<Vec<_>>>()?;
+        let streams = (0..streams)
+            .map(|_| dev.new_stream())
+            .collect::<Result<Vec<_>>>()?;
         let pool = MemPool::device_default(dev, u64::MAX)?;
         Ok(Self { dev, streams, pool })
     }
@@ -119,7 +131,14 @@ impl<'d> BatchPipeline<'d> {
         progress: impl FnMut(usize, usize),
     ) -> Result<PipelineReport> {
         let dev = self.dev;
-        self.run(a, b, c, batch_elems, |s, x, y, z| crate::kernels::vector_add(dev, s, x, y, z), progress)
+        self.run(
+            a,
+            b,
+            c,
+            batch_elems,
+            |s, x, y, z| crate::kernels::vector_add(dev, s, x, y, z),
+            progress,
+        )
     }
 
     /// Runs `kernel(stream, a_batch, b_batch, c_batch)` over batches of `batch_elems` elements
@@ -140,14 +159,28 @@ impl<'d> BatchPipeline<'d> {
         mut progress: impl FnMut(usize, usize),
     ) -> Result<PipelineReport>
     where
-        K: FnMut(&Stream, DeviceView<'_, f32>, DeviceView<'_, f32>, DeviceViewMut<'_, f32>) -> Result<()>,
+        K: FnMut(
+            &Stream,
+            DeviceView<'_, f32>,
+            DeviceView<'_, f32>,
+            DeviceViewMut<'_, f32>,
+        ) -> Result<()>,
     {
         let n = a.len();
         if b.len() != n || c.len() != n {
-            return Err(Error::LengthMismatch { what: "pipeline inputs", detail: format!("a has {n} elements, b {}, c {}; all must be equal", b.len(), c.len()) });
+            return Err(Error::LengthMismatch {
+                what: "pipeline inputs",
+                detail: format!(
+                    "a has {n} elements, b {}, c {}; all must be equal",
+                    b.len(),
+                    c.len()
+                ),
+            });
         }
         if batch_elems == 0 {
-            return Err(Error::Empty { what: "pipeline batch size" });
+            return Err(Error::Empty {
+                what: "pipeline batch size",
+            });
         }
         self.prewarm_pool(batch_elems.min(n))?;
         let wall = Instant::now();
@@ -187,7 +220,14 @@ impl<'d> BatchPipeline<'d> {
             });
         }
         let bytes = (n * size_of::<f32>()) as u64;
-        Ok(PipelineReport { streams: self.streams.len(), batches, bytes_h2d: 2 * bytes, bytes_d2h: bytes, span_ms, wall_ms })
+        Ok(PipelineReport {
+            streams: self.streams.len(),
+            batches,
+            bytes_h2d: 2 * bytes,
+            bytes_d2h: bytes,
+            span_ms,
+            wall_ms,
+        })
     }
 
     fn enqueue_all<K>(
@@ -200,7 +240,12 @@ impl<'d> BatchPipeline<'d> {
         queued: &mut Vec<Enqueued>,
     ) -> Result<()>
     where
-        K: FnMut(&Stream, DeviceView<'_, f32>, DeviceView<'_, f32>, DeviceViewMut<'_, f32>) -> Result<()>,
+        K: FnMut(
+            &Stream,
+            DeviceView<'_, f32>,
+            DeviceView<'_, f32>,
+            DeviceViewMut<'_, f32>,
+        ) -> Result<()>,
     {
         let n = a.len();
         for (i, c_batch) in c.chunks_mut(batch_elems).enumerate() {
@@ -225,7 +270,14 @@ impl<'d> BatchPipeline<'d> {
             unsafe { dc.copy_to_host_async(c_batch)? };
             let d2h_done = s.record()?;
             // da, db, dc drop here: cuMemFreeAsync on `s`, after the D2H in stream order.
-            queued.push(Enqueued { range, stream: si, start, h2d_done, kernel_done, d2h_done });
+            queued.push(Enqueued {
+                range,
+                stream: si,
+                start,
+                h2d_done,
+                kernel_done,
+                d2h_done,
+            });
         }
         Ok(())
     }

@@ -4,7 +4,10 @@ use crate::error::{Error, Result};
 
 /// `a + b` element-wise, in f64.
 pub fn vector_add(a: &[f32], b: &[f32]) -> Vec<f64> {
-    a.iter().zip(b).map(|(&x, &y)| x as f64 + y as f64).collect()
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| x as f64 + y as f64)
+        .collect()
 }
 
 /// Relative error bound of an f32 add against its f64 reference: the f32 sum is the exact sum
@@ -35,10 +38,16 @@ pub fn max_rel_error(got: &[f32], want: &[f64]) -> (f64, usize) {
 /// Errors: [`Error::Verification`] naming the worst element.
 pub fn verify(what: &str, got: &[f32], want: &[f64], bound: f64) -> Result<f64> {
     if got.len() != want.len() {
-        return Err(Error::Verification { detail: format!("{what}: {} results for {} references", got.len(), want.len()) });
+        return Err(Error::Verification {
+            detail: format!(
+                "{what}: {} results for {} references",
+                got.len(),
+                want.len()
+            ),
+        });
     }
     let (err, i) = max_rel_error(got, want);
-    if !(err <= bound) {
+    if err.is_nan() || err > bound {
         return Err(Error::Verification {
             detail: format!("{what}: element {i} is {} but the f64 reference is {} (relative error {err:e} > bound {bound:e})", got[i], want[i]),
         });
@@ -65,6 +74,12 @@ mod tests {
         let a: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.11).cos()).collect();
         let got: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
-        verify("cpu f32 add", &got, &vector_add(&a, &b), VECTOR_ADD_REL_BOUND).unwrap();
+        verify(
+            "cpu f32 add",
+            &got,
+            &vector_add(&a, &b),
+            VECTOR_ADD_REL_BOUND,
+        )
+        .unwrap();
     }
 }

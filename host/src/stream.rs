@@ -65,7 +65,9 @@ pub struct Event {
 impl Event {
     /// Milliseconds from `self` to `later` (both completed; cuEventElapsedTime).
     pub fn elapsed_ms(&self, later: &Event) -> Result<f32> {
-        self.inner.elapsed_ms(&later.inner).call("cuEventElapsedTime")
+        self.inner
+            .elapsed_ms(&later.inner)
+            .call("cuEventElapsedTime")
     }
 
     /// Blocks the host until the event has completed.

@@ -10,7 +10,16 @@ fn warpline() -> Command {
 #[test]
 fn pipeline_command_reports_no_gpu_or_runs_verified() {
     let out = warpline()
-        .args(["pipeline", "--streams", "2", "--batches", "3", "--batch-elems", "100001", "--verify"])
+        .args([
+            "pipeline",
+            "--streams",
+            "2",
+            "--batches",
+            "3",
+            "--batch-elems",
+            "100001",
+            "--verify",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -28,7 +37,10 @@ fn pipeline_command_reports_no_gpu_or_runs_verified() {
 
 #[test]
 fn bad_arguments_are_rejected_with_a_message() {
-    let out = warpline().args(["pipeline", "--a", "x.npy"]).output().unwrap();
+    let out = warpline()
+        .args(["pipeline", "--a", "x.npy"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--b"));
 }

@@ -56,7 +56,10 @@ fn main() -> ExitCode {
 
 /// Workspace root (the parent of xtask/).
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// Where the device build's PTX module is written, and where the host build reads it.
@@ -72,7 +75,9 @@ const DEBIAN_RUST_SRC: &str = "/usr/lib/rustlib/src/rust/library/core";
 
 fn run(cmd: &mut Command) -> Result<()> {
     let shown = format!("{cmd:?}");
-    let status = cmd.status().map_err(|e| format!("could not start {shown}: {e}"))?;
+    let status = cmd
+        .status()
+        .map_err(|e| format!("could not start {shown}: {e}"))?;
     if status.success() {
         Ok(())
     } else {
@@ -85,12 +90,18 @@ fn setup() -> Result<()> {
         && Path::new(DEBIAN_CARGO).exists()
         && Path::new(DEBIAN_RUST_SRC).exists();
     if have_rustc {
-        println!("setup: device toolchain already there ({DEBIAN_RUSTC}, {DEBIAN_CARGO}, rust-web-src)");
+        println!(
+            "setup: device toolchain already there ({DEBIAN_RUSTC}, {DEBIAN_CARGO}, rust-web-src)"
+        );
     } else {
         println!("setup: installing Debian rustc-web cargo-web rust-web-src");
         let sudo = !is_root();
         let apt = |args: &[&str]| {
-            let mut c = if sudo { Command::new("sudo") } else { Command::new("apt-get") };
+            let mut c = if sudo {
+                Command::new("sudo")
+            } else {
+                Command::new("apt-get")
+            };
             if sudo {
                 c.arg("apt-get");
             }
@@ -98,17 +109,37 @@ fn setup() -> Result<()> {
             run(&mut c)
         };
         apt(&["update", "-qq"])?;
-        apt(&["install", "-y", "-qq", "rustc-web", "cargo-web", "rust-web-src"])?;
+        apt(&[
+            "install",
+            "-y",
+            "-qq",
+            "rustc-web",
+            "cargo-web",
+            "rust-web-src",
+        ])?;
     }
     match ptxas::find() {
         Some(p) => println!("setup: ptxas already there ({})", p.display()),
         None => {
             let dir = ptxas::install_dir();
-            println!("setup: installing ptxas (PyPI nvidia-cuda-nvcc) into {}", dir.display());
-            run(Command::new("python3").args(["-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target"])
+            println!(
+                "setup: installing ptxas (PyPI nvidia-cuda-nvcc) into {}",
+                dir.display()
+            );
+            run(Command::new("python3")
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-deps",
+                    "--upgrade",
+                    "--target",
+                ])
                 .arg(&dir)
                 .arg("nvidia-cuda-nvcc"))?;
-            let p = ptxas::find().ok_or("ptxas still not found after installing nvidia-cuda-nvcc")?;
+            let p =
+                ptxas::find().ok_or("ptxas still not found after installing nvidia-cuda-nvcc")?;
             println!("setup: ptxas at {}", p.display());
         }
     }
@@ -116,7 +147,11 @@ fn setup() -> Result<()> {
 }
 
 fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0")).unwrap_or(false)
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0"))
+        .unwrap_or(false)
 }
 
 fn build_ptx(require_ptxas: bool) -> Result<()> {
@@ -162,7 +197,8 @@ fn build_ptx(require_ptxas: bool) -> Result<()> {
     println!("build-ptx: building gpu/ for nvptx64-nvidia-cuda (sm_90, PTX ISA 8.0)");
     run(&mut cmd)?;
     let built = target_dir.join("nvptx64-nvidia-cuda/release/deps/warpline_gpu.s");
-    let ptx = fs::read_to_string(&built).map_err(|e| format!("reading {}: {e}", built.display()))?;
+    let ptx =
+        fs::read_to_string(&built).map_err(|e| format!("reading {}: {e}", built.display()))?;
     let out = ptx_path();
     fs::create_dir_all(out.parent().unwrap()).map_err(|e| e.to_string())?;
     // Write only on change, so the host build is not redone needlessly.
@@ -191,9 +227,18 @@ fn test() -> Result<()> {
     build_ptx(true)?;
     let root = root();
     println!("test: cargo fmt --check");
-    run(cargo().current_dir(&root).args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo()
+        .current_dir(&root)
+        .args(["fmt", "--all", "--", "--check"]))?;
     println!("test: cargo clippy --workspace --all-targets -D warnings");
-    run(cargo().current_dir(&root).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    run(cargo().current_dir(&root).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
     println!("test: cargo test --workspace");
     run(cargo().current_dir(&root).args(["test", "--workspace"]))?;
     Ok(())
@@ -234,7 +279,11 @@ fn gpu_bundle() -> Result<()> {
         let stem = exe.file_name().unwrap().to_string_lossy().to_string();
         // Test and bench executables carry a hash suffix: name-<16 hex>.
         let name = match stem.rsplit_once('-') {
-            Some((base, hash)) if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) => base.to_string(),
+            Some((base, hash))
+                if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) =>
+            {
+                base.to_string()
+            }
             _ => stem,
         };
         let dst = dir.join(sub).join(&name);
@@ -263,7 +312,11 @@ fn gpu_bundle() -> Result<()> {
         .filter(|m| m.is_file())
         .map(|m| m.len())
         .sum();
-    println!("gpu-bundle: {} ({:.1} MiB)", dir.display(), size as f64 / (1 << 20) as f64);
+    println!(
+        "gpu-bundle: {} ({:.1} MiB)",
+        dir.display(),
+        size as f64 / (1 << 20) as f64
+    );
     if size > 60 << 20 {
         return Err(format!("bundle is {size} bytes, over the 60 MiB budget"));
     }

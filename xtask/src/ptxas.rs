@@ -17,7 +17,11 @@ pub fn find() -> Option<PathBuf> {
         Some(PathBuf::from("ptxas")),
     ];
     candidates.into_iter().flatten().find(|p| {
-        Command::new(p).arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
+        Command::new(p)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
     })
 }
 
@@ -39,7 +43,8 @@ pub fn assemble(ptxas: &Path, ptx: &Path) -> Result<Vec<KernelReport>, String> {
         .arg(ptx)
         .output()
         .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
-    let text = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         return Err(format!("ptxas rejected {}:\n{text}", ptx.display()));
     }
@@ -56,7 +61,10 @@ fn parse(text: &str) -> Vec<KernelReport> {
     for line in text.lines() {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             let name = rest.split('\'').next().unwrap_or_default().to_string();
-            out.push(KernelReport { name, ..Default::default() });
+            out.push(KernelReport {
+                name,
+                ..Default::default()
+            });
         } else if let Some(k) = out.last_mut() {
             if line.contains("bytes stack frame") {
                 k.stack_bytes = number_before(line, " bytes stack frame").unwrap_or(0);
@@ -98,6 +106,15 @@ ptxas info    : Function properties for ws_vector_add\n\
 ptxas info    : Used 40 registers, used 1 barriers, 64 bytes smem\n";
         let k = &parse(text)[0];
         assert_eq!(k.name, "ws_vector_add");
-        assert_eq!((k.registers, k.smem_bytes, k.stack_bytes, k.spill_stores, k.spill_loads), (40, 64, 8, 4, 12));
+        assert_eq!(
+            (
+                k.registers,
+                k.smem_bytes,
+                k.stack_bytes,
+                k.spill_stores,
+                k.spill_loads
+            ),
+            (40, 64, 8, 4, 12)
+        );
     }
 }

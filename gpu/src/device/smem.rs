@@ -40,7 +40,10 @@ impl<T> Shared<T> {
     /// Wraps a shared-window byte address.
     #[inline(always)]
     pub const fn at(addr: u32) -> Self {
-        Self { addr, _t: PhantomData }
+        Self {
+            addr,
+            _t: PhantomData,
+        }
     }
     /// The shared-window byte address.
     #[inline(always)]

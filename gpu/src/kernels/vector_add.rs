@@ -72,7 +72,13 @@ impl Tiles {
 /// Visits the tile's elements owned by thread `t` of `threads`: whole 4-element vectors (index of
 /// the first element), then the ragged scalars.
 #[inline(always)]
-fn for_each_owned(len: u32, t: u32, threads: u32, mut vec4: impl FnMut(u32), mut scalar: impl FnMut(u32)) {
+fn for_each_owned(
+    len: u32,
+    t: u32,
+    threads: u32,
+    mut vec4: impl FnMut(u32),
+    mut scalar: impl FnMut(u32),
+) {
     let vecs = len / 4;
     let mut v = t;
     while v < vecs {
@@ -129,7 +135,12 @@ fn compute(s: Smem, tiles: Tiles, t: u32) {
                 |i| {
                     let x = s.a(st.stage).add(i).load_v4();
                     let y = s.b(st.stage).add(i).load_v4();
-                    s.c(st.stage).add(i).store_v4([x[0] + y[0], x[1] + y[1], x[2] + y[2], x[3] + y[3]]);
+                    s.c(st.stage).add(i).store_v4([
+                        x[0] + y[0],
+                        x[1] + y[1],
+                        x[2] + y[2],
+                        x[3] + y[3],
+                    ]);
                 },
                 |i| {
                     let v = s.a(st.stage).add(i).load() + s.b(st.stage).add(i).load();

@@ -5,10 +5,16 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use warpline::{bandwidth, npy, reference, BatchPipeline, Device, Error, PinnedBuffer, PipelineReport, Result};
+use warpline::{
+    bandwidth, npy, reference, BatchPipeline, Device, Error, PinnedBuffer, PipelineReport, Result,
+};
 
 #[derive(Parser)]
-#[command(name = "warpline", version, about = "Rust-built Hopper kernels streamed over CUDA streams")]
+#[command(
+    name = "warpline",
+    version,
+    about = "Rust-built Hopper kernels streamed over CUDA streams"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -73,7 +79,10 @@ fn main() -> ExitCode {
 fn info() -> Result<()> {
     let dev = Device::open(0)?;
     println!("{:#?}", dev.capabilities());
-    println!("kernels: {}", dev.kernel_names().collect::<Vec<_>>().join(", "));
+    println!(
+        "kernels: {}",
+        dev.kernel_names().collect::<Vec<_>>().join(", ")
+    );
     Ok(())
 }
 
@@ -92,7 +101,9 @@ fn fill_random(dst: &mut [f32], pb: &ProgressBar) {
     use rand::Rng;
     let mut rng = rand::rng();
     for chunk in dst.chunks_mut(1 << 20) {
-        chunk.iter_mut().for_each(|x| *x = rng.random_range(-1.0f32..1.0));
+        chunk
+            .iter_mut()
+            .for_each(|x| *x = rng.random_range(-1.0f32..1.0));
         pb.inc(1);
     }
 }
@@ -100,7 +111,14 @@ fn fill_random(dst: &mut [f32], pb: &ProgressBar) {
 fn pipeline(args: PipelineArgs) -> Result<()> {
     let dev = Device::open(0)?;
     let caps = dev.capabilities();
-    println!("device: {} (sm_{}{}, {} SMs, {} copy engines)", caps.name, caps.compute_capability.0, caps.compute_capability.1, caps.sm_count, caps.async_engines);
+    println!(
+        "device: {} (sm_{}{}, {} SMs, {} copy engines)",
+        caps.name,
+        caps.compute_capability.0,
+        caps.compute_capability.1,
+        caps.sm_count,
+        caps.async_engines
+    );
     if args.batches == 0 {
         return Err(Error::Empty { what: "--batches" });
     }
@@ -109,19 +127,37 @@ fn pipeline(args: PipelineArgs) -> Result<()> {
             let a = npy::read_f32_1d(pa)?;
             let b = npy::read_f32_1d(pb)?;
             if a.len() != b.len() {
-                return Err(Error::LengthMismatch { what: "--a/--b", detail: format!("{} has {} elements, {} has {}", pa.display(), a.len(), pb.display(), b.len()) });
+                return Err(Error::LengthMismatch {
+                    what: "--a/--b",
+                    detail: format!(
+                        "{} has {} elements, {} has {}",
+                        pa.display(),
+                        a.len(),
+                        pb.display(),
+                        b.len()
+                    ),
+                });
             }
             if a.is_empty() {
                 return Err(Error::Empty { what: "--a" });
             }
-            (PinnedBuffer::from_slice(&dev, &a)?, PinnedBuffer::from_slice(&dev, &b)?)
+            (
+                PinnedBuffer::from_slice(&dev, &a)?,
+                PinnedBuffer::from_slice(&dev, &b)?,
+            )
         }
         _ => {
             let be = args.batch_elems.unwrap_or(1 << 24);
-            let n = be.checked_mul(args.batches).filter(|&n| n > 0).ok_or(Error::BadShape {
-                what: "--batches x --batch-elems",
-                detail: format!("{} x {be} must be at least 1 and fit in memory", args.batches),
-            })?;
+            let n = be
+                .checked_mul(args.batches)
+                .filter(|&n| n > 0)
+                .ok_or(Error::BadShape {
+                    what: "--batches x --batch-elems",
+                    detail: format!(
+                        "{} x {be} must be at least 1 and fit in memory",
+                        args.batches
+                    ),
+                })?;
             let mut a = PinnedBuffer::<f32>::new(&dev, n)?;
             let mut b = PinnedBuffer::<f32>::new(&dev, n)?;
             let pb = bar(2 * n.div_ceil(1 << 20) as u64, "inputs");
@@ -141,19 +177,34 @@ fn pipeline(args: PipelineArgs) -> Result<()> {
         let pipe = BatchPipeline::new(&dev, streams)?;
         let batches = n.div_ceil(batch_elems);
         let pb = bar(batches as u64, &format!("{streams} stream(s)"));
-        let report = pipe.run_vector_add(&a, &b, c, batch_elems, |done, _| pb.set_position(done as u64))?;
+        let report = pipe.run_vector_add(&a, &b, c, batch_elems, |done, _| {
+            pb.set_position(done as u64)
+        })?;
         pb.finish_and_clear();
         Ok(report)
     };
-    let baseline = if args.compare_one_stream && args.streams != 1 { Some(run(1, &mut c)?) } else { None };
+    let baseline = if args.compare_one_stream && args.streams != 1 {
+        Some(run(1, &mut c)?)
+    } else {
+        None
+    };
     let report = run(args.streams, &mut c)?;
 
     if args.verify {
         let pb = bar(n.div_ceil(1 << 22) as u64, "verify");
         let mut worst = 0f64;
-        for ((ca, cb), cc) in a.chunks(1 << 22).zip(b.chunks(1 << 22)).zip(c.chunks(1 << 22)) {
+        for ((ca, cb), cc) in a
+            .chunks(1 << 22)
+            .zip(b.chunks(1 << 22))
+            .zip(c.chunks(1 << 22))
+        {
             let want = reference::vector_add(ca, cb);
-            worst = worst.max(reference::verify("pipeline C", cc, &want, reference::VECTOR_ADD_REL_BOUND)?);
+            worst = worst.max(reference::verify(
+                "pipeline C",
+                cc,
+                &want,
+                reference::VECTOR_ADD_REL_BOUND,
+            )?);
             pb.inc(1);
         }
         pb.finish_and_clear();
@@ -166,7 +217,10 @@ fn pipeline(args: PipelineArgs) -> Result<()> {
 
     let bytes = report.bytes_h2d + report.bytes_d2h;
     println!();
-    println!("{:>8} {:>8} {:>12} {:>10} {:>10} {:>12} {:>12} {:>9}", "streams", "batches", "MiB moved", "time ms", "GB/s", "x H2D", "x 1.5 H2D", "overlap");
+    println!(
+        "{:>8} {:>8} {:>12} {:>10} {:>10} {:>12} {:>12} {:>9}",
+        "streams", "batches", "MiB moved", "time ms", "GB/s", "x H2D", "x 1.5 H2D", "overlap"
+    );
     let row = |r: &PipelineReport| {
         println!(
             "{:>8} {:>8} {:>12.0} {:>10.2} {:>10.1} {:>12.3} {:>12.3} {:>9.2}",
@@ -186,7 +240,11 @@ fn pipeline(args: PipelineArgs) -> Result<()> {
     row(&report);
     println!("pinned H2D bandwidth measured in this run: {h2d:.1} GB/s (upper limit of the pipeline: 1.5 x H2D = {:.1} GB/s, two of every three bytes go host to device)", 1.5 * h2d);
     if let Some(b) = &baseline {
-        println!("speed-up of {} streams over 1 stream: {:.2}x", report.streams, report.pcie_gbps() / b.pcie_gbps());
+        println!(
+            "speed-up of {} streams over 1 stream: {:.2}x",
+            report.streams,
+            report.pcie_gbps() / b.pcie_gbps()
+        );
     }
     Ok(())
 }

@@ -3,7 +3,10 @@
 
 mod vector_add;
 
-pub use vector_add::{grid_for as vector_add_grid, vector_add, vector_add_with_grid, MAX_ELEMS as VECTOR_ADD_MAX_ELEMS};
+pub use vector_add::{
+    grid_for as vector_add_grid, vector_add, vector_add_with_grid,
+    MAX_ELEMS as VECTOR_ADD_MAX_ELEMS,
+};
 
 use crate::error::{Error, Result};
 use crate::memory::{DeviceView, DeviceViewMut};
@@ -25,13 +28,17 @@ pub const KERNEL_SPECS: &[KernelSpec] = &[KernelSpec {
 }];
 
 pub(crate) fn check_aligned(what: &'static str, addr: u64, align: u64) -> Result<()> {
-    if addr % align != 0 {
+    if !addr.is_multiple_of(align) {
         return Err(Error::Misaligned { what, addr, align });
     }
     Ok(())
 }
 
-pub(crate) fn check_stream(what: &'static str, view_stream: &Stream, stream: &Stream) -> Result<()> {
+pub(crate) fn check_stream(
+    what: &'static str,
+    view_stream: &Stream,
+    stream: &Stream,
+) -> Result<()> {
     if view_stream != stream {
         return Err(Error::WrongStream { what });
     }
@@ -39,13 +46,23 @@ pub(crate) fn check_stream(what: &'static str, view_stream: &Stream, stream: &St
 }
 
 /// Input view helper: stream and alignment checks in one place.
-pub(crate) fn check_input<T>(what: &'static str, v: &DeviceView<'_, T>, stream: &Stream, align: u64) -> Result<()> {
+pub(crate) fn check_input<T>(
+    what: &'static str,
+    v: &DeviceView<'_, T>,
+    stream: &Stream,
+    align: u64,
+) -> Result<()> {
     check_stream(what, v.stream(), stream)?;
     check_aligned(what, v.device_ptr(), align)
 }
 
 /// Output view helper: stream and alignment checks in one place.
-pub(crate) fn check_output<T>(what: &'static str, v: &DeviceViewMut<'_, T>, stream: &Stream, align: u64) -> Result<()> {
+pub(crate) fn check_output<T>(
+    what: &'static str,
+    v: &DeviceViewMut<'_, T>,
+    stream: &Stream,
+    align: u64,
+) -> Result<()> {
     check_stream(what, v.stream(), stream)?;
     check_aligned(what, v.device_ptr(), align)
 }

@@ -29,7 +29,13 @@ pub fn grid_for(dev: &Device, n: usize) -> u32 {
 ///
 /// Errors, all before launch: [`Error::LengthMismatch`], [`Error::Empty`], [`Error::TooLarge`],
 /// [`Error::Misaligned`], [`Error::WrongStream`]; a failing launch gives [`Error::Cuda`].
-pub fn vector_add(dev: &Device, stream: &Stream, a: DeviceView<'_, f32>, b: DeviceView<'_, f32>, c: DeviceViewMut<'_, f32>) -> Result<()> {
+pub fn vector_add(
+    dev: &Device,
+    stream: &Stream,
+    a: DeviceView<'_, f32>,
+    b: DeviceView<'_, f32>,
+    c: DeviceViewMut<'_, f32>,
+) -> Result<()> {
     let grid = grid_for(dev, a.len());
     vector_add_with_grid(dev, stream, a, b, c, grid)
 }
@@ -45,17 +51,31 @@ pub fn vector_add_with_grid(
     grid: u32,
 ) -> Result<()> {
     if grid == 0 || grid > i32::MAX as u32 {
-        return Err(Error::BadShape { what: "vector_add grid", detail: format!("{grid} CTAs; 1 to 2^31 - 1 are allowed") });
+        return Err(Error::BadShape {
+            what: "vector_add grid",
+            detail: format!("{grid} CTAs; 1 to 2^31 - 1 are allowed"),
+        });
     }
     let n = a.len();
     if b.len() != n || c.len() != n {
-        return Err(Error::LengthMismatch { what: "vector_add", detail: format!("a has {n} elements, b {}, c {}; all must be equal", b.len(), c.len()) });
+        return Err(Error::LengthMismatch {
+            what: "vector_add",
+            detail: format!(
+                "a has {n} elements, b {}, c {}; all must be equal",
+                b.len(),
+                c.len()
+            ),
+        });
     }
     if n == 0 {
         return Err(Error::Empty { what: "vector_add" });
     }
     if n as u64 > MAX_ELEMS {
-        return Err(Error::TooLarge { what: "vector_add elements", value: n as u64, max: MAX_ELEMS });
+        return Err(Error::TooLarge {
+            what: "vector_add elements",
+            value: n as u64,
+            max: MAX_ELEMS,
+        });
     }
     check_input("vector_add input a", &a, stream, 16)?;
     check_input("vector_add input b", &b, stream, 16)?;

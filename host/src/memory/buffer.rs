@@ -44,7 +44,13 @@ impl<T> Drop for DeviceBuffer<T> {
 
 impl<T> std::fmt::Debug for DeviceBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceBuffer<{}>[{}] at {:#x}", std::any::type_name::<T>(), self.len, self.ptr)
+        write!(
+            f,
+            "DeviceBuffer<{}>[{}] at {:#x}",
+            std::any::type_name::<T>(),
+            self.len,
+            self.ptr
+        )
     }
 }
 
@@ -52,8 +58,19 @@ impl<T: Pod> DeviceBuffer<T> {
     /// # Safety
     /// `ptr` is a live stream-ordered allocation of at least `len` T, usable on `stream`, owned by
     /// the returned buffer.
-    pub(crate) unsafe fn from_raw(ptr: sys::CUdeviceptr, len: usize, stream: Stream, ctx: Arc<CudaContext>) -> Self {
-        Self { ptr, len, stream, ctx, _t: PhantomData }
+    pub(crate) unsafe fn from_raw(
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        stream: Stream,
+        ctx: Arc<CudaContext>,
+    ) -> Self {
+        Self {
+            ptr,
+            len,
+            stream,
+            ctx,
+            _t: PhantomData,
+        }
     }
 
     /// Elements.
@@ -90,30 +107,53 @@ impl<T: Pod> DeviceBuffer<T> {
     /// A read-only view of `range` (elements).
     pub fn view(&self, range: Range<usize>) -> Result<DeviceView<'_, T>> {
         self.check_range(&range)?;
-        Ok(DeviceView { ptr: self.ptr + (range.start * size_of::<T>()) as u64, len: range.len(), stream: &self.stream, _b: PhantomData })
+        Ok(DeviceView {
+            ptr: self.ptr + (range.start * size_of::<T>()) as u64,
+            len: range.len(),
+            stream: &self.stream,
+            _b: PhantomData,
+        })
     }
 
     /// A mutable view of `range` (elements).
     pub fn view_mut(&mut self, range: Range<usize>) -> Result<DeviceViewMut<'_, T>> {
         self.check_range(&range)?;
-        Ok(DeviceViewMut { ptr: self.ptr + (range.start * size_of::<T>()) as u64, len: range.len(), stream: &self.stream, _b: PhantomData })
+        Ok(DeviceViewMut {
+            ptr: self.ptr + (range.start * size_of::<T>()) as u64,
+            len: range.len(),
+            stream: &self.stream,
+            _b: PhantomData,
+        })
     }
 
     /// The whole buffer, read-only.
     pub fn as_view(&self) -> DeviceView<'_, T> {
-        DeviceView { ptr: self.ptr, len: self.len, stream: &self.stream, _b: PhantomData }
+        DeviceView {
+            ptr: self.ptr,
+            len: self.len,
+            stream: &self.stream,
+            _b: PhantomData,
+        }
     }
 
     /// The whole buffer, mutable.
     pub fn as_view_mut(&mut self) -> DeviceViewMut<'_, T> {
-        DeviceViewMut { ptr: self.ptr, len: self.len, stream: &self.stream, _b: PhantomData }
+        DeviceViewMut {
+            ptr: self.ptr,
+            len: self.len,
+            stream: &self.stream,
+            _b: PhantomData,
+        }
     }
 
     fn check_range(&self, range: &Range<usize>) -> Result<()> {
         if range.start > range.end || range.end > self.len {
             return Err(Error::LengthMismatch {
                 what: "buffer view",
-                detail: format!("range {range:?} is outside the buffer of {} elements", self.len),
+                detail: format!(
+                    "range {range:?} is outside the buffer of {} elements",
+                    self.len
+                ),
             });
         }
         Ok(())
@@ -149,13 +189,31 @@ impl<T: Pod> DeviceBuffer<T> {
         // SAFETY: ptr/len describe our allocation; the memset is stream-ordered.
         unsafe {
             match size_of::<T>() {
-                4 => sys::cuMemsetD32Async(self.ptr, bytemuck::cast_slice::<T, u32>(&[value])[0], self.len, stream)
-                    .call("cuMemsetD32Async"),
-                2 => sys::cuMemsetD16Async(self.ptr, bytemuck::cast_slice::<T, u16>(&[value])[0], self.len, stream)
-                    .call("cuMemsetD16Async"),
-                1 => sys::cuMemsetD8Async(self.ptr, bytemuck::cast_slice::<T, u8>(&[value])[0], self.len, stream)
-                    .call("cuMemsetD8Async"),
-                n => Err(Error::BadShape { what: "fill_async", detail: format!("element size {n} bytes; 1, 2 or 4 are supported") }),
+                4 => sys::cuMemsetD32Async(
+                    self.ptr,
+                    bytemuck::cast_slice::<T, u32>(&[value])[0],
+                    self.len,
+                    stream,
+                )
+                .call("cuMemsetD32Async"),
+                2 => sys::cuMemsetD16Async(
+                    self.ptr,
+                    bytemuck::cast_slice::<T, u16>(&[value])[0],
+                    self.len,
+                    stream,
+                )
+                .call("cuMemsetD16Async"),
+                1 => sys::cuMemsetD8Async(
+                    self.ptr,
+                    bytemuck::cast_slice::<T, u8>(&[value])[0],
+                    self.len,
+                    stream,
+                )
+                .call("cuMemsetD8Async"),
+                n => Err(Error::BadShape {
+                    what: "fill_async",
+                    detail: format!("element size {n} bytes; 1, 2 or 4 are supported"),
+                }),
             }
         }
     }
@@ -184,18 +242,30 @@ impl<T: Pod> DeviceBuffer<T> {
     pub fn copy_from_device(&mut self, src: &DeviceBuffer<T>) -> Result<()> {
         check_len("copy_from_device", self.len, src.len)?;
         if src.stream != self.stream {
-            return Err(Error::WrongStream { what: "copy_from_device source" });
+            return Err(Error::WrongStream {
+                what: "copy_from_device source",
+            });
         }
         self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
         // SAFETY: both allocations are live and of `len` T; ordered on the shared stream.
-        unsafe { result::memcpy_dtod_async(self.ptr, src.ptr, self.len * size_of::<T>(), self.stream.raw()) }
-            .call("cuMemcpyDtoDAsync")
+        unsafe {
+            result::memcpy_dtod_async(
+                self.ptr,
+                src.ptr,
+                self.len * size_of::<T>(),
+                self.stream.raw(),
+            )
+        }
+        .call("cuMemcpyDtoDAsync")
     }
 }
 
 fn check_len(what: &'static str, buffer: usize, host: usize) -> Result<()> {
     if buffer != host {
-        return Err(Error::LengthMismatch { what, detail: format!("device buffer has {buffer} elements, host slice {host}") });
+        return Err(Error::LengthMismatch {
+            what,
+            detail: format!("device buffer has {buffer} elements, host slice {host}"),
+        });
     }
     Ok(())
 }

@@ -30,7 +30,9 @@ impl<T: Pod> PinnedBuffer<T> {
     /// Allocates and zero-fills `len` elements. Errors: [`Error::Empty`] for `len == 0`.
     pub fn new(dev: &Device, len: usize) -> Result<Self> {
         if len == 0 {
-            return Err(Error::Empty { what: "pinned host allocation" });
+            return Err(Error::Empty {
+                what: "pinned host allocation",
+            });
         }
         let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::TooLarge {
             what: "pinned host allocation (elements)",
@@ -39,10 +41,15 @@ impl<T: Pod> PinnedBuffer<T> {
         })?;
         dev.bind()?;
         // SAFETY: plain allocation call; the result is checked.
-        let ptr = unsafe { result::malloc_host(bytes, CU_MEMHOSTALLOC_PORTABLE) }.call("cuMemHostAlloc")? as *mut T;
+        let ptr = unsafe { result::malloc_host(bytes, CU_MEMHOSTALLOC_PORTABLE) }
+            .call("cuMemHostAlloc")? as *mut T;
         // SAFETY: `ptr` points to `bytes` writable bytes; zero is a valid T (Pod).
         unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
-        Ok(Self { ptr, len, ctx: dev.context().clone() })
+        Ok(Self {
+            ptr,
+            len,
+            ctx: dev.context().clone(),
+        })
     }
 
     /// Allocates and copies `src` in.

@@ -41,7 +41,9 @@ impl Drop for PoolHandle {
 
 impl std::fmt::Debug for MemPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemPool").field("owned", &self.inner.owned).finish()
+        f.debug_struct("MemPool")
+            .field("owned", &self.inner.owned)
+            .finish()
     }
 }
 
@@ -59,8 +61,15 @@ impl MemPool {
         dev.bind()?;
         let cu_dev = dev.context().cu_device();
         // SAFETY: valid device handle.
-        let pool = unsafe { result::device::get_default_mem_pool(cu_dev) }.call("cuDeviceGetDefaultMemPool")?;
-        let p = Self { inner: Arc::new(PoolHandle { pool, owned: false, ctx: dev.context().clone() }) };
+        let pool = unsafe { result::device::get_default_mem_pool(cu_dev) }
+            .call("cuDeviceGetDefaultMemPool")?;
+        let p = Self {
+            inner: Arc::new(PoolHandle {
+                pool,
+                owned: false,
+                ctx: dev.context().clone(),
+            }),
+        };
         p.set_release_threshold(release_threshold)?;
         Ok(p)
     }
@@ -79,7 +88,13 @@ impl MemPool {
         props.location.id = dev.context().ordinal() as i32;
         // SAFETY: props is fully initialised.
         let pool = unsafe { result::mem_pool::create(&props) }.call("cuMemPoolCreate")?;
-        let p = Self { inner: Arc::new(PoolHandle { pool, owned: true, ctx: dev.context().clone() }) };
+        let p = Self {
+            inner: Arc::new(PoolHandle {
+                pool,
+                owned: true,
+                ctx: dev.context().clone(),
+            }),
+        };
         p.set_release_threshold(release_threshold)?;
         Ok(p)
     }
@@ -122,16 +137,24 @@ impl MemPool {
     /// Errors: [`Error::Empty`] for `len == 0`, [`Error::TooLarge`] beyond device memory.
     pub fn alloc_async<T: Pod>(&self, stream: &Stream, len: usize) -> Result<DeviceBuffer<T>> {
         if len == 0 {
-            return Err(Error::Empty { what: "device allocation" });
+            return Err(Error::Empty {
+                what: "device allocation",
+            });
         }
-        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or(Error::TooLarge {
-            what: "device allocation (elements)",
-            value: len as u64,
-            max: (usize::MAX / std::mem::size_of::<T>()) as u64,
-        })?;
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or(Error::TooLarge {
+                what: "device allocation (elements)",
+                value: len as u64,
+                max: (usize::MAX / std::mem::size_of::<T>()) as u64,
+            })?;
         let total = self.inner.ctx.total_mem().call("cuDeviceTotalMem")?;
         if bytes > total {
-            return Err(Error::TooLarge { what: "device allocation (bytes)", value: bytes as u64, max: total as u64 });
+            return Err(Error::TooLarge {
+                what: "device allocation (bytes)",
+                value: bytes as u64,
+                max: total as u64,
+            });
         }
         self.inner.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
         let mut ptr: sys::CUdeviceptr = 0;
