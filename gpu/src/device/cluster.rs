@@ -1,0 +1,115 @@
+//! Thread-block clusters and distributed shared memory (DSMEM), PTX ISA §9.7.13.4 (`barrier.cluster`),
+//! §9.7.9.21 (`mapa`), special registers `%cluster_ctarank` / `%cluster_nctarank`.
+//!
+//! A CTA of a cluster can address another CTA's shared memory through the `.shared::cluster`
+//! window: [`map_shared_rank`] turns a local shared address into the same offset in CTA `rank`.
+
+use core::arch::asm;
+
+/// Rank of this CTA in its cluster, `0..cluster_size()` (`%cluster_ctarank`).
+#[inline(always)]
+pub fn cta_rank() -> u32 {
+    let r: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {r}, %cluster_ctarank;", r = out(reg32) r, options(nomem, nostack, pure)) };
+    r
+}
+
+/// CTAs in this cluster (`%cluster_nctarank`).
+#[inline(always)]
+pub fn cluster_size() -> u32 {
+    let r: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {r}, %cluster_nctarank;", r = out(reg32) r, options(nomem, nostack, pure)) };
+    r
+}
+
+/// Index of this cluster in the grid along x (`%clusterid.x`).
+#[inline(always)]
+pub fn cluster_idx_x() -> u32 {
+    let r: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {r}, %clusterid.x;", r = out(reg32) r, options(nomem, nostack, pure)) };
+    r
+}
+
+/// Clusters in the grid along x (`%nclusterid.x`).
+#[inline(always)]
+pub fn cluster_count_x() -> u32 {
+    let r: u32;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u32 {r}, %nclusterid.x;", r = out(reg32) r, options(nomem, nostack, pure)) };
+    r
+}
+
+/// `mapa.shared::cluster.u32`: the `.shared::cluster` address of local shared address `addr` in
+/// the shared memory of CTA `rank` of this cluster.
+#[inline(always)]
+pub fn map_shared_rank(addr: u32, rank: u32) -> u32 {
+    let r: u32;
+    // SAFETY: address arithmetic only.
+    unsafe {
+        asm!("mapa.shared::cluster.u32 {r}, {a}, {k};", r = out(reg32) r, a = in(reg32) addr, k = in(reg32) rank,
+            options(nomem, nostack, pure))
+    };
+    r
+}
+
+/// `ld.shared::cluster.f32` from a `.shared::cluster` address (see [`map_shared_rank`]).
+///
+/// # Safety
+/// `addr` lies in a live CTA's shared memory of this cluster, 4-byte aligned, not raced on.
+#[inline(always)]
+pub unsafe fn load_f32(addr: u32) -> f32 {
+    let v: f32;
+    asm!("ld.shared::cluster.f32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack));
+    v
+}
+
+/// `ld.shared::cluster.v4.f32`: 16 bytes from a `.shared::cluster` address.
+///
+/// # Safety
+/// As [`load_f32`], 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_v4(addr: u32) -> [f32; 4] {
+    let (x, y, z, w): (f32, f32, f32, f32);
+    asm!("ld.shared::cluster.v4.f32 {{{x}, {y}, {z}, {w}}}, [{a}];",
+        x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w, a = in(reg32) addr,
+        options(nostack));
+    [x, y, z, w]
+}
+
+/// `barrier.cluster.arrive.release`: this thread's earlier memory operations are released to the
+/// cluster; pair with [`wait_acquire`]. Every thread of every CTA of the cluster must arrive.
+#[inline(always)]
+pub fn arrive_release() {
+    // SAFETY: no operands.
+    unsafe { asm!("barrier.cluster.arrive.release.aligned;", options(nostack)) };
+}
+
+/// `barrier.cluster.wait.acquire`: waits until all threads of the cluster arrived.
+#[inline(always)]
+pub fn wait_acquire() {
+    // SAFETY: no operands.
+    unsafe { asm!("barrier.cluster.wait.acquire.aligned;", options(nostack)) };
+}
+
+/// Cluster-wide barrier: [`arrive_release`] then [`wait_acquire`].
+#[inline(always)]
+pub fn sync_cluster() {
+    arrive_release();
+    wait_acquire();
+}
+
+/// `mbarrier.arrive.release.cluster.shared::cluster`: one arrival on a barrier in another CTA of
+/// the cluster (`remote` from [`map_shared_rank`]), releasing this thread's earlier memory
+/// operations (including its DSMEM reads) at cluster scope, e.g. "done reading this stage".
+#[inline(always)]
+pub fn remote_arrive(remote: u32) {
+    // SAFETY: `remote` is a .shared::cluster address of an initialised mbarrier (caller's contract
+    // through the pipeline types that hand it out).
+    unsafe {
+        asm!("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [{a}];", a = in(reg32) remote,
+            options(nostack))
+    };
+}
