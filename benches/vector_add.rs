@@ -1,1 +1,114 @@
-fn main() {}
+//! `ws_vector_add` bandwidth at 2^28 floats next to a device-to-device copy (cuMemcpyDtoDAsync) of
+//! the same number of floats, measured in the same run. Bytes counted: vector add reads A, B and
+//! writes C (12 bytes per element); the copy reads and writes (8 bytes per element).
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use warpline::bandwidth::median;
+use warpline::{kernels, Device, MemPool};
+use warpline_suite::support::{gpu_or_skip, random_f32};
+
+const N: usize = 1 << 28;
+
+struct Setup {
+    dev: Device,
+    stream: warpline::Stream,
+    a: warpline::DeviceBuffer<f32>,
+    b: warpline::DeviceBuffer<f32>,
+    c: warpline::DeviceBuffer<f32>,
+}
+
+fn setup() -> Option<Setup> {
+    let dev = gpu_or_skip("vector_add bench")?;
+    let stream = dev.new_stream().unwrap();
+    let pool = MemPool::device_default(&dev, 0).unwrap();
+    let mut a = pool.alloc_async::<f32>(&stream, N).unwrap();
+    let mut b = pool.alloc_async::<f32>(&stream, N).unwrap();
+    let c = pool.alloc_async::<f32>(&stream, N).unwrap();
+    a.copy_from_host(&random_f32(N)).unwrap();
+    b.copy_from_host(&random_f32(N)).unwrap();
+    Some(Setup {
+        dev,
+        stream,
+        a,
+        b,
+        c,
+    })
+}
+
+/// Milliseconds of one vector add, timed with events.
+fn add_ms(s: &mut Setup) -> f64 {
+    let t0 = s.stream.record().unwrap();
+    kernels::vector_add(
+        &s.dev,
+        &s.stream,
+        s.a.as_view(),
+        s.b.as_view(),
+        s.c.as_view_mut(),
+    )
+    .unwrap();
+    let t1 = s.stream.record().unwrap();
+    t0.elapsed_ms(&t1).unwrap() as f64
+}
+
+/// Milliseconds of one D2D copy of N floats (A -> C), timed with events.
+fn copy_ms(s: &mut Setup) -> f64 {
+    let t0 = s.stream.record().unwrap();
+    s.c.copy_from_device(&s.a).unwrap();
+    let t1 = s.stream.record().unwrap();
+    t0.elapsed_ms(&t1).unwrap() as f64
+}
+
+fn bench(c: &mut Criterion) {
+    let Some(mut s) = setup() else { return };
+    add_ms(&mut s);
+    copy_ms(&mut s);
+    let mut g = c.benchmark_group("vector_add_2^28");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    g.throughput(Throughput::Bytes((12 * N) as u64));
+    g.bench_function("ws_vector_add", |bch| {
+        bch.iter_custom(|iters| {
+            Duration::from_secs_f64((0..iters).map(|_| add_ms(&mut s)).sum::<f64>() * 1e-3)
+        })
+    });
+    g.throughput(Throughput::Bytes((8 * N) as u64));
+    g.bench_function("d2d_copy", |bch| {
+        bch.iter_custom(|iters| {
+            Duration::from_secs_f64((0..iters).map(|_| copy_ms(&mut s)).sum::<f64>() * 1e-3)
+        })
+    });
+    g.finish();
+
+    // Side by side, interleaved so both see the same machine state; medians of 30.
+    let (mut adds, mut copies) = (Vec::new(), Vec::new());
+    for _ in 0..30 {
+        adds.push(add_ms(&mut s));
+        copies.push(copy_ms(&mut s));
+    }
+    let add = median(&mut adds);
+    let copy = median(&mut copies);
+    let add_gbps = 12.0 * N as f64 / (add * 1e-3) / 1e9;
+    let copy_gbps = 8.0 * N as f64 / (copy * 1e-3) / 1e9;
+    println!(
+        "\n{:<28} {:>10} {:>10}",
+        "2^28 floats (median of 30)", "ms", "GB/s"
+    );
+    println!(
+        "{:<28} {:>10.3} {:>10.1}",
+        "ws_vector_add (12 B/elem)", add, add_gbps
+    );
+    println!(
+        "{:<28} {:>10.3} {:>10.1}",
+        "D2D copy (8 B/elem)", copy, copy_gbps
+    );
+    println!(
+        "ratio ws_vector_add / D2D copy bandwidth: {:.3}",
+        add_gbps / copy_gbps
+    );
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

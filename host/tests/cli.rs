@@ -3,8 +3,13 @@
 
 use std::process::Command;
 
+/// The CLI under test: `$WARPLINE_BIN` (set by the gpu-bundle's run.sh, where the build tree is
+/// absent), else the binary cargo built.
 fn warpline() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_warpline"))
+    Command::new(
+        std::env::var("WARPLINE_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_warpline").to_string()),
+    )
 }
 
 #[test]

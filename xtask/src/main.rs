@@ -244,8 +244,10 @@ fn test() -> Result<()> {
     Ok(())
 }
 
-/// Executables a cargo command builds, from its JSON messages.
-fn built_executables(args: &[&str]) -> Result<Vec<PathBuf>> {
+/// Executables a cargo command builds, from its JSON messages, each with its bundle name:
+/// the target's name for binaries and integration tests/benches, `<target>-unit-<kind>` for
+/// unit-test harnesses. With `test`/`bench`, binaries built only for integration tests are skipped.
+fn built_executables(args: &[&str]) -> Result<Vec<(String, PathBuf)>> {
     let out = cargo()
         .current_dir(root())
         .args(args)
@@ -258,12 +260,28 @@ fn built_executables(args: &[&str]) -> Result<Vec<PathBuf>> {
     }
     let mut exes = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if let Some(i) = line.find("\"executable\":\"") {
-            let rest = &line[i + 14..];
-            if let Some(end) = rest.find('"') {
-                exes.push(PathBuf::from(&rest[..end]));
-            }
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let is_test = msg["profile"]["test"].as_bool().unwrap_or(false);
+        if args[0] != "build" && !is_test {
+            continue;
         }
+        let target = msg["target"]["name"].as_str().unwrap_or("unknown");
+        let kinds: Vec<&str> = msg["target"]["kind"]
+            .as_array()
+            .map(|k| k.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        let integration = kinds == ["test"] || kinds == ["bench"];
+        let name = if !is_test || integration {
+            target.to_string()
+        } else {
+            format!("{target}-unit-{}", kinds.first().copied().unwrap_or("lib"))
+        };
+        exes.push((name, PathBuf::from(exe)));
     }
     Ok(exes)
 }
@@ -275,31 +293,23 @@ fn gpu_bundle() -> Result<()> {
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(dir.join("tests")).map_err(|e| e.to_string())?;
     fs::create_dir_all(dir.join("benches")).map_err(|e| e.to_string())?;
-    let copy = |exe: &Path, sub: &str| -> Result<()> {
-        let stem = exe.file_name().unwrap().to_string_lossy().to_string();
-        // Test and bench executables carry a hash suffix: name-<16 hex>.
-        let name = match stem.rsplit_once('-') {
-            Some((base, hash))
-                if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) =>
-            {
-                base.to_string()
-            }
-            _ => stem,
-        };
-        let dst = dir.join(sub).join(&name);
+    let copy = |name: &str, exe: &Path, sub: &str| -> Result<()> {
+        let dst = dir.join(sub).join(name);
         fs::copy(exe, &dst).map_err(|e| format!("copying {}: {e}", exe.display()))?;
         run(Command::new("strip").arg(&dst))?;
         println!("gpu-bundle: {sub}/{name}");
         Ok(())
     };
-    for exe in built_executables(&["test", "--workspace", "--release", "--no-run"])? {
-        copy(&exe, "tests")?;
+    for (name, exe) in built_executables(&["test", "--workspace", "--release", "--no-run"])? {
+        copy(&name, &exe, "tests")?;
     }
-    for exe in built_executables(&["bench", "--no-run"])? {
-        copy(&exe, "benches")?;
+    for (name, exe) in built_executables(&["bench", "--bench", "*", "--no-run"])? {
+        copy(&name, &exe, "benches")?;
     }
-    for exe in built_executables(&["build", "--release", "-p", "warpline", "--bin", "warpline"])? {
-        copy(&exe, ".")?;
+    for (name, exe) in
+        built_executables(&["build", "--release", "-p", "warpline", "--bin", "warpline"])?
+    {
+        copy(&name, &exe, ".")?;
     }
     fs::copy(ptx_path(), dir.join("warpline_gpu.ptx")).map_err(|e| e.to_string())?;
     fs::write(dir.join("run.sh"), RUN_SH).map_err(|e| e.to_string())?;
@@ -328,6 +338,7 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Usage: ./run.sh [tests|cli|bench|all] ; logs go to $LOGS (default ./logs).
 set -uo pipefail
 cd "$(dirname "$0")"
+export WARPLINE_BIN="$PWD/warpline"
 LOGS=${LOGS:-./logs}; mkdir -p "$LOGS"
 what=${1:-all}
 rc=0
