@@ -62,7 +62,8 @@ fn ws_vector_add_uses_cp_async_and_mbarriers() {
     let body = entry_body("ws_vector_add");
     for needle in [
         "cp.async.cg.shared.global",
-        "cp.async.mbarrier.arrive.noinc",
+        "cp.async.commit_group",
+        "cp.async.wait_group",
         "mbarrier.init",
         "mbarrier.try_wait.parity",
         "mbarrier.arrive",
