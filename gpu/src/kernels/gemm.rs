@@ -100,24 +100,21 @@ impl Place {
     fn band_start(self) -> u32 {
         self.rank * self.rows()
     }
-    fn for_each_tile(self, mut f: impl FnMut(u32)) {
-        let mut t = self.first_tile;
-        while t < self.tiles {
-            f(t);
-            t += self.tile_stride;
-        }
-    }
 }
 
 /// Loader role (one warp): per stage, arm the full barrier with the bytes this CTA receives, bulk
 /// copy this CTA's A rows (one 128-byte copy per row), and on the leader the B chunk, multicast
 /// to the cluster.
+#[inline(always)]
 fn loader(s: Smem, p: Place, lane: u32, a: *const f32, b: *const f32) {
     let mut st = State::new();
     let rows = p.rows();
     let tx = rows * A_ROW_CHUNK_BYTES as u32 + B_STAGE_BYTES as u32;
     let mask = ((1u32 << p.size) - 1) as u16;
-    p.for_each_tile(|tile| {
+    // Plain loops over the tiles (a closure's captures would be kept in local memory: the asm
+    // statements are memory clobbers).
+    let mut tile = p.first_tile;
+    while tile < p.tiles {
         let tile_off = tile as usize * TILE_ELEMS;
         let mut chunk = 0;
         while chunk < CHUNKS_PER_TILE as u32 {
@@ -153,7 +150,8 @@ fn loader(s: Smem, p: Place, lane: u32, a: *const f32, b: *const f32) {
             st.advance();
             chunk += 1;
         }
-    });
+        tile += p.tile_stride;
+    }
 }
 
 /// `fma.rn.f32`: `x * y + z` rounded once.
@@ -218,11 +216,13 @@ fn release(s: Smem, p: Place, st: State, lane: u32) {
 
 /// Compute role with a `TM` x 8 register block per thread (`TM = 128 / (16 x cluster size)`):
 /// accumulate over the tile's k-chunks, then store the block to C with 16-byte stores.
+#[inline(always)]
 fn compute<const TM: usize>(s: Smem, p: Place, warp: u32, lane: u32, c: *mut f32) {
     let group = warp * 2 + lane / 16;
     let col = (lane % 16) * 4;
     let mut st = State::new();
-    p.for_each_tile(|tile| {
+    let mut tile = p.first_tile;
+    while tile < p.tiles {
         let mut acc = [[0f32; 8]; TM];
         let mut chunk = 0;
         while chunk < CHUNKS_PER_TILE as u32 {
@@ -251,10 +251,12 @@ fn compute<const TM: usize>(s: Smem, p: Place, warp: u32, lane: u32, c: *mut f32
                 store_global_v4(dst.add(64), [r[4], r[5], r[6], r[7]]);
             }
         }
-    });
+        tile += p.tile_stride;
+    }
 }
 
 /// Splits the CTA into its roles; the loader warp first.
+#[inline(always)]
 fn run_roles(s: Smem, p: Place, a: *const f32, b: *const f32, c: *mut f32) {
     let tid = thread_idx_x();
     if tid < LOADER_THREADS {
