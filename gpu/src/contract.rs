@@ -49,3 +49,70 @@ pub mod vector_add {
     const _: () = assert!(CS_BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
     const _: () = assert!(TILE_ELEMS.is_multiple_of(4));
 }
+
+/// Batched 128x128x128 FP32 GEMM, `C_t = A_t x B_t` for each tile `t` (row-major f32 tiles,
+/// what cuBLAS calls strided-batched SGEMM with m = n = k = 128). Two kernels share one layout:
+/// `cluster_tile_gemm` (a cluster of 1..=8 CTAs splits each tile's rows; the leader CTA loads each
+/// chunk of B once and multicasts it into every CTA of the cluster) and `tile_gemm` (one CTA per
+/// tile, loads everything itself).
+pub mod gemm {
+    use super::*;
+
+    /// Entry point of the clustered kernel.
+    pub const CLUSTER_KERNEL: &str = "cluster_tile_gemm";
+    /// Entry point of the cluster-free kernel.
+    pub const PLAIN_KERNEL: &str = "tile_gemm";
+    /// Rows = columns = depth of one tile.
+    pub const TILE: usize = 128;
+    /// Elements of one tile (A, B or C).
+    pub const TILE_ELEMS: usize = TILE * TILE;
+    /// Depth of one pipeline stage (k-chunk): a stage holds `A[band, k0..k0+K_CHUNK]` and
+    /// `B[k0..k0+K_CHUNK, 0..TILE]`.
+    pub const K_CHUNK: usize = 32;
+    /// Stages per tile.
+    pub const CHUNKS_PER_TILE: usize = TILE / K_CHUNK;
+    /// Depth of the stage ring.
+    pub const STAGES: usize = 6;
+    /// Largest cluster (portable cluster size limit).
+    pub const MAX_CLUSTER: u32 = 8;
+    /// Cluster sizes the kernel supports: each CTA computes `TILE / cluster` rows, which must be a
+    /// multiple of the 16 row groups of the compute warps.
+    pub const CLUSTER_SIZES: [u32; 4] = [1, 2, 4, 8];
+    /// Warps of the loader role (bulk copies global -> shared).
+    pub const LOADER_WARPS: u32 = 1;
+    /// Warps of the compute role (shared -> registers -> FMA -> global C).
+    pub const COMPUTE_WARPS: u32 = 8;
+    /// Threads per CTA: the loader warp first, then the compute warps.
+    pub const THREADS_PER_CTA: u32 = WARP_SIZE * (LOADER_WARPS + COMPUTE_WARPS);
+    /// Row groups of the compute threads (2 per warp); thread rows are `group + 16 * i`.
+    pub const ROW_GROUPS: u32 = 16;
+    /// Column groups of the compute threads (16 per warp); a thread owns columns
+    /// `4g..4g+4` and `64+4g..64+4g+4`.
+    pub const COL_GROUPS: u32 = 16;
+    /// Row pitch of a stage's A chunk in shared memory, floats (32 + 4 padding: the two row
+    /// groups of a warp read adjacent rows, 4 banks apart, so they do not conflict).
+    pub const A_PITCH: usize = K_CHUNK + 4;
+    /// Bytes of one global row-piece of the A chunk (one bulk copy).
+    pub const A_ROW_CHUNK_BYTES: usize = K_CHUNK * F32_BYTES;
+    /// Bytes reserved for one stage's A chunk (all 128 rows, for a cluster of 1).
+    pub const A_STAGE_BYTES: usize = TILE * A_PITCH * F32_BYTES;
+    /// Bytes of one stage's B chunk (contiguous in global memory: one bulk copy).
+    pub const B_STAGE_BYTES: usize = K_CHUNK * TILE * F32_BYTES;
+    /// Bytes of one stage `[A chunk | B chunk]`.
+    pub const STAGE_BYTES: usize = A_STAGE_BYTES + B_STAGE_BYTES;
+    /// Shared-memory layout: `[STAGES full mbarriers | STAGES empty mbarriers | pad]` then
+    /// `STAGES x [A chunk | B chunk]`.
+    pub const BARRIERS_OFFSET: usize = 0;
+    /// Offset of stage 0 (128-byte aligned).
+    pub const BUFFERS_OFFSET: usize = 128;
+    /// Dynamic shared memory per CTA, bytes.
+    pub const SMEM_BYTES: usize = BUFFERS_OFFSET + STAGES * STAGE_BYTES;
+    /// Largest tile count (tile indices and element offsets stay in range).
+    pub const MAX_TILES: usize = (u32::MAX / 2) as usize;
+
+    const _: () = assert!(BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
+    const _: () = assert!(TILE.is_multiple_of(K_CHUNK));
+    const _: () = assert!(A_STAGE_BYTES.is_multiple_of(128) && STAGE_BYTES.is_multiple_of(128));
+    const _: () = assert!(SMEM_BYTES <= 227 * 1024);
+    const _: () = assert!(COMPUTE_WARPS * 2 == ROW_GROUPS && COL_GROUPS * 8 == TILE as u32);
+}

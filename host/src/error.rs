@@ -85,6 +85,16 @@ pub enum Error {
     /// A GPU result disagrees with the CPU reference.
     #[error("verification failed: {detail}")]
     Verification { detail: String },
+    /// A cluster size the kernel's tiling does not support (before asking the device).
+    #[error("kernel `{kernel}`: clusters of {cluster} CTAs are not supported; supported sizes: {supported:?}")]
+    UnsupportedClusterSize {
+        kernel: &'static str,
+        cluster: u32,
+        supported: Vec<u32>,
+    },
+    /// A cuBLAS call failed (baselines).
+    #[error("cuBLAS call {call} failed: {status}")]
+    Cublas { call: &'static str, status: String },
 }
 
 /// Attaches the name of the CUDA call to a driver error.

@@ -172,3 +172,21 @@ macro_rules! params {
         [$(&$v as *const _ as *mut ::std::ffi::c_void),*]
     };
 }
+
+impl LaunchConfig {
+    /// How many clusters of this configuration the device can run at once for `kernel`
+    /// (`cuOccupancyMaxActiveClusters`, CUDA driver API; the grid only needs to be a multiple of
+    /// the cluster). 0 means the configuration cannot be scheduled at all. Without a cluster
+    /// dimension the driver counts CTAs as clusters of 1.
+    pub fn max_active_clusters(&self, dev: &Device, kernel: &Kernel) -> Result<u32> {
+        dev.bind()?;
+        let mut attrs = self.attributes();
+        let config = self.driver_config(std::ptr::null_mut(), &mut attrs);
+        let mut n: std::ffi::c_int = 0;
+        // SAFETY: `config` points into `attrs`, alive for the call; valid function handle and
+        // out-pointer.
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, kernel.cu_function(), &config) }
+            .call("cuOccupancyMaxActiveClusters")?;
+        Ok(n.max(0) as u32)
+    }
+}

@@ -58,3 +58,19 @@ pub fn fence_proxy_async_shared() {
     // SAFETY: no operands.
     unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
 }
+
+/// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster`: copies
+/// `bytes` from global `src` into the shared memory of every CTA of the cluster whose bit is set in
+/// `cta_mask`, at the same offset `dst` in each; each destination CTA's barrier at offset `bar`
+/// counts the bytes down (each arms its own with [`Mbarrier::arrive_expect_tx`]).
+/// PTX ISA §9.7.9.25.4.1. ptxas advises `.target sm_90a` for `.multicast::cluster`.
+///
+/// # Safety
+/// As [`load`], for every destination CTA; every CTA of `cta_mask` is live and has initialised
+/// its barrier at `bar` (published to the cluster before the copy is issued).
+#[inline(always)]
+pub unsafe fn load_multicast(dst: u32, src: *const u8, bytes: u32, bar: Mbarrier, cta_mask: u16) {
+    asm!("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{s}], {n}, [{b}], {m};",
+        d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, b = in(reg32) bar.addr(),
+        m = in(reg16) cta_mask, options(nostack));
+}

@@ -27,6 +27,9 @@ enum Cmd {
     Pipeline(PipelineArgs),
     /// Print the device's capabilities and the module's kernels.
     Info,
+    /// Batched 128x128x128 FP32 GEMM C_t = A_t x B_t: cluster_tile_gemm, tile_gemm and cuBLAS
+    /// strided-batched SGEMM on the same data, CPU-verified, with a throughput table.
+    Gemm(GemmArgs),
 }
 
 #[derive(Args)]
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Pipeline(args) => pipeline(args),
         Cmd::Info => info(),
+        Cmd::Gemm(args) => gemm(args),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -244,6 +248,211 @@ fn pipeline(args: PipelineArgs) -> Result<()> {
             "speed-up of {} streams over 1 stream: {:.2}x",
             report.streams,
             report.pcie_gbps() / b.pcie_gbps()
+        );
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum GemmKernel {
+    /// cluster_tile_gemm with --cluster CTAs per cluster.
+    Cluster,
+    /// tile_gemm (no clusters).
+    Plain,
+    /// cuBLAS strided-batched SGEMM (FP32, no TF32).
+    Cublas,
+    /// All three.
+    All,
+}
+
+#[derive(Args)]
+struct GemmArgs {
+    /// Tiles T (without --a/--b: random inputs of T x 128 x 128 floats).
+    #[arg(long, default_value_t = 4096)]
+    tiles: usize,
+    /// CTAs per cluster of cluster_tile_gemm: 1, 2, 4 or 8.
+    #[arg(long, default_value_t = 4)]
+    cluster: u32,
+    /// Also stream the tiles host -> device -> cluster_tile_gemm -> host through the BatchPipeline
+    /// over this many streams (4 batches per stream) and report it.
+    #[arg(long)]
+    streams: Option<usize>,
+    /// Input A: float32 .npy of shape (T, 128, 128) or flat T x 16384 (needs --b; sets T).
+    #[arg(long, requires = "b")]
+    a: Option<PathBuf>,
+    /// Input B, same shape as A (needs --a).
+    #[arg(long, requires = "a")]
+    b: Option<PathBuf>,
+    /// Write C (of cluster_tile_gemm, or of --kernel) here as a (T, 128, 128) float32 .npy file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Which kernel(s) to run.
+    #[arg(long, value_enum, default_value_t = GemmKernel::All)]
+    kernel: GemmKernel,
+    /// Launch the selected kernel exactly once, no warm-up, no timing loop (for
+    /// `ncu --metrics dram__bytes_read.sum`).
+    #[arg(long)]
+    once: bool,
+    /// Timed repetitions per kernel (median reported).
+    #[arg(long, default_value_t = 20)]
+    reps: usize,
+    /// Skip the f64 CPU verification.
+    #[arg(long)]
+    no_verify: bool,
+}
+
+fn gemm(args: GemmArgs) -> Result<()> {
+    use warpline::kernels;
+    use warpline_gpu::contract::gemm::TILE_ELEMS;
+
+    let dev = Device::open(0)?;
+    let caps = dev.capabilities();
+    println!("device: {} ({} SMs)", caps.name, caps.sm_count);
+    kernels::check_gemm_cluster_size(args.cluster)?;
+    let (a, b) = match (&args.a, &args.b) {
+        (Some(pa), Some(pb)) => (npy::read_f32(pa)?.1, npy::read_f32(pb)?.1),
+        _ => {
+            let n = args.tiles.checked_mul(TILE_ELEMS).ok_or(Error::TooLarge {
+                what: "--tiles",
+                value: args.tiles as u64,
+                max: (usize::MAX / TILE_ELEMS) as u64,
+            })?;
+            let pb = bar(2 * n.div_ceil(1 << 20) as u64, "inputs");
+            let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+            fill_random(&mut a, &pb);
+            fill_random(&mut b, &pb);
+            pb.finish_and_clear();
+            (a, b)
+        }
+    };
+    if !a.len().is_multiple_of(TILE_ELEMS) {
+        return Err(Error::BadShape {
+            what: "--a",
+            detail: format!("{} floats is not a whole number of 128x128 tiles", a.len()),
+        });
+    }
+    let tiles = a.len() / TILE_ELEMS;
+    kernels::check_gemm_shapes(tiles, a.len(), b.len(), a.len())?;
+
+    let stream = dev.new_stream()?;
+    let pool = warpline::MemPool::device_default(&dev, 0)?;
+    let n = a.len();
+    let mut da = pool.alloc_async::<f32>(&stream, n)?;
+    let mut db = pool.alloc_async::<f32>(&stream, n)?;
+    let mut dc = pool.alloc_async::<f32>(&stream, n)?;
+    da.copy_from_host(&a)?;
+    db.copy_from_host(&b)?;
+    let blas = kernels::CublasSgemm::new(&dev, &stream)?;
+    let want = if args.no_verify {
+        None
+    } else {
+        let pb = bar(1, "f64 reference");
+        let w = reference::gemm_tiles_f64(&a, &b, tiles);
+        pb.finish_and_clear();
+        Some(w)
+    };
+    let cluster = args.cluster;
+    let kinds: Vec<GemmKernel> = match args.kernel {
+        GemmKernel::All => vec![GemmKernel::Cublas, GemmKernel::Plain, GemmKernel::Cluster],
+        k => vec![k],
+    };
+    let flop = 2.0 * 128f64.powi(3) * tiles as f64;
+    let mut rows = Vec::new();
+    let mut out_c = None;
+    for kind in kinds {
+        let name = match kind {
+            GemmKernel::Cluster => format!("cluster_tile_gemm x{cluster}"),
+            GemmKernel::Plain => "tile_gemm".to_string(),
+            _ => "cuBLAS SgemmStridedBatched".to_string(),
+        };
+        dc.fill_async(f32::NAN)?;
+        let launch = |dc: &mut warpline::DeviceBuffer<f32>| -> Result<()> {
+            let (x, y, z) = (da.as_view(), db.as_view(), dc.as_view_mut());
+            match kind {
+                GemmKernel::Cluster => {
+                    kernels::cluster_tile_gemm(&dev, &stream, x, y, z, tiles, cluster)
+                }
+                GemmKernel::Plain => kernels::tile_gemm(&dev, &stream, x, y, z, tiles),
+                _ => blas.gemm_tiles(x, y, z, tiles),
+            }
+        };
+        launch(&mut dc)?;
+        stream.synchronize()?;
+        let mut c = vec![0f32; n];
+        dc.copy_to_host(&mut c)?;
+        if let Some(w) = &want {
+            let err = reference::verify_gemm(&name, &c, w, reference::GEMM_REL_BOUND)?;
+            println!("verified {name}: {tiles} tiles, worst per-tile relative error {err:.2e} (Frobenius, bound {:.0e})", reference::GEMM_REL_BOUND);
+        }
+        if !args.once {
+            let mut t = Vec::new();
+            for _ in 0..args.reps.max(1) {
+                let start = stream.record()?;
+                launch(&mut dc)?;
+                let end = stream.record()?;
+                end.synchronize()?;
+                t.push(start.elapsed_ms(&end)? as f64);
+            }
+            t.sort_by(f64::total_cmp);
+            rows.push((name, t[t.len() / 2], kind));
+        }
+        if out_c.is_none() || kind == GemmKernel::Cluster {
+            out_c = Some(c);
+        }
+    }
+    if !rows.is_empty() {
+        let cublas = rows.iter().find(|r| r.2 == GemmKernel::Cublas).map(|r| r.1);
+        println!();
+        println!(
+            "{:>28} {:>10} {:>10} {:>10}",
+            "kernel", "ms", "TFLOP/s", "x cuBLAS"
+        );
+        for (name, ms, _) in &rows {
+            let ratio = cublas.map_or("-".to_string(), |c| format!("{:.3}", c / ms));
+            println!(
+                "{name:>28} {ms:>10.4} {:>10.2} {ratio:>10}",
+                flop / ms / 1e9
+            );
+        }
+        println!(
+            "({tiles} tiles of 128x128x128, FP32, median of {} launches, CUDA events)",
+            args.reps.max(1)
+        );
+    }
+    if let (Some(path), Some(c)) = (&args.out, &out_c) {
+        npy::write_f32(path, &[tiles as u64, 128, 128], c)?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(streams) = args.streams {
+        let pa = PinnedBuffer::from_slice(&dev, &a)?;
+        let pb = PinnedBuffer::from_slice(&dev, &b)?;
+        let mut pc = PinnedBuffer::<f32>::new(&dev, n)?;
+        pc.fill(f32::NAN);
+        let pipe = BatchPipeline::new(&dev, streams)?;
+        let batch_tiles = tiles.div_ceil(4 * streams).max(1);
+        let report = pipe.run(
+            &pa,
+            &pb,
+            &mut pc,
+            batch_tiles * TILE_ELEMS,
+            |s, x, y, z| {
+                let t = x.len() / TILE_ELEMS;
+                kernels::cluster_tile_gemm(&dev, s, x, y, z, t, cluster)
+            },
+            |_, _| {},
+        )?;
+        if let Some(w) = &want {
+            reference::verify_gemm("pipeline C", &pc, w, reference::GEMM_REL_BOUND)?;
+            println!("verified pipeline output");
+        }
+        let kernel_ms: f64 = report.batches.iter().map(|b| b.kernel_ms).sum();
+        println!(
+            "pipeline: {streams} stream(s), {} batches of {batch_tiles} tiles, span {:.2} ms, {:.1} GB/s over PCIe, overlap {:.2}, kernel time {:.2} ms",
+            report.batches.len(),
+            report.span_ms,
+            report.pcie_gbps(),
+            report.overlap(),
+            kernel_ms
         );
     }
     Ok(())

@@ -1,11 +1,18 @@
 //! Typed launchers, one module per kernel family. Each validates its arguments (lengths, zero
 //! sizes, alignment, streams, sizes the kernel can index) before anything is launched.
 
+mod gemm;
 mod vector_add;
 
 pub use vector_add::{
     grid_for as vector_add_grid, vector_add, vector_add_with_grid,
     MAX_ELEMS as VECTOR_ADD_MAX_ELEMS,
+};
+
+pub use gemm::{
+    check_gemm_cluster_size, check_gemm_shapes, cluster_tile_gemm, cluster_tile_gemm_with_grid,
+    gemm_cluster_grid, gemm_cluster_sizes_that_fit, gemm_max_active_clusters, tile_gemm,
+    tile_gemm_with_grid, CublasSgemm,
 };
 
 use crate::error::{Error, Result};
@@ -22,10 +29,20 @@ pub struct KernelSpec {
 }
 
 /// Every kernel the host launches; `Device::open` checks each is present and fits.
-pub const KERNEL_SPECS: &[KernelSpec] = &[KernelSpec {
-    name: warpline_gpu::contract::vector_add::KERNEL,
-    dyn_smem_bytes: warpline_gpu::contract::vector_add::SMEM_BYTES,
-}];
+pub const KERNEL_SPECS: &[KernelSpec] = &[
+    KernelSpec {
+        name: warpline_gpu::contract::vector_add::KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::vector_add::SMEM_BYTES,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::gemm::CLUSTER_KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::gemm::SMEM_BYTES,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::gemm::PLAIN_KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::gemm::SMEM_BYTES,
+    },
+];
 
 pub(crate) fn check_aligned(what: &'static str, addr: u64, align: u64) -> Result<()> {
     if !addr.is_multiple_of(align) {
