@@ -14,3 +14,4 @@ pub mod pipeline;
 pub mod smem;
 pub mod thread;
 pub mod warp;
+pub mod signal;

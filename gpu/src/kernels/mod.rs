@@ -2,3 +2,4 @@
 //! functions so the kernel body reads like its role diagram.
 
 mod vector_add;
+mod signal;
