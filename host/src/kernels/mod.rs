@@ -1,6 +1,8 @@
 //! Typed launchers, one module per kernel family. Each validates its arguments (lengths, zero
 //! sizes, alignment, streams, sizes the kernel can index) before anything is launched.
 
+/// Signal kernels and ordering probes (raw device addresses; `unsafe`).
+pub mod signal;
 mod vector_add;
 
 pub use vector_add::{
