@@ -175,6 +175,36 @@ fn fence_tickets_released_out_of_order_advance_in_order() {
 // ---------------------------------------------------------------- second seed
 
 #[test]
+fn u32_signal_orders_two_streams() {
+    let Some(dev) = gpu_or_skip("u32 signal") else {
+        return;
+    };
+    let (waiter, producer) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
+    let sig = Signal::<u32>::new(&dev, "sig32").unwrap();
+    let pool = MemPool::device_default(&dev, 0).unwrap();
+    let n = 4096u32;
+    let mut data = pool.alloc_async::<u32>(&producer, n as usize).unwrap();
+    let mut out = pool.alloc_async::<u32>(&waiter, n as usize).unwrap();
+    data.fill_async(POISON).unwrap();
+    out.fill_async(POISON).unwrap();
+    producer.synchronize().unwrap();
+    waiter.synchronize().unwrap();
+    let seed = rand::rng().random();
+    // SAFETY: data holds n u32 for the whole test.
+    unsafe { probe::busy_fill(&dev, &producer, data.device_ptr(), n, seed, 1_000_000) }.unwrap();
+    sig.set(&producer, 5).unwrap();
+    sig.wait_until(&waiter, Cmp::Eq, 5).unwrap();
+    // SAFETY: data and out hold n u32; the signal orders this copy after the fill (the property
+    // under test).
+    unsafe { probe::copy_u32(&dev, &waiter, data.device_ptr(), out.device_ptr(), n) }.unwrap();
+    synchronize_timeout(&waiter, BOUND, OnTimeout::Abandon).unwrap();
+    assert_eq!(sig.read().unwrap(), 5);
+    let mut got = vec![0u32; n as usize];
+    out.copy_to_host(&mut got).unwrap();
+    expect_pattern("copy after the u32 wait", &got, seed);
+}
+
+#[test]
 fn two_waits_released_in_reverse_order_complete_in_signal_order_200_times() {
     let Some(dev) = gpu_or_skip("reverse-order signals") else {
         return;

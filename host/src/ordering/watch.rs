@@ -54,17 +54,14 @@ pub(crate) struct PendingOp {
 
 /// A signal wait enqueued by [`super::Signal::wait_until`], until it is seen complete.
 struct StreamWait {
-    stream: usize,
+    /// Held so the handle cannot be reused by a new stream while the entry exists.
+    stream: Stream,
     what: String,
     release: Release,
     done: CudaEvent,
 }
 
 static STREAM_WAITS: Mutex<Vec<StreamWait>> = Mutex::new(Vec::new());
-
-fn stream_key(s: &Stream) -> usize {
-    s.raw() as usize
-}
 
 pub(crate) fn register_stream_wait(
     stream: &Stream,
@@ -77,7 +74,7 @@ pub(crate) fn register_stream_wait(
     let mut waits = STREAM_WAITS.lock().unwrap_or_else(|e| e.into_inner());
     waits.retain(|w| !matches!(w.done.try_is_complete(), Ok(true)));
     waits.push(StreamWait {
-        stream: stream_key(stream),
+        stream: stream.clone(),
         what,
         release: Release { signal, cmp, value },
         done,
@@ -110,10 +107,9 @@ impl Watched<'_> {
         match self {
             Watched::Run(r) => r.pending(),
             Watched::Stream(s) => {
-                let key = stream_key(s);
                 let waits = STREAM_WAITS.lock().unwrap_or_else(|e| e.into_inner());
                 let mut out = Vec::new();
-                for w in waits.iter().filter(|w| w.stream == key) {
+                for w in waits.iter().filter(|w| w.stream == **s) {
                     if !w.done.try_is_complete().call("cuEventQuery")? {
                         out.push(PendingOp {
                             what: format!("{} never fired", w.what),
