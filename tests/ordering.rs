@@ -172,6 +172,40 @@ fn fence_tickets_released_out_of_order_advance_in_order() {
     synchronize_timeout(&b, BOUND, OnTimeout::Abandon).unwrap();
 }
 
+// ---------------------------------------------------------------- device-side signals
+
+#[test]
+fn device_side_set_and_wait_hand_over_data() {
+    let Some(dev) = gpu_or_skip("device-side signals") else {
+        return;
+    };
+    let (producer, consumer) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
+    let sig = Signal::<u64>::new(&dev, "device").unwrap();
+    let pool = MemPool::device_default(&dev, 0).unwrap();
+    let n = 1u32 << 16;
+    let mut data = pool.alloc_async::<u32>(&producer, n as usize).unwrap();
+    let mut out = pool.alloc_async::<u32>(&consumer, n as usize).unwrap();
+    data.fill_async(POISON).unwrap();
+    out.fill_async(POISON).unwrap();
+    producer.synchronize().unwrap();
+    consumer.synchronize().unwrap();
+    let seed = rand::rng().random();
+    // Producer first (the waiting kernel holds an SM), then the consumer.
+    // SAFETY: data/out hold n u32 and the signal word lives to the end of the test, after both
+    // streams are synchronised; the device-side release/acquire orders the copy after the fill.
+    unsafe {
+        probe::busy_fill(&dev, &producer, data.device_ptr(), n, seed, 1_000_000).unwrap();
+        probe::signal_set(&dev, &producer, sig.device_ptr(), 1).unwrap();
+        probe::signal_wait_kernel(&dev, &consumer, sig.device_ptr(), 1, 1).unwrap();
+        probe::copy_u32(&dev, &consumer, data.device_ptr(), out.device_ptr(), n).unwrap();
+    }
+    synchronize_timeout(&consumer, BOUND, OnTimeout::Abandon).unwrap();
+    synchronize_timeout(&producer, BOUND, OnTimeout::Abandon).unwrap();
+    let mut got = vec![0u32; n as usize];
+    out.copy_to_host(&mut got).unwrap();
+    expect_pattern("copy after the device-side wait", &got, seed);
+}
+
 // ---------------------------------------------------------------- second seed
 
 #[test]

@@ -25,10 +25,42 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 
+/// Epoch bookkeeping (pure CPU): tickets are numbered 1, 2, ...; the flag may advance to `e` only
+/// once every ticket `<= e` has released.
+#[derive(Debug)]
 struct FenceState {
     next: u64,
     released: BTreeSet<u64>,
     written: u64,
+}
+
+impl FenceState {
+    fn new() -> Self {
+        Self {
+            next: 1,
+            released: BTreeSet::new(),
+            written: 0,
+        }
+    }
+
+    fn take(&mut self) -> u64 {
+        let e = self.next;
+        self.next += 1;
+        e
+    }
+
+    /// Marks `epoch` released; returns the new flag value if the contiguous prefix grew.
+    fn release(&mut self, epoch: u64) -> Option<u64> {
+        self.released.insert(epoch);
+        let mut to = self.written;
+        while self.released.remove(&(to + 1)) {
+            to += 1;
+        }
+        (to > self.written).then(|| {
+            self.written = to;
+            to
+        })
+    }
 }
 
 struct Shared {
@@ -71,11 +103,7 @@ impl Fence {
             shared: Arc::new(Shared {
                 internal: dev.new_stream()?,
                 flag: Signal::new(dev, "fence")?,
-                state: Mutex::new(FenceState {
-                    next: 1,
-                    released: BTreeSet::new(),
-                    written: 0,
-                }),
+                state: Mutex::new(FenceState::new()),
             }),
         })
     }
@@ -90,12 +118,12 @@ impl Fence {
     /// once. Dropping the ticket releases it with no work, so a forgotten ticket cannot hang the
     /// caller's stream. Errors: [`Error::Cuda`].
     pub fn guard(&self, caller: &Stream) -> Result<FenceTicket> {
-        let epoch = {
-            let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-            let e = st.next;
-            st.next += 1;
-            e
-        };
+        let epoch = self
+            .shared
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         let ticket = FenceTicket {
             shared: self.shared.clone(),
             epoch,
@@ -145,13 +173,7 @@ impl FenceTicket {
         }
         self.open = false;
         let mut st = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.released.insert(self.epoch);
-        let mut to = st.written;
-        while st.released.remove(&(to + 1)) {
-            to += 1;
-        }
-        if to > st.written {
-            st.written = to;
+        if let Some(to) = st.release(self.epoch) {
             // Under the lock: writes reach the internal stream in increasing epoch order.
             self.shared.flag.set(&self.shared.internal, to)?;
         }
@@ -163,5 +185,37 @@ impl Drop for FenceTicket {
     fn drop(&mut self) {
         // A failure here means the driver failed; it cannot be reported from drop.
         let _ = self.release_now();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FenceState;
+    use rand::seq::SliceRandom;
+
+    #[test]
+    fn flag_advances_only_over_released_prefixes_in_any_release_order() {
+        let mut rng = rand::rng();
+        for _ in 0..200 {
+            let mut st = FenceState::new();
+            let n = 12;
+            let mut epochs: Vec<u64> = (0..n).map(|_| st.take()).collect();
+            epochs.shuffle(&mut rng);
+            let mut released = std::collections::BTreeSet::new();
+            let mut last = 0;
+            for e in epochs {
+                released.insert(e);
+                let prefix = (1..=n).take_while(|k| released.contains(k)).count() as u64;
+                match st.release(e) {
+                    Some(to) => {
+                        assert_eq!(to, prefix);
+                        assert!(to > last, "flag values strictly increase");
+                        last = to;
+                    }
+                    None => assert_eq!(prefix, last, "no write while the prefix is unchanged"),
+                }
+            }
+            assert_eq!(last, n);
+        }
     }
 }

@@ -233,7 +233,9 @@ impl<T: SignalWord> Signal<T> {
         &self.inner.label
     }
 
-    /// Device address of the word (8-byte aligned), for kernels that wait on or set it.
+    /// Device address of the word (8-byte aligned), for kernels that wait on or set it
+    /// (`warpline_gpu::device::signal`). Kernels using it are not tracked: they must have
+    /// completed before the last clone of the signal is dropped.
     pub fn device_ptr(&self) -> u64 {
         self.inner.word.device_ptr()
     }
