@@ -116,3 +116,27 @@ pub mod gemm {
     const _: () = assert!(SMEM_BYTES <= 227 * 1024);
     const _: () = assert!(COMPUTE_WARPS * 2 == ROW_GROUPS && COL_GROUPS * 8 == TILE as u32);
 }
+
+/// Signal kernels and the ordering probes (gpu/src/kernels/signal.rs); none uses shared memory.
+pub mod signal {
+    /// Device-side set: `(sig: *mut u64, value: u64)`, one thread.
+    pub const SET_KERNEL: &str = "ws_signal_set";
+    /// Device-side atomic add: `(sig: *mut u64, value: u64)`, one thread.
+    pub const ADD_KERNEL: &str = "ws_signal_add";
+    /// Device-side spinning wait until `>= value`: `(sig: *const u64, value: u64)`.
+    pub const WAIT_KERNEL: &str = "ws_signal_wait";
+    /// Timed busy work, then `out[i] = pattern(seed, i)`: `(out: *mut u32, n: u32, seed: u32, spin_ns: u64)`.
+    pub const BUSY_FILL_KERNEL: &str = "ws_busy_fill";
+    /// `dst[i] = src[i]`: `(src: *const u32, dst: *mut u32, n: u32)`.
+    pub const COPY_KERNEL: &str = "ws_copy_u32";
+    /// `*slot = atomicAdd(counter, 1)`: `(counter: *mut u32, slot: *mut u32)`.
+    pub const ARRIVAL_KERNEL: &str = "ws_record_arrival";
+    /// Threads per CTA of the grid-stride probes.
+    pub const THREADS_PER_CTA: u32 = 256;
+
+    /// The value `ws_busy_fill` writes at index `i` (host and device compute it the same way).
+    #[inline(always)]
+    pub const fn pattern(seed: u32, i: u32) -> u32 {
+        (seed ^ i.wrapping_mul(0x9E37_79B9)).rotate_left(7)
+    }
+}

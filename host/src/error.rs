@@ -95,6 +95,38 @@ pub enum Error {
     /// A cuBLAS call failed (baselines).
     #[error("cuBLAS call {call} failed: {status}")]
     Cublas { call: &'static str, status: String },
+    /// An on-stream wait (fence, signal) was requested while some kernel of the module is not
+    /// loaded: loading it lazily later needs the device idle and deadlocks behind the wait.
+    #[error("{what}: not every kernel of the module is loaded (cuFuncIsLoaded); on-stream waits are allowed only once every kernel is loaded, because lazy loading needs the device idle and hangs behind a pending wait (open the module with warpline's Device::open, which loads every kernel, or set CUDA_MODULE_LOADING=EAGER)")]
+    ModuleNotFullyLoaded { what: &'static str },
+    /// The device cannot wait on or write 64-bit values from a stream.
+    #[error("{what}: this device does not support 64-bit stream memory operations (CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS); use a 32-bit Signal<u32>")]
+    StreamMemOps64Unsupported { what: &'static str },
+    /// A task graph whose dependencies, stream order and signal set->wait edges form a cycle.
+    #[error("task graph has a cycle, so its tasks would wait on each other forever: {path}; allowed: graphs whose explicit dependencies, per-stream order and signal set->wait edges form a DAG")]
+    Cycle {
+        /// Task indices of the cycle, in edge order (the last one has an edge to the first).
+        tasks: Vec<usize>,
+        /// The cycle with task labels and edge kinds.
+        path: String,
+    },
+    /// A signal wait of a task graph that no task of the graph can satisfy.
+    #[error("task graph: signal wait `{task}` on `{signal}` ({condition}) can never fire: signals start every run at 0 and no set or add of the graph satisfies it; add its producer to the graph or remove the wait")]
+    UnmatchedWait {
+        task: String,
+        signal: String,
+        condition: String,
+    },
+    /// Work did not complete within the caller's bound.
+    #[error("{what} did not complete within {waited:?}; pending: [{}]; {}", .pending.join("; "), if *.released { "pending signal waits were released by writing their target values, and the streams drained" } else { "the streams are abandoned (still blocked); do not reuse them or their signals" })]
+    Timeout {
+        what: String,
+        waited: std::time::Duration,
+        /// Operations that had not completed, signal waits first.
+        pending: Vec<String>,
+        /// True when warpline released the pending signal waits and the work then drained.
+        released: bool,
+    },
 }
 
 /// Attaches the name of the CUDA call to a driver error.

@@ -16,6 +16,7 @@ pub mod kernels;
 pub mod launch;
 pub mod memory;
 pub mod npy;
+pub mod ordering;
 pub mod pipeline;
 pub mod reference;
 pub mod stream;
@@ -23,6 +24,7 @@ pub mod stream;
 pub use device::{Capabilities, Device};
 pub use error::{Error, Result};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, MemPool, PinnedBuffer};
+pub use ordering::{synchronize_timeout, Cmp, Fence, OnTimeout, Signal, TaskGraph};
 pub use pipeline::{BatchPipeline, BatchTiming, PipelineReport};
 pub use stream::{Event, Stream};
 

@@ -11,6 +11,7 @@ pub mod cp_async;
 pub mod mbarrier;
 pub mod pdl;
 pub mod pipeline;
+pub mod signal;
 pub mod smem;
 pub mod thread;
 pub mod warp;

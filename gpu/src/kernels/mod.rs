@@ -2,4 +2,5 @@
 //! functions so the kernel body reads like its role diagram.
 
 mod gemm;
+mod signal;
 mod vector_add;

@@ -2,6 +2,8 @@
 //! sizes, alignment, streams, sizes the kernel can index) before anything is launched.
 
 mod gemm;
+/// Signal kernels and ordering probes (raw device addresses; `unsafe`).
+pub mod signal;
 mod vector_add;
 
 pub use vector_add::{

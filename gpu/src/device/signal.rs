@@ -1,0 +1,103 @@
+//! Signals: 64-bit flags in global memory that one agent sets and another waits on, with
+//! acquire/release semantics at GPU scope (PTX ISA 8.0 §8 "Memory Consistency Model", §9.7.9.8
+//! `ld` with `.acquire`, §9.7.9.10 `st` with `.release`, §9.7.13.5 `atom` with `.release`,
+//! §9.7.9.26 `nanosleep`). The host side is `warpline::ordering::Signal`, whose on-stream
+//! operations (`cuStreamWaitValue64` / `cuStreamWriteValue64`) act on the same word.
+//!
+//! Semantics: a [`signal_set`] / [`signal_add`] is a *release*: every memory operation this thread
+//! performed before it becomes visible, at GPU scope, to any thread whose [`signal_wait_geq`] /
+//! [`signal_wait_eq`] / [`signal_load`] (an *acquire*) observes the value written (or a later
+//! value). So the producer writes its data, then sets the signal; the consumer waits, then reads the
+//! data. Release covers only the calling thread's own writes: when a whole CTA produced the data,
+//! synchronise the CTA (`bar.sync`) before one thread sets the signal. Scope is `.gpu`: host and
+//! peer-GPU observers need `.sys`, which warpline does not offer.
+//!
+//! A spinning wait holds its SM: a kernel that waits on a signal set by a kernel that cannot start
+//! until the waiter exits deadlocks (the NVSHMEM "CUDA stream order and execution resources"
+//! seed). Order such kernels with events (warpline's `TaskGraph` dependencies) or wait on the
+//! stream with `Signal::wait_until`, which holds no SM.
+
+use core::arch::asm;
+
+/// `ld.acquire.gpu.global.u64`: the signal's current value, as an acquire.
+///
+/// # Safety
+/// `sig` is an 8-byte aligned pointer into live global memory.
+#[inline(always)]
+pub unsafe fn signal_load(sig: *const u64) -> u64 {
+    let v: u64;
+    asm!("ld.acquire.gpu.global.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) sig,
+        options(nostack));
+    v
+}
+
+/// `st.release.gpu.global.u64`: sets the signal to `value`, as a release.
+///
+/// # Safety
+/// `sig` is an 8-byte aligned pointer into live global memory.
+#[inline(always)]
+pub unsafe fn signal_set(sig: *mut u64, value: u64) {
+    asm!("st.release.gpu.global.u64 [{p}], {v};", p = in(reg64) sig, v = in(reg64) value,
+        options(nostack));
+}
+
+/// `atom.release.gpu.global.add.u64`: adds `value` to the signal as a release; returns the old
+/// value.
+///
+/// # Safety
+/// `sig` is an 8-byte aligned pointer into live global memory.
+#[inline(always)]
+pub unsafe fn signal_add(sig: *mut u64, value: u64) -> u64 {
+    let old: u64;
+    asm!("atom.release.gpu.global.add.u64 {o}, [{p}], {v};", o = out(reg64) old,
+        p = in(reg64) sig, v = in(reg64) value, options(nostack));
+    old
+}
+
+/// `nanosleep.u32`: suspends the thread for about `ns` nanoseconds (at most 1 ms), so spinning
+/// waiters leave issue slots to the threads that will set the signal.
+#[inline(always)]
+pub fn nanosleep(ns: u32) {
+    // SAFETY: no memory operands.
+    unsafe { asm!("nanosleep.u32 {n};", n = in(reg32) ns, options(nostack, nomem)) };
+}
+
+/// `%globaltimer`: a nanosecond wall clock shared by all SMs (PTX ISA §10.32).
+#[inline(always)]
+pub fn global_timer_ns() -> u64 {
+    let t: u64;
+    // SAFETY: reads a special register.
+    unsafe { asm!("mov.u64 {t}, %globaltimer;", t = out(reg64) t, options(nostack, nomem)) };
+    t
+}
+
+/// Spins (acquire loads, backing off with `nanosleep`) until the signal is `>= value`; returns
+/// the value observed. Never returns if no one sets it.
+///
+/// # Safety
+/// As [`signal_load`].
+#[inline(always)]
+pub unsafe fn signal_wait_geq(sig: *const u64, value: u64) -> u64 {
+    let mut backoff = 32;
+    loop {
+        let v = signal_load(sig);
+        if v >= value {
+            return v;
+        }
+        nanosleep(backoff);
+        backoff = core::cmp::min(backoff * 2, 1024);
+    }
+}
+
+/// Spins until the signal is `== value` (acquire), as [`signal_wait_geq`].
+///
+/// # Safety
+/// As [`signal_load`].
+#[inline(always)]
+pub unsafe fn signal_wait_eq(sig: *const u64, value: u64) {
+    let mut backoff = 32;
+    while signal_load(sig) != value {
+        nanosleep(backoff);
+        backoff = core::cmp::min(backoff * 2, 1024);
+    }
+}

@@ -1,0 +1,22 @@
+//! Cross-stream ordering that cannot deadlock (issue 5; rules in `docs/ordering.md`).
+//!
+//! - [`Fence`]: the caller's later work waits for internal work submitted later
+//!   (stream-wait-value fence seed), refused unless every kernel is loaded.
+//! - [`Signal`]: a u32/u64 flag in device memory with on-stream wait/set/add (stream memory
+//!   operations; NVSHMEM's on-stream signal operations) and device-side acquire/release access.
+//! - [`TaskGraph`]: tasks on lanes with dependencies, checked for cycles including the edges CUDA
+//!   cannot see, enqueued producer-first, or captured as a CUDA graph.
+//! - [`synchronize_timeout`]: a bounded wait that reports pending signal waits as
+//!   [`crate::Error::Timeout`].
+
+mod check;
+mod fence;
+mod graph;
+mod signal;
+mod watch;
+
+pub use check::{Edge, EdgeKind, Plan, TaskId};
+pub use fence::{Fence, FenceTicket};
+pub use graph::{CapturedGraph, GraphRun, Lane, SignalRef, TaskContext, TaskGraph};
+pub use signal::{Cmp, Signal, SignalWord};
+pub use watch::{synchronize_timeout, OnTimeout, Watched};
