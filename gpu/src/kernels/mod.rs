@@ -1,4 +1,5 @@
 //! The kernels of the PTX module. Each file is one kernel (or one family), its roles as separate
 //! functions so the kernel body reads like its role diagram.
 
+mod pdl;
 mod vector_add;
