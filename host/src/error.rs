@@ -85,6 +85,14 @@ pub enum Error {
     /// A GPU result disagrees with the CPU reference.
     #[error("verification failed: {detail}")]
     Verification { detail: String },
+    /// Programmatic Dependent Launch needs compute capability 9.0 (`griddepcontrol`, PTX ISA
+    /// §9.7.12.x; `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`).
+    #[error("{device} has compute capability {major}.{minor}; Programmatic Dependent Launch (PDL) needs 9.0 or newer")]
+    PdlUnsupported {
+        device: String,
+        major: i32,
+        minor: i32,
+    },
 }
 
 /// Attaches the name of the CUDA call to a driver error.

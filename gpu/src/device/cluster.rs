@@ -11,7 +11,9 @@ use core::arch::asm;
 pub fn cta_rank() -> u32 {
     let r: u32;
     // SAFETY: reads a special register.
-    unsafe { asm!("mov.u32 {r}, %cluster_ctarank;", r = out(reg32) r, options(nomem, nostack, pure)) };
+    unsafe {
+        asm!("mov.u32 {r}, %cluster_ctarank;", r = out(reg32) r, options(nomem, nostack, pure))
+    };
     r
 }
 
@@ -20,7 +22,9 @@ pub fn cta_rank() -> u32 {
 pub fn cluster_size() -> u32 {
     let r: u32;
     // SAFETY: reads a special register.
-    unsafe { asm!("mov.u32 {r}, %cluster_nctarank;", r = out(reg32) r, options(nomem, nostack, pure)) };
+    unsafe {
+        asm!("mov.u32 {r}, %cluster_nctarank;", r = out(reg32) r, options(nomem, nostack, pure))
+    };
     r
 }
 

@@ -108,7 +108,11 @@ pub unsafe extern "ptx-kernel" fn pdl_producer(inp: *const f32, buf: *mut f32, n
 /// # Safety
 /// As [`pdl_producer`].
 #[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn pdl_producer_early_trigger(inp: *const f32, buf: *mut f32, n: u64) {
+pub unsafe extern "ptx-kernel" fn pdl_producer_early_trigger(
+    inp: *const f32,
+    buf: *mut f32,
+    n: u64,
+) {
     pdl::launch_dependents();
     pdl::wait();
     produce(inp, buf, n);
@@ -120,7 +124,11 @@ pub unsafe extern "ptx-kernel" fn pdl_producer_early_trigger(inp: *const f32, bu
 unsafe fn consume(buf: *const f32, scale: *const f32, out: *mut f32, n: u64, first_scale: f32) {
     let first = global_thread() as usize;
     for_each_index(n, |i| {
-        let s = if i == first { first_scale } else { *scale.add(i) };
+        let s = if i == first {
+            first_scale
+        } else {
+            *scale.add(i)
+        };
         *out.add(i) = *buf.add(i) * s;
     });
 }
@@ -284,7 +292,11 @@ unsafe fn load_a_tile(s: GemmSmem, g: Gemm, stage: u32, kt: u32, lane: u32) {
         let (r, col) = (c / CHUNKS_PER_ROW, (c % CHUNKS_PER_ROW) * 4);
         let (gr, gc) = (g.m0 + r, k0 + col);
         let inside = gr < g.m && gc < g.k;
-        let src = if inside { g.a.add(gr as usize * g.k as usize + gc as usize) } else { g.a };
+        let src = if inside {
+            g.a.add(gr as usize * g.k as usize + gc as usize)
+        } else {
+            g.a
+        };
         let dst = s.a(stage).add(r * A_ROW_STRIDE as u32 + col);
         cp_async::copy_16_zfill(dst.addr(), src, if inside { 16 } else { 0 });
         c += WARP_SIZE;
@@ -301,7 +313,11 @@ unsafe fn load_b_tile(s: GemmSmem, g: Gemm, stage: u32, kt: u32, lane: u32) {
         let (r, col) = (c / CHUNKS_PER_ROW, (c % CHUNKS_PER_ROW) * 4);
         let (gr, gc) = (k0 + r, g.n0 + col);
         let inside = gr < g.k && gc < g.n;
-        let src = if inside { g.b.add(gr as usize * g.n as usize + gc as usize) } else { g.b };
+        let src = if inside {
+            g.b.add(gr as usize * g.n as usize + gc as usize)
+        } else {
+            g.b
+        };
         let dst = s.b(stage).add(r * TILE_N as u32 + col);
         cp_async::copy_16_zfill(dst.addr(), src, if inside { 16 } else { 0 });
         c += WARP_SIZE;
@@ -313,7 +329,11 @@ unsafe fn load_b_tile(s: GemmSmem, g: Gemm, stage: u32, kt: u32, lane: u32) {
 /// stages (independent data) before `pdl::wait()` and every A tile (the primary's output) after.
 fn producer(s: GemmSmem, g: Gemm, lane: u32, role: Role, stamps: *mut u64) {
     let tiles = g.kt_end - g.kt_begin;
-    let prefetched = if role == Role::Secondary { core::cmp::min(STAGES as u32, tiles) } else { 0 };
+    let prefetched = if role == Role::Secondary {
+        core::cmp::min(STAGES as u32, tiles)
+    } else {
+        0
+    };
     // SAFETY (all copies below): stages are free (fresh barriers for the first STAGES, then
     // producer_acquire); tile offsets stay inside the stage buffers; global chunks are inside the
     // matrices or zero-filled from the valid base pointer; rows are 16-byte aligned (host checks).

@@ -1,6 +1,7 @@
 //! Typed launchers, one module per kernel family. Each validates its arguments (lengths, zero
 //! sizes, alignment, streams, sizes the kernel can index) before anything is launched.
 
+pub mod pdl;
 mod vector_add;
 
 pub use vector_add::{
@@ -22,10 +23,41 @@ pub struct KernelSpec {
 }
 
 /// Every kernel the host launches; `Device::open` checks each is present and fits.
-pub const KERNEL_SPECS: &[KernelSpec] = &[KernelSpec {
-    name: warpline_gpu::contract::vector_add::KERNEL,
-    dyn_smem_bytes: warpline_gpu::contract::vector_add::SMEM_BYTES,
-}];
+pub const KERNEL_SPECS: &[KernelSpec] = &[
+    KernelSpec {
+        name: warpline_gpu::contract::vector_add::KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::vector_add::SMEM_BYTES,
+    },
+    // PDL kernels (issue 4).
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::PRODUCER_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::EARLY_TRIGGER_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::CONSUMER_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::CONSUMER_NO_WAIT_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::CHAIN_STEP_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::PRIMARY_GEMM_KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::pdl::GEMM_SMEM_BYTES,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::SECONDARY_GEMM_KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::pdl::GEMM_SMEM_BYTES,
+    },
+];
 
 pub(crate) fn check_aligned(what: &'static str, addr: u64, align: u64) -> Result<()> {
     if !addr.is_multiple_of(align) {
