@@ -26,6 +26,15 @@ use warpline_gpu::contract::pdl as contract;
 use warpline_suite::support::{gpu_or_skip, random_f32};
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// Chained iterations of the long tests: 10,000, or `WARPLINE_PDL_ITERS` (for slow tools such as
+/// compute-sanitizer; rounded up to whole batches of 100).
+fn chained_iterations() -> usize {
+    std::env::var("WARPLINE_PDL_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000)
+}
 const PAIR_REL_BOUND: f64 = 4.0 * U;
 
 // ------------------------------------------------------------------------------------------------
@@ -263,7 +272,7 @@ fn consumer_reads_what_producer_wrote_over_10000_chained_iterations() {
     let pool = MemPool::device_default(&dev, 0).unwrap();
     let mut b = pair_buffers(&pool, &stream, PAIR_N, PAIR_BATCH);
     // grid 5 x 256 threads: a grid-stride loop of ~3 elements per thread.
-    for batch in 0..10_000 / PAIR_BATCH {
+    for batch in 0..chained_iterations().div_ceil(PAIR_BATCH) {
         let bad = run_pair_batch(
             &dev,
             &stream,
@@ -301,7 +310,7 @@ fn early_trigger_race_is_caught_and_waiting_consumer_stays_correct() {
 
     let mut caught = 0;
     let mut iterations = 0;
-    while caught == 0 && iterations < 10_000 {
+    while caught == 0 && iterations < chained_iterations().max(batch) {
         caught += run_pair_batch(
             &dev,
             &stream,
@@ -633,7 +642,7 @@ fn secondary_reads_what_primary_wrote_over_10000_chained_iterations() {
         n: 68,
         p: 8,
     };
-    for _ in 0..10_000 / 100 {
+    for _ in 0..chained_iterations().div_ceil(100) {
         run_gemm_chain(&dev, &stream, &pool, d, 100, true);
     }
 }
