@@ -29,6 +29,7 @@ use crate::device::mbarrier::fence_init;
 use crate::device::pipeline::{Pipeline, PipelineState};
 use crate::device::smem::{dynamic_smem_base, store_global_v4, Shared};
 use crate::device::thread::{block_dim_x, block_idx_x, grid_dim_x, sync_threads, thread_idx_x};
+use crate::device::warp::sync_warp;
 use crate::device::{cluster, cp_async, pdl};
 
 type Pipe = Pipeline<{ STAGES as u32 }>;
@@ -404,6 +405,8 @@ fn consumer(s: GemmSmem, g: Gemm, t: u32) -> Acc {
 /// it through DSMEM and stores C after `pdl::wait()`; two cluster barriers order the hand-off and
 /// keep rank 1 resident while rank 0 reads. Every thread of both CTAs calls this.
 fn reduce_and_store(s: GemmSmem, g: Gemm, consumer_t: Option<u32>, acc: &Acc) {
+    // The cluster barriers are `.aligned`: reconverge the warp after the roles' spin loops.
+    sync_warp();
     let rank = cluster::cta_rank();
     if let (Some(t), 1) = (consumer_t, rank) {
         let (ty, tx) = owned(t);
