@@ -647,48 +647,82 @@ fn secondary_reads_what_primary_wrote_over_10000_chained_iterations() {
     }
 }
 
+/// The stamps are consistent per CTA, and every secondary CTA's `griddepcontrol.wait` returned
+/// no earlier than the primary's last CTA end stamp (wait = completion of the primary), even
+/// though the secondary was launched with PDL and may have started earlier.
 #[test]
-fn gemm_records_overlap_stamps() {
+fn gemm_stamps_show_wait_returns_after_primary_completion() {
     let Some(dev) = gpu_or_skip("pdl gemm stamps") else {
         return;
     };
     let stream = dev.new_stream().unwrap();
     let pool = MemPool::device_default(&dev, 0).unwrap();
-    let d = GemmDims {
+    let d1 = GemmDims {
         m: 256,
         n: 256,
-        k: 512,
+        k: 1024,
     };
-    let grid = kpdl::gemm_grid(d) as usize;
-    let (m, n, k) = (d.m as usize, d.n as usize, d.k as usize);
-    let mut a = pool.alloc_async::<f32>(&stream, m * k).unwrap();
-    let mut b = pool.alloc_async::<f32>(&stream, k * n).unwrap();
+    let d2 = GemmDims {
+        m: 256,
+        n: 132,
+        k: 256,
+    };
+    let (m, n, k, p) = (256usize, 256usize, 1024usize, 132usize);
+    let (g1, g2) = (kpdl::gemm_grid(d1) as usize, kpdl::gemm_grid(d2) as usize);
+    let alloc = |len| pool.alloc_async::<f32>(&stream, len).unwrap();
+    let (mut a, mut b1, mut b2) = (alloc(m * k), alloc(k * n), alloc(n * p));
+    let (mut c1, mut c2) = (alloc(m * n), alloc(m * p));
     a.copy_from_host(&random_f32(m * k)).unwrap();
-    b.copy_from_host(&random_f32(k * n)).unwrap();
-    let mut c = pool.alloc_async::<f32>(&stream, m * n).unwrap();
-    let mut st = pool
-        .alloc_async::<u64>(&stream, grid * contract::STAMPS_PER_CTA)
+    b1.copy_from_host(&random_f32(k * n)).unwrap();
+    b2.copy_from_host(&random_f32(n * p)).unwrap();
+    c1.fill_async(f32::NAN).unwrap();
+    c2.fill_async(f32::NAN).unwrap();
+    let k3 = contract::STAMPS_PER_CTA;
+    let mut st1 = pool.alloc_async::<u64>(&stream, g1 * k3).unwrap();
+    let mut st2 = pool.alloc_async::<u64>(&stream, g2 * k3).unwrap();
+    for _ in 0..20 {
+        st1.copy_from_host(&vec![0u64; g1 * k3]).unwrap();
+        st2.copy_from_host(&vec![0u64; g2 * k3]).unwrap();
+        kpdl::gemm(
+            &dev,
+            &stream,
+            GemmKernel::Primary,
+            a.as_view(),
+            b1.as_view(),
+            c1.as_view_mut(),
+            d1,
+            false,
+            Some(st1.as_view_mut()),
+        )
         .unwrap();
-    st.copy_from_host(&vec![0u64; grid * contract::STAMPS_PER_CTA])
+        kpdl::gemm(
+            &dev,
+            &stream,
+            GemmKernel::Secondary,
+            c1.as_view(),
+            b2.as_view(),
+            c2.as_view_mut(),
+            d2,
+            true,
+            Some(st2.as_view_mut()),
+        )
         .unwrap();
-    kpdl::gemm(
-        &dev,
-        &stream,
-        GemmKernel::Primary,
-        a.as_view(),
-        b.as_view(),
-        c.as_view_mut(),
-        d,
-        false,
-        Some(st.as_view_mut()),
-    )
-    .unwrap();
-    let mut stamps = vec![0u64; grid * contract::STAMPS_PER_CTA];
-    st.copy_to_host(&mut stamps).unwrap();
-    for cta in stamps.chunks(contract::STAMPS_PER_CTA) {
+        let mut s1 = vec![0u64; g1 * k3];
+        let mut s2 = vec![0u64; g2 * k3];
+        st1.copy_to_host(&mut s1).unwrap();
+        st2.copy_to_host(&mut s2).unwrap();
+        for cta in s1.chunks(k3).chain(s2.chunks(k3)) {
+            assert!(
+                cta[0] > 0 && cta[0] <= cta[1] && cta[1] <= cta[2],
+                "{cta:?}"
+            );
+        }
+        let primary_end = s1.chunks(k3).map(|c| c[2]).max().unwrap();
+        let first_wait_return = s2.chunks(k3).map(|c| c[1]).min().unwrap();
         assert!(
-            cta[0] > 0 && cta[0] <= cta[1] && cta[1] <= cta[2],
-            "{cta:?}"
+            first_wait_return >= primary_end,
+            "a secondary CTA passed griddepcontrol.wait at {first_wait_return} ns, before the \
+             primary's last CTA ended at {primary_end} ns"
         );
     }
 }
