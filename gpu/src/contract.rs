@@ -140,3 +140,85 @@ pub mod signal {
         (seed ^ i.wrapping_mul(0x9E37_79B9)).rotate_left(7)
     }
 }
+
+/// Programmatic Dependent Launch (ch. 11, "Programmatic Dependent Launch" and "Combining PDL and
+/// Thread Block Clusters with Warp Specialization"): the kernel_A / kernel_B pair, the
+/// primary / secondary GEMM pair (clusters of 2 CTAs, warp-specialized), and `chain_step`.
+pub mod pdl {
+    use super::*;
+
+    /// Producer of the pair: `buf[i] = 2 * inp[i] + 1`, then triggers the dependent.
+    pub const PRODUCER_KERNEL: &str = "pdl_producer";
+    /// Test-only producer that triggers *before* its stores (negative control).
+    pub const EARLY_TRIGGER_KERNEL: &str = "pdl_producer_early_trigger";
+    /// Consumer of the pair: loads `scale` (independent), waits, `out[i] = buf[i] * scale[i]`.
+    pub const CONSUMER_KERNEL: &str = "pdl_consumer";
+    /// Test-only consumer that reads `buf` *without* waiting (negative control).
+    pub const CONSUMER_NO_WAIT_KERNEL: &str = "pdl_consumer_no_wait";
+    /// Threads per CTA of the pair kernels (grid-stride loops, any grid size).
+    pub const PAIR_THREADS: u32 = 256;
+
+    /// `x[i] += 1` for `i < n`: wait at start, trigger after the stores.
+    pub const CHAIN_STEP_KERNEL: &str = "chain_step";
+    /// Threads per CTA of `chain_step`.
+    pub const CHAIN_STEP_THREADS: u32 = 256;
+
+    /// `C = A · B` (f32, row-major), triggers after its last store of C.
+    pub const PRIMARY_GEMM_KERNEL: &str = "primary_gemm";
+    /// `C = A · B` where A is the primary's output: prologue (barriers, B tiles) before the wait.
+    pub const SECONDARY_GEMM_KERNEL: &str = "secondary_gemm";
+    /// Rows of C per cluster tile.
+    pub const TILE_M: usize = 64;
+    /// Columns of C per cluster tile.
+    pub const TILE_N: usize = 64;
+    /// Depth (K) of one pipeline stage.
+    pub const TILE_K: usize = 32;
+    /// Pipeline depth.
+    pub const STAGES: usize = 3;
+    /// CTAs per cluster: the two CTAs split K in halves and reduce through DSMEM.
+    pub const CLUSTER_CTAS: u32 = 2;
+    /// Producer warps (cp.async global -> shared, one stage at a time).
+    pub const PRODUCER_WARPS: u32 = 1;
+    /// Consumer warps (FMA on the staged tiles).
+    pub const CONSUMER_WARPS: u32 = 4;
+    /// Threads per GEMM CTA.
+    pub const GEMM_THREADS: u32 = WARP_SIZE * (PRODUCER_WARPS + CONSUMER_WARPS);
+    /// Rows of C each consumer thread owns (8 x 4 accumulators per thread).
+    pub const THREAD_ROWS: usize = 8;
+    /// Columns of C each consumer thread owns (one 16-byte vector).
+    pub const THREAD_COLS: usize = 4;
+    /// Row/column elements must be multiples of this (16-byte rows for cp.async 16).
+    pub const ROW_ALIGN_ELEMS: usize = 4;
+
+    /// Shared-memory layout (bytes from the start of dynamic shared memory):
+    /// `[full mbarriers x STAGES][empty mbarriers x STAGES][pad]`, then `STAGES x [A | B]`
+    /// (A: `TILE_M x TILE_K` with row stride `A_ROW_STRIDE`, B: `TILE_K x TILE_N`, row-major f32), then the `TILE_M x TILE_N`
+    /// split-K partial that rank 1 hands to rank 0 through DSMEM.
+    pub const BARRIERS_OFFSET: usize = 0;
+    /// Offset of stage 0's A tile (128-byte aligned).
+    pub const BUFFERS_OFFSET: usize = 128;
+    /// Row stride of a staged A tile, in f32: `TILE_K` plus 4 floats of padding so the 8 rows a
+    /// warp reads at one k fall in different banks (keeps 16-byte alignment of every row).
+    pub const A_ROW_STRIDE: usize = TILE_K + 4;
+    /// Bytes of one A tile.
+    pub const A_TILE_BYTES: usize = TILE_M * A_ROW_STRIDE * F32_BYTES;
+    /// Bytes of one B tile.
+    pub const B_TILE_BYTES: usize = TILE_K * TILE_N * F32_BYTES;
+    /// Bytes of one stage `[A | B]`.
+    pub const STAGE_BYTES: usize = A_TILE_BYTES + B_TILE_BYTES;
+    /// Offset of the split-K partial tile.
+    pub const PARTIAL_OFFSET: usize = BUFFERS_OFFSET + STAGES * STAGE_BYTES;
+    /// Dynamic shared memory per GEMM CTA, bytes.
+    pub const GEMM_SMEM_BYTES: usize = PARTIAL_OFFSET + TILE_M * TILE_N * F32_BYTES;
+
+    /// `u64` %globaltimer stamps per CTA (nanoseconds): start, middle (primary: trigger; secondary:
+    /// wait returned), end.
+    pub const STAMPS_PER_CTA: usize = 3;
+
+    const _: () = assert!(BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
+    const _: () = assert!(
+        (CONSUMER_WARPS * WARP_SIZE) as usize * THREAD_ROWS * THREAD_COLS == TILE_M * TILE_N
+    );
+    const _: () = assert!(TILE_N / THREAD_COLS * (TILE_M / THREAD_ROWS) == 128);
+    const _: () = assert!(STAGE_BYTES.is_multiple_of(128) && A_TILE_BYTES.is_multiple_of(16));
+}

@@ -127,6 +127,14 @@ pub enum Error {
         /// True when warpline released the pending signal waits and the work then drained.
         released: bool,
     },
+    /// Programmatic Dependent Launch needs compute capability 9.0 (`griddepcontrol`, PTX ISA
+    /// §9.7.12.x; `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`).
+    #[error("{device} has compute capability {major}.{minor}; Programmatic Dependent Launch (PDL) needs 9.0 or newer")]
+    PdlUnsupported {
+        device: String,
+        major: i32,
+        minor: i32,
+    },
 }
 
 /// Attaches the name of the CUDA call to a driver error.

@@ -96,7 +96,7 @@ impl LaunchConfig {
     }
 
     /// The attributes, in the driver's layout.
-    fn attributes(&self) -> Vec<sys::CUlaunchAttribute> {
+    pub(crate) fn attributes(&self) -> Vec<sys::CUlaunchAttribute> {
         let mut attrs = Vec::new();
         if let Some([x, y, z]) = self.cluster {
             // SAFETY: the attribute is a plain C struct/union; zero is valid and the fields used

@@ -10,6 +10,7 @@
 //! pipeline), [`bandwidth`] (reference copy measurements), [`reference`] (CPU references), [`npy`].
 
 pub mod bandwidth;
+pub mod chain;
 pub mod device;
 pub mod error;
 pub mod kernels;
@@ -21,6 +22,7 @@ pub mod pipeline;
 pub mod reference;
 pub mod stream;
 
+pub use chain::{Chain, Graph, KernelArg};
 pub use device::{Capabilities, Device};
 pub use error::{Error, Result};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, MemPool, PinnedBuffer};

@@ -59,3 +59,15 @@ pub fn arrive_on(bar: Mbarrier) {
             options(nostack))
     };
 }
+
+/// `cp.async.cg.shared.global` of 16 bytes with a source size: copies `src_bytes` (0 or 16) bytes
+/// and zero-fills the rest of the 16, so out-of-range tile chunks become zeros without a branch
+/// around the copy (PTX ISA §9.7.9.25.3, `cp-size` / `src-size`).
+///
+/// # Safety
+/// As [`copy_16`]; `src` must be a valid global address even when `src_bytes` is 0.
+#[inline(always)]
+pub unsafe fn copy_16_zfill(dst: u32, src: *const f32, src_bytes: u32) {
+    asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};", d = in(reg32) dst, s = in(reg64) src,
+        n = in(reg32) src_bytes, options(nostack));
+}

@@ -6,6 +6,7 @@
 //! the `unsafe` ones take raw shared or global addresses whose validity the caller guarantees.
 
 pub mod bulk;
+pub mod clock;
 pub mod cluster;
 pub mod cp_async;
 pub mod mbarrier;

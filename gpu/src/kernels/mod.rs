@@ -2,5 +2,6 @@
 //! functions so the kernel body reads like its role diagram.
 
 mod gemm;
+mod pdl;
 mod signal;
 mod vector_add;

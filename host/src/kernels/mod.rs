@@ -2,6 +2,7 @@
 //! sizes, alignment, streams, sizes the kernel can index) before anything is launched.
 
 mod gemm;
+pub mod pdl;
 /// Signal kernels and ordering probes (raw device addresses; `unsafe`).
 pub mod signal;
 mod vector_add;
@@ -43,6 +44,35 @@ pub const KERNEL_SPECS: &[KernelSpec] = &[
     KernelSpec {
         name: warpline_gpu::contract::gemm::PLAIN_KERNEL,
         dyn_smem_bytes: warpline_gpu::contract::gemm::SMEM_BYTES,
+    },
+    // PDL kernels (issue 4).
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::PRODUCER_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::EARLY_TRIGGER_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::CONSUMER_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::CONSUMER_NO_WAIT_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::CHAIN_STEP_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::PRIMARY_GEMM_KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::pdl::GEMM_SMEM_BYTES,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::SECONDARY_GEMM_KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::pdl::GEMM_SMEM_BYTES,
     },
 ];
 

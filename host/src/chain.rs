@@ -1,0 +1,326 @@
+//! `Chain`: a sequence of dependent kernel launches on one stream, each launched with
+//! Programmatic Dependent Launch (or not, per chain), runnable directly or captured into a CUDA
+//! graph and replayed.
+//!
+//! Direct runs issue one `cuLaunchKernelEx` per step with the configurations built once at push
+//! time. [`Chain::capture`] records the same launches with stream capture
+//! (`cuStreamBeginCapture_v2` / `cuStreamEndCapture`, thread-local mode) and instantiates them
+//! (`cuGraphInstantiateWithFlags`); a launch with
+//! `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION` becomes a graph edge of type
+//! `CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC` (CUDA driver API, "Graph Management"; counted by
+//! [`Graph::programmatic_edges`]), so PDL survives capture.
+//!
+//! Every kernel of a PDL chain must `griddepcontrol.wait` before touching memory the previous
+//! step touches (see `gpu/src/device/pdl.rs`); warpline's `chain_step` does.
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::ptr::null_mut;
+
+use cudarc::driver::sys;
+
+use crate::device::Device;
+use crate::error::{CudaCall, Error, Result};
+use crate::kernels::pdl::{chain_step_checked, require_pdl};
+use crate::launch::LaunchConfig;
+use crate::memory::DeviceViewMut;
+use crate::stream::Stream;
+use warpline_gpu::contract::pdl as contract;
+
+/// Most kernel parameters a step may have.
+pub const MAX_ARGS: usize = 16;
+
+/// One kernel parameter of a [`Chain`] step, passed by value: `U32` for 32-bit scalars, `U64`
+/// for 64-bit scalars and device pointers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelArg {
+    /// A 32-bit parameter (`u32`, `i32`, `f32` bits).
+    U32(u32),
+    /// A 64-bit parameter (`u64`, device pointer).
+    U64(u64),
+}
+
+impl KernelArg {
+    fn as_param(&self) -> *mut c_void {
+        match self {
+            KernelArg::U32(v) => v as *const u32 as *mut c_void,
+            KernelArg::U64(v) => v as *const u64 as *mut c_void,
+        }
+    }
+}
+
+/// One launch of a chain, in the driver's layout, built once.
+struct Step {
+    func: sys::CUfunction,
+    /// `config.attrs` points into `attrs`' heap buffer, which never changes after construction.
+    config: sys::CUlaunchConfig,
+    _attrs: Vec<sys::CUlaunchAttribute>,
+    args: Vec<KernelArg>,
+}
+
+impl Step {
+    fn new(func: sys::CUfunction, cfg: &LaunchConfig, stream: &Stream, args: &[KernelArg]) -> Self {
+        let mut attrs = cfg.attributes();
+        let config = cfg.driver_config(stream.raw(), &mut attrs);
+        Self {
+            func,
+            config,
+            _attrs: attrs,
+            args: args.to_vec(),
+        }
+    }
+
+    /// # Safety
+    /// The step's kernel, arguments and configuration form a valid launch (the constructors'
+    /// contract) and the context is current.
+    unsafe fn launch(&self) -> Result<()> {
+        let mut params = [null_mut::<c_void>(); MAX_ARGS];
+        for (p, a) in params.iter_mut().zip(&self.args) {
+            *p = a.as_param();
+        }
+        sys::cuLaunchKernelEx(&self.config, self.func, params.as_mut_ptr(), null_mut())
+            .call("cuLaunchKernelEx")
+    }
+}
+
+/// A sequence of dependent kernel launches on one stream.
+///
+/// Lifetime `'a`: the device and every buffer the steps use are borrowed for the chain's life,
+/// so neither a direct run nor a replay of a captured [`Graph`] can outlive them.
+pub struct Chain<'a> {
+    dev: &'a Device,
+    stream: Stream,
+    pdl: bool,
+    steps: Vec<Step>,
+    _buffers: PhantomData<&'a mut ()>,
+}
+
+impl<'a> Chain<'a> {
+    /// An empty chain on `stream`; `pdl`: launch every step with the PDL attribute.
+    ///
+    /// Errors: [`Error::PdlUnsupported`] when `pdl` is asked on a device below compute
+    /// capability 9.0.
+    pub fn new(dev: &'a Device, stream: &Stream, pdl: bool) -> Result<Self> {
+        require_pdl(dev, pdl)?;
+        Ok(Self {
+            dev,
+            stream: stream.clone(),
+            pdl,
+            steps: Vec::new(),
+            _buffers: PhantomData,
+        })
+    }
+
+    /// Whether the steps are launched with PDL.
+    pub fn pdl(&self) -> bool {
+        self.pdl
+    }
+
+    /// Launches in the chain.
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// True for a chain without launches.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// The chain's stream.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// Appends `count` `chain_step` kernels over `x` (`x[i] += 1` each, so a run adds `count`
+    /// to every element, wrapping), each `grid` CTAs of `CHAIN_STEP_THREADS` threads.
+    ///
+    /// Errors: [`Error::Empty`] (empty `x`), [`Error::BadShape`] (grid 0 or above 2^31 - 1),
+    /// [`Error::WrongStream`] (`x` not on the chain's stream).
+    pub fn push_chain_steps(
+        &mut self,
+        x: DeviceViewMut<'a, u32>,
+        count: usize,
+        grid: u32,
+    ) -> Result<()> {
+        let cfg = chain_step_checked(self.dev, &self.stream, &x, grid, self.pdl)?;
+        let func = self.dev.kernel(contract::CHAIN_STEP_KERNEL)?.cu_function();
+        let args = [
+            KernelArg::U64(x.device_ptr()),
+            KernelArg::U64(x.len() as u64),
+        ];
+        self.steps.reserve(count);
+        for _ in 0..count {
+            self.steps.push(Step::new(func, &cfg, &self.stream, &args));
+        }
+        Ok(())
+    }
+
+    /// Appends a launch of `kernel` with `cfg` (its `pdl` flag is replaced by the chain's) and
+    /// `args`.
+    ///
+    /// Errors: [`Error::MissingKernel`], [`Error::TooLarge`] (more than [`MAX_ARGS`]
+    /// arguments), the errors of [`LaunchConfig::validate`].
+    ///
+    /// # Safety
+    /// `args` match the kernel's parameters in number, order and size; every memory access of
+    /// the kernel with them stays in allocations that live for `'a`, are used on the chain's
+    /// stream, and are not accessed by the host while the chain or its graph runs; the kernel
+    /// waits (`griddepcontrol.wait`) before touching memory its predecessor touches when the
+    /// chain uses PDL.
+    pub unsafe fn push_raw(
+        &mut self,
+        kernel: &'static str,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        if args.len() > MAX_ARGS {
+            return Err(Error::TooLarge {
+                what: "chain step arguments",
+                value: args.len() as u64,
+                max: MAX_ARGS as u64,
+            });
+        }
+        let cfg = cfg.with_pdl(self.pdl);
+        cfg.validate(self.dev, kernel)?;
+        let func = self.dev.kernel(kernel)?.cu_function();
+        self.steps.push(Step::new(func, &cfg, &self.stream, args));
+        Ok(())
+    }
+
+    fn launch_all(&self) -> Result<()> {
+        for step in &self.steps {
+            // SAFETY: steps are built by the checked constructors above (typed or `push_raw`'s
+            // contract); the context was bound by the caller.
+            unsafe { step.launch() }?;
+        }
+        Ok(())
+    }
+
+    /// Queues every launch of the chain on its stream, in order (no host synchronisation).
+    pub fn run(&self) -> Result<()> {
+        self.dev.bind()?;
+        self.launch_all()
+    }
+
+    /// Captures the chain into a CUDA graph and instantiates it. PDL launches become
+    /// programmatic edges. The stream must not be capturing already.
+    ///
+    /// Errors: [`Error::Cuda`] naming the failing call (`cuStreamBeginCapture`,
+    /// `cuLaunchKernelEx`, `cuStreamEndCapture`, `cuGraphInstantiateWithFlags`); capture is
+    /// ended and the partial graph freed on every error path.
+    pub fn capture(&self) -> Result<Graph<'_>> {
+        self.dev.bind()?;
+        let stream = self.stream.raw();
+        // SAFETY: a valid stream of the bound context; thread-local mode only restricts this
+        // thread's unsafe calls while capturing.
+        unsafe {
+            sys::cuStreamBeginCapture_v2(
+                stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .call("cuStreamBeginCapture")?;
+        let launched = self.launch_all();
+        let mut raw_graph: sys::CUgraph = null_mut();
+        // SAFETY: ends the capture begun above; the out-pointer is valid.
+        let ended =
+            unsafe { sys::cuStreamEndCapture(stream, &mut raw_graph) }.call("cuStreamEndCapture");
+        let graph = OwnedGraph(raw_graph);
+        launched?;
+        ended?;
+        let mut exec: sys::CUgraphExec = null_mut();
+        // SAFETY: `graph.0` is the valid graph just captured; flags 0.
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, 0) }
+            .call("cuGraphInstantiateWithFlags")?;
+        Ok(Graph {
+            dev: self.dev,
+            stream: self.stream.clone(),
+            graph,
+            exec,
+            nodes: self.steps.len(),
+            _chain: PhantomData,
+        })
+    }
+}
+
+/// A captured `CUgraph`, destroyed on drop.
+struct OwnedGraph(sys::CUgraph);
+
+impl Drop for OwnedGraph {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: the graph is ours and no longer used; a failure cannot be reported here.
+            let _ = unsafe { sys::cuGraphDestroy(self.0) };
+        }
+    }
+}
+
+/// An instantiated CUDA graph of a [`Chain`], replayed on the chain's stream. Borrows the chain,
+/// so the buffers its kernels use outlive it. Drop destroys the executable graph and the graph
+/// (`cuGraphExecDestroy`, `cuGraphDestroy`).
+pub struct Graph<'c> {
+    dev: &'c Device,
+    stream: Stream,
+    graph: OwnedGraph,
+    exec: sys::CUgraphExec,
+    nodes: usize,
+    _chain: PhantomData<&'c ()>,
+}
+
+impl Graph<'_> {
+    /// Queues one replay of the whole chain on the chain's stream (`cuGraphLaunch`).
+    pub fn launch(&self) -> Result<()> {
+        self.dev.bind()?;
+        // SAFETY: a valid executable graph; its kernels' buffers outlive `self` (borrow of the
+        // chain, which borrows them).
+        unsafe { sys::cuGraphLaunch(self.exec, self.stream.raw()) }.call("cuGraphLaunch")
+    }
+
+    /// Kernel nodes captured (one per chain step).
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// Edges of the graph of type `CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC` (`cuGraphGetEdges_v2`):
+    /// `len - 1` for a PDL chain, 0 for a plain one.
+    pub fn programmatic_edges(&self) -> Result<usize> {
+        self.dev.bind()?;
+        let mut count = 0usize;
+        // SAFETY: null arrays ask for the count only.
+        unsafe {
+            sys::cuGraphGetEdges_v2(self.graph.0, null_mut(), null_mut(), null_mut(), &mut count)
+        }
+        .call("cuGraphGetEdges")?;
+        let mut from = vec![null_mut(); count];
+        let mut to = vec![null_mut(); count];
+        // SAFETY: zero is a valid edge-data value; arrays of `count` entries.
+        let mut data: Vec<sys::CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; count];
+        // SAFETY: three arrays of `count` entries each.
+        unsafe {
+            sys::cuGraphGetEdges_v2(
+                self.graph.0,
+                from.as_mut_ptr(),
+                to.as_mut_ptr(),
+                data.as_mut_ptr(),
+                &mut count,
+            )
+        }
+        .call("cuGraphGetEdges")?;
+        let programmatic = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+        Ok(data[..count]
+            .iter()
+            .filter(|d| d.type_ == programmatic)
+            .count())
+    }
+}
+
+impl Drop for Graph<'_> {
+    fn drop(&mut self) {
+        if self.dev.bind().is_ok() {
+            // SAFETY: the executable graph is ours; the stream-ordered replays that use it keep
+            // their own reference in the driver. A failure cannot be reported from drop.
+            let _ = unsafe { sys::cuGraphExecDestroy(self.exec) };
+        }
+        // `self.graph` is destroyed by its own Drop after this.
+    }
+}
