@@ -139,7 +139,7 @@ impl SignalWord for u64 {
 /// enqueued *before* it (CUDA may funnel streams into one FIFO hardware queue), which
 /// [`super::TaskGraph`] guarantees; bound waits with [`super::synchronize_timeout`].
 ///
-/// Lifetime: the word is allocated stream-ordered on a private stream. Dropping the last clone
+/// Lifetime: the word is a cuMemAlloc allocation freed in the order of a private stream. Dropping the last clone
 /// orders that stream after every stream the signal was used on (events) before the
 /// stream-ordered free, so pending waits never read freed memory; a wait that never fires keeps the
 /// word allocated (leaked, not freed under it).
@@ -195,7 +195,7 @@ impl<T: SignalWord> Signal<T> {
     /// Errors: [`Error::ModuleNotFullyLoaded`] unless every kernel of the module is loaded
     /// (`cuFuncIsLoaded`; the lazy-loading hang of the stream-wait-value fence seed),
     /// [`Error::StreamMemOps64Unsupported`] for `u64` on a device without 64-bit stream memory
-    /// operations, [`Error::Cuda`] (`cuMemAllocAsync`, `cuMemsetD32Async`, `cuStreamSynchronize`).
+    /// operations, [`Error::Cuda`] (`cuMemAlloc`, `cuMemsetD32Async`, `cuStreamSynchronize`).
     pub fn new(dev: &Device, label: impl Into<String>) -> Result<Self> {
         if !dev.all_kernels_loaded()? {
             return Err(Error::ModuleNotFullyLoaded {
@@ -210,8 +210,10 @@ impl<T: SignalWord> Signal<T> {
         let home = dev.new_stream()?;
         dev.bind()?;
         let bytes = size_of::<T>();
-        // SAFETY: a stream-ordered allocation of one word on `home`, owned by the buffer below.
-        let ptr = unsafe { result::malloc_async(home.raw(), bytes) }.call("cuMemAllocAsync")?;
+        // A plain cuMemAlloc, not the stream-ordered pool: on the H100 (driver 580) stream memory
+        // operations on pool memory failed with CUDA_ERROR_INVALID_VALUE.
+        // SAFETY: an allocation of one word, owned by the buffer below.
+        let ptr = unsafe { result::malloc_sync(bytes) }.call("cuMemAlloc")?;
         // SAFETY: ptr/bytes describe the allocation just made; ordered on `home`.
         let word = unsafe { DeviceBuffer::from_raw(ptr, 1, home.clone(), dev.context().clone()) };
         // SAFETY: the allocation holds bytes/4 words of 32 bits; ordered after the allocation.
