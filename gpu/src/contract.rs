@@ -71,21 +71,16 @@ pub mod gemm {
     pub const K_CHUNK: usize = 32;
     /// Stages per tile.
     pub const CHUNKS_PER_TILE: usize = TILE / K_CHUNK;
-    /// Depth of the stage ring.
-    pub const STAGES: usize = 6;
     /// Largest cluster (portable cluster size limit).
     pub const MAX_CLUSTER: u32 = 8;
-    /// Cluster sizes the kernel supports: each CTA computes `TILE / cluster` rows, which must be a
-    /// multiple of the 16 row groups of the compute warps.
+    /// Cluster sizes the kernel supports: each CTA computes `TILE / cluster` rows with
+    /// `8 / cluster` compute warps (16 rows per warp).
     pub const CLUSTER_SIZES: [u32; 4] = [1, 2, 4, 8];
     /// Warps of the loader role (bulk copies global -> shared).
     pub const LOADER_WARPS: u32 = 1;
-    /// Warps of the compute role (shared -> registers -> FMA -> global C).
-    pub const COMPUTE_WARPS: u32 = 8;
-    /// Threads per CTA: the loader warp first, then the compute warps.
-    pub const THREADS_PER_CTA: u32 = WARP_SIZE * (LOADER_WARPS + COMPUTE_WARPS);
-    /// Row groups of the compute threads (2 per warp); thread rows are `group + 16 * i`.
-    pub const ROW_GROUPS: u32 = 16;
+    /// Compute warps of a whole cluster (and of a `tile_gemm` CTA): 256 threads, each with an 8x8
+    /// block of C, cover the 128x128 tile.
+    pub const CLUSTER_COMPUTE_WARPS: u32 = 8;
     /// Column groups of the compute threads (16 per warp); a thread owns columns
     /// `4g..4g+4` and `64+4g..64+4g+4`.
     pub const COL_GROUPS: u32 = 16;
@@ -94,27 +89,80 @@ pub mod gemm {
     pub const A_PITCH: usize = K_CHUNK + 4;
     /// Bytes of one global row-piece of the A chunk (one bulk copy).
     pub const A_ROW_CHUNK_BYTES: usize = K_CHUNK * F32_BYTES;
-    /// Bytes reserved for one stage's A chunk (all 128 rows, for a cluster of 1).
-    pub const A_STAGE_BYTES: usize = TILE * A_PITCH * F32_BYTES;
     /// Bytes of one stage's B chunk (contiguous in global memory: one bulk copy).
     pub const B_STAGE_BYTES: usize = K_CHUNK * TILE * F32_BYTES;
-    /// Bytes of one stage `[A chunk | B chunk]`.
-    pub const STAGE_BYTES: usize = A_STAGE_BYTES + B_STAGE_BYTES;
-    /// Shared-memory layout: `[STAGES full mbarriers | STAGES empty mbarriers | pad]` then
-    /// `STAGES x [A chunk | B chunk]`.
+    /// Shared-memory layout: `[stages full mbarriers | stages empty mbarriers | pad]` then
+    /// `stages x [A chunk | B chunk]`.
     pub const BARRIERS_OFFSET: usize = 0;
     /// Offset of stage 0 (128-byte aligned).
     pub const BUFFERS_OFFSET: usize = 128;
-    /// Dynamic shared memory per CTA, bytes.
-    pub const SMEM_BYTES: usize = BUFFERS_OFFSET + STAGES * STAGE_BYTES;
+
+    /// Rows of each tile (the A band) a CTA of a cluster of `cluster` CTAs computes.
+    pub const fn band_rows(cluster: u32) -> u32 {
+        TILE as u32 / cluster
+    }
+    /// Compute warps per CTA for a cluster of `cluster` CTAs (16 rows of the band each).
+    pub const fn compute_warps(cluster: u32) -> u32 {
+        CLUSTER_COMPUTE_WARPS / cluster
+    }
+    /// Threads per CTA for a cluster of `cluster` CTAs: the loader warp first, then the compute
+    /// warps (288, 160, 96, 64 for 1, 2, 4, 8).
+    pub const fn threads_per_cta(cluster: u32) -> u32 {
+        WARP_SIZE * (LOADER_WARPS + compute_warps(cluster))
+    }
+    /// Depth of the stage ring for a cluster of `cluster` CTAs: as deep as fits one CTA per SM
+    /// (cluster 1) or two CTAs per SM (clusters of 2, 4, 8: at most [`SMEM_BYTES_2_PER_SM`]).
+    pub const fn stages(cluster: u32) -> usize {
+        match cluster {
+            1 => 6,
+            2 => 4,
+            4 => 5,
+            _ => 6,
+        }
+    }
+    /// Bytes reserved for one stage's A chunk (the band's rows, pitch `A_PITCH`).
+    pub const fn a_stage_bytes(cluster: u32) -> usize {
+        band_rows(cluster) as usize * A_PITCH * F32_BYTES
+    }
+    /// Bytes of one stage `[A chunk | B chunk]`.
+    pub const fn stage_bytes(cluster: u32) -> usize {
+        a_stage_bytes(cluster) + B_STAGE_BYTES
+    }
+    /// Dynamic shared memory per CTA for a cluster of `cluster` CTAs, bytes (209,024; 102,528;
+    /// 105,088; 112,256 for 1, 2, 4, 8).
+    pub const fn smem_bytes(cluster: u32) -> usize {
+        BUFFERS_OFFSET + stages(cluster) * stage_bytes(cluster)
+    }
+    /// Largest dynamic shared memory per CTA with which two CTAs fit on an sm_90 SM (228 KiB per
+    /// SM, 1 KiB reserved per CTA).
+    pub const SMEM_BYTES_2_PER_SM: usize = 228 * 1024 / 2 - 1024;
+    /// `tile_gemm`'s threads per CTA (the layout of a cluster of 1).
+    pub const THREADS_PER_CTA: u32 = threads_per_cta(1);
+    /// `tile_gemm`'s dynamic shared memory per CTA, and the largest `cluster_tile_gemm` uses
+    /// (cluster of 1), bytes.
+    pub const SMEM_BYTES: usize = smem_bytes(1);
+    /// Largest stage ring of any cluster size.
+    pub const MAX_STAGES: usize = 6;
     /// Largest tile count (tile indices and element offsets stay in range).
     pub const MAX_TILES: usize = (u32::MAX / 2) as usize;
 
-    const _: () = assert!(BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
-    const _: () = assert!(TILE.is_multiple_of(K_CHUNK));
-    const _: () = assert!(A_STAGE_BYTES.is_multiple_of(128) && STAGE_BYTES.is_multiple_of(128));
-    const _: () = assert!(SMEM_BYTES <= 227 * 1024);
-    const _: () = assert!(COMPUTE_WARPS * 2 == ROW_GROUPS && COL_GROUPS * 8 == TILE as u32);
+    const _: () = {
+        assert!(TILE.is_multiple_of(K_CHUNK));
+        assert!(COL_GROUPS * 8 == TILE as u32);
+        assert!(BARRIERS_OFFSET + 2 * MAX_STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
+        assert!(SMEM_BYTES <= 227 * 1024);
+        let mut i = 0;
+        while i < CLUSTER_SIZES.len() {
+            let n = CLUSTER_SIZES[i];
+            // 16 rows per compute warp: 2 row groups x 8 rows per thread.
+            assert!(compute_warps(n) * 16 == band_rows(n));
+            assert!(stages(n) <= MAX_STAGES);
+            assert!(a_stage_bytes(n).is_multiple_of(128) && stage_bytes(n).is_multiple_of(128));
+            assert!(smem_bytes(n) <= SMEM_BYTES);
+            assert!(n == 1 || smem_bytes(n) <= SMEM_BYTES_2_PER_SM);
+            i += 1;
+        }
+    };
 }
 
 /// Signal kernels and the ordering probes (gpu/src/kernels/signal.rs); none uses shared memory.

@@ -1,9 +1,11 @@
 //! `cluster_tile_gemm` and `tile_gemm`: batched `C_t = A_t x B_t` over 128x128 row-major f32 tiles.
 //!
-//! Roles (contract::gemm): one loader warp (bulk copies global -> shared) and eight compute warps
-//! (shared -> registers -> FMA, then their block of C straight to global memory with 16-byte
-//! stores). One ring of `STAGES` k-chunk stages, each `[A band chunk | B chunk]`, with a "full"
-//! and an "empty" mbarrier per stage (the device `Pipeline`):
+//! Roles (contract::gemm): one loader warp (bulk copies global -> shared) and `8 / N` compute
+//! warps for a cluster of `N` CTAs (8 for `tile_gemm`), so that every compute thread keeps an 8x8
+//! block of C in registers whatever the cluster size (shared -> registers -> FMA, then the block
+//! straight to global memory with 16-byte stores). One ring of `stages(N)` k-chunk stages, each
+//! `[A band chunk | B chunk]`, with a "full" and an "empty" mbarrier per stage (the device
+//! `Pipeline`):
 //!
 //! ```text
 //!   leader CTA (rank 0)                            every CTA r of the cluster
@@ -14,22 +16,26 @@
 //! ```
 //!
 //! Cluster of `N` CTAs (1, 2, 4 or 8, `%cluster_nctarank`): CTA `r` computes rows
-//! `r*128/N .. (r+1)*128/N` of each tile. The leader loads each chunk of `B_t` from global memory
-//! once and the bulk copy engine multicasts it into the shared memory of all `N` CTAs (the
-//! `.shared::cluster` window, i.e. DSMEM); each CTA's loader loads its own rows of `A_t` (each row
-//! of A is needed by exactly one CTA, so A, too, is read from DRAM once per cluster). A stage may
-//! be refilled only when every compute warp of every CTA of the cluster has released it: each warp
-//! arrives (release, cluster scope) on the empty barrier of every CTA, count `8 x N`. Each CTA
-//! waits on its own full barrier, armed by its own loader with the bytes it will receive (its A
-//! rows plus the multicast B chunk). The kernel begins and ends with a cluster barrier, so no
-//! multicast or remote arrive reaches a CTA before its barriers exist or after it exited.
+//! `r*128/N .. (r+1)*128/N` of each tile with `8/N` compute warps (`32 x (1 + 8/N)` threads: 288,
+//! 160, 96, 64). The leader loads each chunk of `B_t` from global memory once and the bulk copy
+//! engine multicasts it into the shared memory of all `N` CTAs (the `.shared::cluster` window, i.e.
+//! DSMEM); each CTA's loader loads its own rows of `A_t` (each row of A is needed by exactly one
+//! CTA, so A, too, is read from DRAM once per cluster). Shared memory is sized by `N` (the A band
+//! is `128/N` rows; `contract::gemm::smem_bytes`), so for `N >= 2` two CTAs fit on an SM. A stage
+//! may be refilled only when every compute warp of every CTA of the cluster has released it: each
+//! warp arrives (release, cluster scope) on the empty barrier of every CTA, count
+//! `8/N x N = 8`. Each CTA waits on its own full barrier, armed by its own loader with the bytes it
+//! will receive (its A rows plus the multicast B chunk). The kernel begins and ends with a cluster
+//! barrier, so no multicast or remote arrive reaches a CTA before its barriers exist or after it
+//! exited.
 //!
-//! Register tile: compute thread `(warp w, lane l)` owns rows `band + g + 16 i` (`g = 2w + l/16`,
-//! `i < 8/N`) and columns `4c..4c+4`, `64+4c..64+4c+4` (`c = l % 16`) of C: 8x8 accumulators for
-//! N = 1, 4x8 for N = 2. Per 4-deep k-step a thread reads one `float4` of A per row (a row of the
-//! A chunk, padded pitch 36 floats so a warp's two row groups hit different banks) and two
-//! `float4`s of B per k (the 16 column groups read 256 contiguous bytes, the two row groups
-//! broadcast).
+//! Register tile: with `G = 16/N` row groups (2 per compute warp), compute thread
+//! `(warp w, lane l)` owns rows `band + g + G i` (`g = 2w + l/16`, `i < 8`) and columns
+//! `4c..4c+4`, `64+4c..64+4c+4` (`c = l % 16`) of C. Per 4-deep k-step a thread reads one `float4`
+//! of A per row (8 LDS.128: a row of the A chunk, padded pitch 36 floats so a warp's two row
+//! groups hit different banks, the 16 lanes of a group broadcast) and two `float4`s of B per k (8
+//! LDS.128: the 16 column groups read 256 contiguous bytes, the two row groups broadcast), i.e. 2 +
+//! 2 LDS.128 per k for 64 FMAs; the k loop over a chunk is unrolled by 16 (full unrolling spills).
 //!
 //! Persistent: cluster `c` takes tiles `c, c + clusters, ...` (`tile_gemm`: CTA `b` takes
 //! `b, b + gridDim.x, ...`), every role walks the same sequence with its own `PipelineState`, so any
@@ -44,73 +50,65 @@ use crate::contract::WARP_SIZE;
 use crate::device::mbarrier::fence_init;
 use crate::device::pipeline::{Pipeline, PipelineState};
 use crate::device::smem::{dynamic_smem_base, store_global_v4, Shared};
-use crate::device::thread::{block_idx_x, grid_dim_x, sync_threads, thread_idx_x};
+use crate::device::thread::{block_dim_x, block_idx_x, grid_dim_x, sync_threads, thread_idx_x};
 use crate::device::warp::sync_warp;
 use crate::device::{bulk, cluster};
-
-type Pipe = Pipeline<{ STAGES as u32 }>;
-type State = PipelineState<{ STAGES as u32 }>;
 
 const LOADER_THREADS: u32 = LOADER_WARPS * WARP_SIZE;
 const TILE_U: u32 = TILE as u32;
 
-/// The shared-memory view every role shares.
+/// The shared-memory view every role shares, for a cluster of `N` CTAs and `S` stages.
 #[derive(Clone, Copy)]
-struct Smem {
-    pipe: Pipe,
+struct Smem<const N: u32, const S: u32> {
+    pipe: Pipeline<S>,
     buffers: u32,
 }
 
-impl Smem {
+impl<const N: u32, const S: u32> Smem<N, S> {
     fn new() -> Self {
         let base = dynamic_smem_base();
         Self {
-            pipe: Pipe::at(base + BARRIERS_OFFSET as u32),
+            pipe: Pipeline::at(base + BARRIERS_OFFSET as u32),
             buffers: base + BUFFERS_OFFSET as u32,
         }
     }
     /// A chunk of `stage`: rows of this CTA's band, pitch `A_PITCH` floats.
     fn a(self, stage: u32) -> Shared<f32> {
-        Shared::at(self.buffers + stage * STAGE_BYTES as u32)
+        Shared::at(self.buffers + stage * stage_bytes(N) as u32)
     }
     /// B chunk of `stage`: `K_CHUNK` rows of `TILE` floats.
     fn b(self, stage: u32) -> Shared<f32> {
-        Shared::at(self.buffers + stage * STAGE_BYTES as u32 + A_STAGE_BYTES as u32)
+        Shared::at(self.buffers + stage * stage_bytes(N) as u32 + a_stage_bytes(N) as u32)
     }
 }
 
 /// Where this CTA sits and which tiles its cluster walks.
 #[derive(Clone, Copy)]
 struct Place {
-    /// Launched as a cluster kernel (remote arrivals, multicast when `size > 1`).
+    /// Launched as a cluster kernel (remote arrivals, multicast when the cluster has > 1 CTA).
     clustered: bool,
     rank: u32,
-    size: u32,
     first_tile: u32,
     tile_stride: u32,
     tiles: u32,
-}
-
-impl Place {
-    /// Rows of each tile this CTA computes.
-    fn rows(self) -> u32 {
-        // size is a power of two (checked at kernel entry): a shift, no division-by-zero path.
-        TILE_U >> self.size.trailing_zeros()
-    }
-    fn band_start(self) -> u32 {
-        self.rank * self.rows()
-    }
 }
 
 /// Loader role (one warp): per stage, arm the full barrier with the bytes this CTA receives, bulk
 /// copy this CTA's A rows (one 128-byte copy per row), and on the leader the B chunk, multicast
 /// to the cluster.
 #[inline(always)]
-fn loader(s: Smem, p: Place, lane: u32, a: *const f32, b: *const f32) {
-    let mut st = State::new();
-    let rows = p.rows();
+fn loader<const N: u32, const S: u32>(
+    s: Smem<N, S>,
+    p: Place,
+    lane: u32,
+    a: *const f32,
+    b: *const f32,
+) {
+    let mut st = PipelineState::<S>::new();
+    let rows = band_rows(N);
+    let band_start = p.rank * rows;
     let tx = rows * A_ROW_CHUNK_BYTES as u32 + B_STAGE_BYTES as u32;
-    let mask = ((1u32 << p.size) - 1) as u16;
+    let mask = ((1u32 << N) - 1) as u16;
     // Plain loops over the tiles (a closure's captures would be kept in local memory: the asm
     // statements are memory clobbers).
     let mut tile = p.first_tile;
@@ -132,7 +130,7 @@ fn loader(s: Smem, p: Place, lane: u32, a: *const f32, b: *const f32) {
             unsafe {
                 let mut r = lane;
                 while r < rows {
-                    let src = a.add(tile_off + (p.band_start() + r) as usize * TILE + k0);
+                    let src = a.add(tile_off + (band_start + r) as usize * TILE + k0);
                     let dst = s.a(st.stage).add(r * A_PITCH as u32);
                     bulk::load(dst.addr(), src as *const u8, A_ROW_CHUNK_BYTES as u32, full);
                     r += WARP_SIZE;
@@ -140,7 +138,7 @@ fn loader(s: Smem, p: Place, lane: u32, a: *const f32, b: *const f32) {
                 if lane == 0 && p.rank == 0 {
                     let src = b.add(tile_off + k0 * TILE) as *const u8;
                     let dst = s.b(st.stage).addr();
-                    if p.clustered && p.size > 1 {
+                    if p.clustered && N > 1 {
                         bulk::load_multicast(dst, src, B_STAGE_BYTES as u32, full, mask);
                     } else {
                         bulk::load(dst, src, B_STAGE_BYTES as u32, full);
@@ -166,45 +164,69 @@ fn fma(x: f32, y: f32, z: f32) -> f32 {
     d
 }
 
-/// `acc += A chunk x B chunk` for this thread's `TM` x 8 block. `a`: this thread's first A row in
-/// the stage (rows 16 apart); `b`: this thread's first column in the stage's B chunk.
+/// `acc += A[:, kk..kk+4] x B[kk..kk+4, :]` for this thread's 8x8 block: 8 LDS.128 of A (one
+/// per row) and 8 of B (two per k), 128 FMAs. `a`: this thread's first A row in the stage (rows
+/// `ROW_STEP` apart); `b`: this thread's first column in the stage's B chunk.
 ///
 /// # Safety
 /// The stage is filled (full barrier observed) and not refilled until this warp releases it.
 #[inline(always)]
-unsafe fn mma_chunk<const TM: usize>(acc: &mut [[f32; 8]; TM], a: Shared<f32>, b: Shared<f32>) {
-    let mut kk = 0u32;
-    while kk < K_CHUNK as u32 {
-        let mut af = [[0f32; 4]; TM];
-        for (i, f) in af.iter_mut().enumerate() {
-            *f = a.add(16 * i as u32 * A_PITCH as u32 + kk).load_v4();
-        }
-        for j in 0..4 {
-            let brow = b.add((kk + j as u32) * TILE_U);
-            let b0 = brow.load_v4();
-            let b1 = brow.add(64).load_v4();
-            for i in 0..TM {
-                let x = af[i][j];
-                for q in 0..4 {
-                    acc[i][q] = fma(x, b0[q], acc[i][q]);
-                    acc[i][4 + q] = fma(x, b1[q], acc[i][4 + q]);
-                }
+unsafe fn mma_step<const ROW_STEP: u32>(
+    acc: &mut [[f32; 8]; 8],
+    a: Shared<f32>,
+    b: Shared<f32>,
+    kk: u32,
+) {
+    let mut af = [[0f32; 4]; 8];
+    for (i, f) in af.iter_mut().enumerate() {
+        *f = a.add(ROW_STEP * i as u32 * A_PITCH as u32 + kk).load_v4();
+    }
+    for j in 0..4 {
+        let brow = b.add((kk + j as u32) * TILE_U);
+        let b0 = brow.load_v4();
+        let b1 = brow.add(64).load_v4();
+        for i in 0..8 {
+            let x = af[i][j];
+            for q in 0..4 {
+                acc[i][q] = fma(x, b0[q], acc[i][q]);
+                acc[i][4 + q] = fma(x, b1[q], acc[i][4 + q]);
             }
         }
-        kk += 4;
+    }
+}
+
+/// `acc += A chunk x B chunk` for this thread's 8x8 block: 2 + 2 LDS.128 per k, the 8 k-steps
+/// of the 32-deep chunk unrolled by 4 (LLVM keeps a plain `for` over them rolled; written out in
+/// full, ptxas spills: 255 registers).
+///
+/// # Safety
+/// As [`mma_step`].
+#[inline(always)]
+unsafe fn mma_chunk<const ROW_STEP: u32>(acc: &mut [[f32; 8]; 8], a: Shared<f32>, b: Shared<f32>) {
+    const _: () = assert!(K_CHUNK == 32);
+    let mut kk = 0;
+    while kk < K_CHUNK as u32 {
+        // SAFETY: forwarded; kk + 15 < K_CHUNK.
+        unsafe {
+            mma_step::<ROW_STEP>(acc, a, b, kk);
+            mma_step::<ROW_STEP>(acc, a, b, kk + 4);
+            mma_step::<ROW_STEP>(acc, a, b, kk + 8);
+            mma_step::<ROW_STEP>(acc, a, b, kk + 12);
+        }
+        kk += 16;
     }
 }
 
 /// Compute warp: done reading the stage; one arrival per warp on the empty barrier of every CTA
 /// of the cluster (release at cluster scope covers the warp's reads, ordered by `bar.warp.sync`).
 #[inline(always)]
-fn release(s: Smem, p: Place, st: State, lane: u32) {
+fn release<const N: u32, const S: u32>(s: Smem<N, S>, p: Place, st: PipelineState<S>, lane: u32) {
     sync_warp();
     if lane == 0 {
         let empty = s.pipe.empty(st.stage);
         if p.clustered {
             let mut r = 0;
-            while r < p.size {
+            while r < N {
                 cluster::remote_arrive(cluster::map_shared_rank(empty.addr(), r));
                 r += 1;
             }
@@ -214,23 +236,30 @@ fn release(s: Smem, p: Place, st: State, lane: u32) {
     }
 }
 
-/// Compute role with a `TM` x 8 register block per thread (`TM = 128 / (16 x cluster size)`):
-/// accumulate over the tile's k-chunks, then store the block to C with 16-byte stores.
+/// Compute role, 8x8 register block per thread: accumulate over the tile's k-chunks, then store
+/// the block to C with 16-byte stores. `ROW_STEP` = row groups of the CTA = `16 / N`.
 #[inline(always)]
-fn compute<const TM: usize>(s: Smem, p: Place, warp: u32, lane: u32, c: *mut f32) {
+fn compute<const N: u32, const S: u32, const ROW_STEP: u32>(
+    s: Smem<N, S>,
+    p: Place,
+    warp: u32,
+    lane: u32,
+    c: *mut f32,
+) {
     let group = warp * 2 + lane / 16;
     let col = (lane % 16) * 4;
-    let mut st = State::new();
+    let mut st = PipelineState::<S>::new();
     let mut tile = p.first_tile;
     while tile < p.tiles {
-        let mut acc = [[0f32; 8]; TM];
+        let mut acc = [[0f32; 8]; 8];
         let mut chunk = 0;
         while chunk < CHUNKS_PER_TILE as u32 {
             s.pipe.consumer_wait(st);
             // SAFETY: the stage is filled (consumer_wait) and stays so until `release`; rows
-            // `group + 16 i < rows` and columns `col + 64 + 3 < 128` stay inside the stage.
+            // `group + ROW_STEP i < band_rows(N)` and columns `col + 64 + 3 < 128` stay inside
+            // the stage.
             unsafe {
-                mma_chunk::<TM>(
+                mma_chunk::<ROW_STEP>(
                     &mut acc,
                     s.a(st.stage).add(group * A_PITCH as u32),
                     s.b(st.stage).add(col),
@@ -240,9 +269,9 @@ fn compute<const TM: usize>(s: Smem, p: Place, warp: u32, lane: u32, c: *mut f32
             st.advance();
             chunk += 1;
         }
-        let row0 = p.band_start() + group;
+        let row0 = p.rank * band_rows(N) + group;
         for (i, r) in acc.iter().enumerate() {
-            let row = row0 + 16 * i as u32;
+            let row = row0 + ROW_STEP * i as u32;
             // SAFETY: row < 128, col + 68 <= 128 inside tile `tile < tiles` of C (host checked the
             // length and 16-byte alignment); each element of C is written by exactly one thread.
             unsafe {
@@ -255,32 +284,50 @@ fn compute<const TM: usize>(s: Smem, p: Place, warp: u32, lane: u32, c: *mut f32
     }
 }
 
-/// Splits the CTA into its roles; the loader warp first.
+/// One CTA of a cluster of `N` (`S = stages(N)`, `ROW_STEP = 16 / N`): initialise the barriers
+/// (empty count: `compute_warps(N) x N` = 8 arrivals, one per compute warp of the cluster), sync,
+/// split into the roles (the loader warp first).
 #[inline(always)]
-fn run_roles(s: Smem, p: Place, a: *const f32, b: *const f32, c: *mut f32) {
+fn run<const N: u32, const S: u32, const ROW_STEP: u32>(
+    p: Place,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+) {
+    let s = Smem::<N, S>::new();
+    if thread_idx_x() == 0 {
+        // SAFETY: one thread, before any use, then fence_init and a CTA/cluster barrier.
+        unsafe { s.pipe.init(1, compute_warps(N) * N) };
+        fence_init();
+    }
+    if p.clustered {
+        // Every CTA's barriers exist before any multicast or remote arrive targets them.
+        cluster::sync_cluster();
+    } else {
+        sync_threads();
+    }
     let tid = thread_idx_x();
     if tid < LOADER_THREADS {
         loader(s, p, tid, a, b);
     } else {
         let warp = (tid - LOADER_THREADS) / WARP_SIZE;
         let lane = tid % WARP_SIZE;
-        match p.size {
-            1 => compute::<8>(s, p, warp, lane, c),
-            2 => compute::<4>(s, p, warp, lane, c),
-            4 => compute::<2>(s, p, warp, lane, c),
-            // 8; other sizes trapped at kernel entry.
-            _ => compute::<1>(s, p, warp, lane, c),
-        }
+        compute::<N, S, ROW_STEP>(s, p, warp, lane, c);
     }
     sync_warp();
+    if p.clustered {
+        // No CTA exits while a peer may still arrive on its barriers.
+        cluster::sync_cluster();
+    }
 }
 
 /// `C_t = A_t x B_t` for `t < tiles`, clusters of 1, 2, 4 or 8 CTAs along x sharing each tile.
 ///
-/// Launch: `THREADS_PER_CTA` threads, `SMEM_BYTES` dynamic shared memory, cluster dims `(N,1,1)`
-/// with `N` in `CLUSTER_SIZES`, grid `(G,1,1)` with `G` a multiple of `N` (persistent: any number of
-/// clusters >= 1 is correct). `a`, `b`, `c`: 16-byte aligned device pointers of `tiles x 128 x 128`
-/// floats, row-major tiles; `c` must not overlap `a` or `b`. Another cluster size traps.
+/// Launch, for cluster size `N` in `CLUSTER_SIZES`: `threads_per_cta(N)` threads (`32 x (1 + 8/N)`),
+/// `smem_bytes(N)` dynamic shared memory, cluster dims `(N,1,1)`, grid `(G,1,1)` with `G` a
+/// multiple of `N` (persistent: any number of clusters >= 1 is correct). `a`, `b`, `c`: 16-byte
+/// aligned device pointers of `tiles x 128 x 128` floats, row-major tiles; `c` must not overlap
+/// `a` or `b`. Another cluster size or block size traps.
 ///
 /// # Safety
 /// The launch contract above.
@@ -292,31 +339,27 @@ pub unsafe extern "ptx-kernel" fn cluster_tile_gemm(
     tiles: u32,
 ) {
     let size = cluster::cluster_size();
-    if !matches!(size, 1 | 2 | 4 | 8) {
+    if !matches!(size, 1 | 2 | 4 | 8) || block_dim_x() != threads_per_cta(size) {
         core::arch::nvptx::trap();
     }
     let p = Place {
         clustered: true,
         rank: cluster::cta_rank(),
-        size,
         first_tile: cluster::cluster_idx_x(),
         tile_stride: cluster::cluster_count_x(),
         tiles,
     };
-    let s = Smem::new();
-    if thread_idx_x() == 0 {
-        s.pipe.init(1, COMPUTE_WARPS * size);
-        fence_init();
+    match size {
+        1 => run::<1, { stages(1) as u32 }, 16>(p, a, b, c),
+        2 => run::<2, { stages(2) as u32 }, 8>(p, a, b, c),
+        4 => run::<4, { stages(4) as u32 }, 4>(p, a, b, c),
+        // 8; other sizes trapped above.
+        _ => run::<8, { stages(8) as u32 }, 2>(p, a, b, c),
     }
-    // Every CTA's barriers exist before any multicast or remote arrive targets them.
-    cluster::sync_cluster();
-    run_roles(s, p, a, b, c);
-    // No CTA exits while a peer may still arrive on its barriers.
-    cluster::sync_cluster();
 }
 
 /// `C_t = A_t x B_t` for `t < tiles` without clusters: each CTA loads all of its tiles' A and B
-/// itself (same roles and register tile as [`cluster_tile_gemm`] with a cluster of 1).
+/// itself (same roles, stages and register tile as [`cluster_tile_gemm`] with a cluster of 1).
 ///
 /// Launch: `THREADS_PER_CTA` threads, `SMEM_BYTES` dynamic shared memory, any grid `(G,1,1)`
 /// (persistent). Pointers as for [`cluster_tile_gemm`].
@@ -328,16 +371,9 @@ pub unsafe extern "ptx-kernel" fn tile_gemm(a: *const f32, b: *const f32, c: *mu
     let p = Place {
         clustered: false,
         rank: 0,
-        size: 1,
         first_tile: block_idx_x(),
         tile_stride: grid_dim_x(),
         tiles,
     };
-    let s = Smem::new();
-    if thread_idx_x() == 0 {
-        s.pipe.init(1, COMPUTE_WARPS);
-        fence_init();
-    }
-    sync_threads();
-    run_roles(s, p, a, b, c);
+    run::<1, { stages(1) as u32 }, 16>(p, a, b, c);
 }

@@ -43,8 +43,8 @@ pub fn check_gemm_shapes(tiles: usize, a_len: usize, b_len: usize, c_len: usize)
 }
 
 /// Checks that `cluster_tile_gemm` supports clusters of `cluster` CTAs (1, 2, 4 or 8: each CTA
-/// computes `128 / cluster` rows, a multiple of the compute warps' 16 row groups), without
-/// touching a device. Errors: [`Error::UnsupportedClusterSize`].
+/// computes `128 / cluster` rows with `8 / cluster` compute warps of 16 rows), without touching a
+/// device. Errors: [`Error::UnsupportedClusterSize`].
 pub fn check_gemm_cluster_size(cluster: u32) -> Result<()> {
     if !contract::CLUSTER_SIZES.contains(&cluster) {
         return Err(Error::UnsupportedClusterSize {
@@ -56,9 +56,18 @@ pub fn check_gemm_cluster_size(cluster: u32) -> Result<()> {
     Ok(())
 }
 
+/// Launch shape of `cluster_tile_gemm` for clusters of `cluster` CTAs (a supported size):
+/// `contract::threads_per_cta(cluster)` threads (the loader warp plus `8 / cluster` compute warps)
+/// and `contract::smem_bytes(cluster)` dynamic shared memory (A band of `128 / cluster` rows;
+/// two CTAs per SM for clusters of 2 or more). The kernel's max dynamic shared memory attribute is
+/// set by `Device::open` to the largest, `contract::SMEM_BYTES` (KERNEL_SPECS).
 fn cluster_config(grid: u32, cluster: u32) -> LaunchConfig {
-    LaunchConfig::linear(grid, contract::THREADS_PER_CTA, contract::SMEM_BYTES as u32)
-        .with_cluster_x(cluster)
+    LaunchConfig::linear(
+        grid,
+        contract::threads_per_cta(cluster),
+        contract::smem_bytes(cluster) as u32,
+    )
+    .with_cluster_x(cluster)
 }
 
 /// Clusters of `cluster` CTAs of `cluster_tile_gemm` the device can run at once
@@ -98,8 +107,8 @@ pub fn gemm_cluster_grid(dev: &Device, tiles: usize, cluster: u32) -> Result<u32
             cluster,
             reason: format!(
                 "cuOccupancyMaxActiveClusters is 0 for {} threads and {} bytes of shared memory per CTA",
-                contract::THREADS_PER_CTA,
-                contract::SMEM_BYTES
+                contract::threads_per_cta(cluster),
+                contract::smem_bytes(cluster)
             ),
             fits: gemm_cluster_sizes_that_fit(dev)?,
         });
@@ -111,7 +120,9 @@ pub fn gemm_cluster_grid(dev: &Device, tiles: usize, cluster: u32) -> Result<u32
 /// Queues `C_t = A_t x B_t` for `t < tiles` on `stream` with `cluster_tile_gemm`: clusters of
 /// `cluster` CTAs (1, 2, 4 or 8) split each tile's 128 rows; the leader CTA loads each 32-row
 /// chunk of `B_t` once and multicasts it into every CTA's shared memory (DSMEM), each CTA loads
-/// its own rows of `A_t`. Persistent grid from [`gemm_cluster_grid`].
+/// its own rows of `A_t`. Each CTA has `8 / cluster` compute warps (an 8x8 block of C per thread)
+/// and shared memory sized by the cluster, so clusters of 2 or more run two CTAs per SM.
+/// Persistent grid from [`gemm_cluster_grid`].
 ///
 /// Shapes: `a`, `b`, `c` each `tiles x 128 x 128` f32, row-major tiles back to back (the layout of
 /// a C-order `(tiles, 128, 128)` array); `tiles >= 1`. Alignment: 16 bytes for all three. Streams:

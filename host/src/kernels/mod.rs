@@ -31,7 +31,9 @@ pub struct KernelSpec {
     pub dyn_smem_bytes: usize,
 }
 
-/// Every kernel the host launches; `Device::open` checks each is present and fits.
+/// Every kernel the host launches; `Device::open` checks each is present and fits, and sets its
+/// max dynamic shared memory attribute to `dyn_smem_bytes` (the largest launch of the kernel uses:
+/// `cluster_tile_gemm` uses less for clusters of 2 or more).
 pub const KERNEL_SPECS: &[KernelSpec] = &[
     KernelSpec {
         name: warpline_gpu::contract::vector_add::KERNEL,
