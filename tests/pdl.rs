@@ -97,7 +97,7 @@ fn ptx_places_wait_and_trigger_as_designed() {
     );
     for g in [g1, g2] {
         assert!(g.contains("mapa.shared::cluster"));
-        assert!(g.contains("cp.async.mbarrier.arrive.noinc"));
+        assert!(g.contains("cp.async.wait_group"));
         assert!(g.contains("%globaltimer"));
     }
 }

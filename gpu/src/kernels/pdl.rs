@@ -325,8 +325,9 @@ unsafe fn load_b_tile(s: GemmSmem, g: Gemm, stage: u32, kt: u32, lane: u32) {
     }
 }
 
-/// Producer warp: stages A and B tiles with cp.async; each stage's copies complete on its full
-/// mbarrier (`cp.async.mbarrier.arrive.noinc`). The secondary issues the B tiles of the first
+/// Producer warp: stages A and B tiles with cp.async, one commit group per stage; a stage is
+/// committed to its full mbarrier once its group has landed (`wait_group 1` after issuing the
+/// next stage), as in `ws_vector_add` (racecheck does not model `cp.async.mbarrier.arrive.noinc`). The secondary issues the B tiles of the first
 /// stages (independent data) before `pdl::wait()` and every A tile (the primary's output) after.
 fn producer(s: GemmSmem, g: Gemm, lane: u32, role: Role, stamps: *mut u64) {
     let tiles = g.kt_end - g.kt_begin;
@@ -348,6 +349,7 @@ fn producer(s: GemmSmem, g: Gemm, lane: u32, role: Role, stamps: *mut u64) {
         stamp(stamps, STAMP_MID);
     }
     let mut st = State::new();
+    let mut pending: Option<State> = None;
     let mut i = 0;
     while i < tiles {
         s.pipe.producer_acquire(st);
@@ -357,9 +359,18 @@ fn producer(s: GemmSmem, g: Gemm, lane: u32, role: Role, stamps: *mut u64) {
             }
             load_a_tile(s, g, st.stage, g.kt_begin + i, lane);
         }
-        s.pipe.producer_commit_cp_async(st);
+        cp_async::commit_group();
+        if let Some(prev) = pending {
+            cp_async::wait_group::<1>();
+            s.pipe.producer_commit(prev);
+        }
+        pending = Some(st);
         st.advance();
         i += 1;
+    }
+    if let Some(last) = pending {
+        cp_async::wait_group::<0>();
+        s.pipe.producer_commit(last);
     }
 }
 
