@@ -11,3 +11,5 @@ export WARPLINE_BIN="$PWD/$B/warpline" PATH=$PATH:/usr/local/cuda/bin
   for tool in memcheck synccheck; do echo "== $tool ordering"; timeout 150 compute-sanitizer --tool $tool --print-limit 3 $B/tests/ordering --test-threads=1 device_side u32_signal fence_tickets two_waits 2>&1 | grep -E "test result|SUMMARY" | head -4; done
 } > "$OUT/final-sanitize.log" 2>&1
 { for c in 2 4; do timeout 100 $B/warpline gemm --tiles 4096 --cluster $c 2>&1 | tail -6; done; timeout 150 $B/benches/gemm --bench 2>&1 | grep -E "^ +[0-9]+ " ; } > "$OUT/final-gemm.log" 2>&1
+{ export WARPLINE_PDL_ITERS=50; for tool in racecheck synccheck; do echo "== $tool pdl"; timeout 120 compute-sanitizer --tool $tool --print-limit 3 $B/tests/pdl --test-threads=1 --skip early_trigger 2>&1 | grep -E "test result|SUMMARY|Error" | head -4; done; } > "$OUT/final-pdl-sanitize.log" 2>&1
+timeout 100 $B/benches/vector_add --bench 2>&1 | tail -5 > "$OUT/final-vadd.log"
