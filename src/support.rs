@@ -20,3 +20,72 @@ pub fn random_f32(n: usize) -> Vec<f32> {
     let mut rng = rand::rng();
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
+
+/// The text of one `.entry` of the embedded PTX module, up to the next entry.
+/// Panics if `name` is not an entry.
+pub fn entry_body(name: &str) -> &'static str {
+    let ptx = warpline::PTX;
+    let start = ptx
+        .find(&format!(".entry {name}("))
+        .unwrap_or_else(|| panic!("{name} is not an entry of the module"));
+    let rest = &ptx[start..];
+    let end = rest[1..].find(".entry ").map_or(rest.len(), |i| i + 1);
+    &rest[..end]
+}
+
+/// ptxas: `$PTXAS`, then the copy `cargo xtask setup` installs, then `ptxas` on PATH.
+fn ptxas() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let candidates = [
+        std::env::var("PTXAS").ok().map(PathBuf::from),
+        std::env::var("HOME")
+            .ok()
+            .map(|h| PathBuf::from(h).join(".cache/warpline/cuda-nvcc/nvidia/cu13/bin/ptxas")),
+        Some(PathBuf::from("ptxas")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|p| {
+            std::process::Command::new(p)
+                .arg("--version")
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        })
+        .expect("ptxas not found: run `cargo xtask setup` (installs it from PyPI nvidia-cuda-nvcc) or set PTXAS")
+}
+
+/// Assembles the embedded PTX module for sm_90 (`ptxas -arch=sm_90 -v`), panics on failure, and
+/// returns ptxas's verbose report.
+pub fn ptxas_report() -> String {
+    let dir = std::env::temp_dir().join(format!(
+        "warpline-ptxas-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("warpline_gpu.ptx");
+    std::fs::write(&file, warpline::PTX).unwrap();
+    let out = std::process::Command::new(ptxas())
+        .args(["-arch=sm_90", "-v", "-o", "/dev/null"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "ptxas failed:\n{log}");
+    log
+}
+
+/// Asserts that ptxas's `report` compiled `kernel` for sm_90 with no spill stores.
+pub fn assert_compiled_without_spills(report: &str, kernel: &str) {
+    let at = report
+        .find(&format!("Compiling entry function '{kernel}' for 'sm_90'"))
+        .unwrap_or_else(|| panic!("{kernel} not compiled:\n{report}"));
+    let spill = report[at..]
+        .lines()
+        .find(|l| l.contains("spill stores"))
+        .unwrap_or_else(|| panic!("no spill line for {kernel}:\n{report}"));
+    assert!(spill.contains(" 0 bytes spill stores"), "{kernel}: {spill}");
+}

@@ -6,7 +6,7 @@
 use warpline::reference::{gemm_tiles_f64, verify_gemm, GEMM_REL_BOUND};
 use warpline::{kernels, DeviceBuffer, Error, MemPool, Stream};
 use warpline_gpu::contract::gemm::TILE_ELEMS;
-use warpline_suite::support::{gpu_or_skip, random_f32};
+use warpline_suite::support::{entry_body, gpu_or_skip, random_f32};
 
 const TILES: &[usize] = &[1, 3, 132 * 4 + 1];
 
@@ -120,10 +120,7 @@ fn unsupported_cluster_sizes_are_typed_without_a_gpu() {
 
 #[test]
 fn cluster_kernel_ptx_uses_multicast_dsmem_and_cluster_barriers() {
-    let ptx = warpline::PTX;
-    let start = ptx.find(".entry cluster_tile_gemm(").expect("entry");
-    let body = &ptx[start..];
-    let body = &body[..body[1..].find(".entry ").map_or(body.len(), |i| i + 1)];
+    let body = entry_body("cluster_tile_gemm");
     for needle in [
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster",
         "mapa.shared::cluster",

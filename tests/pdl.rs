@@ -14,16 +14,15 @@
 //!   with `|c1 - ref| <= 2 (k + 2) u mag1`, `mag1 = |A|·|B1|`; C2 = C1·B2 carries C1's error:
 //!   `|c2 - ref| <= 2 (k + n + 4) u mag2`, `mag2 = mag1·|B2|` (reference C2 from the f64 C1).
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use rand::Rng;
 use warpline::kernels::pdl::{
     self as kpdl, check_pdl_support, Consumer, GemmDims, GemmKernel, Producer,
 };
 use warpline::{Chain, DeviceBuffer, Error, MemPool, Stream};
 use warpline_gpu::contract::pdl as contract;
-use warpline_suite::support::{gpu_or_skip, random_f32};
+use warpline_suite::support::{
+    assert_compiled_without_spills, entry_body, gpu_or_skip, ptxas_report, random_f32,
+};
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 
@@ -40,20 +39,6 @@ const PAIR_REL_BOUND: f64 = 4.0 * U;
 // ------------------------------------------------------------------------------------------------
 // CI: no GPU needed
 // ------------------------------------------------------------------------------------------------
-
-/// The text of one `.entry` of the module, up to the next entry.
-fn entry_body(name: &str) -> &'static str {
-    let ptx = warpline::PTX;
-    let start = ptx
-        .find(&format!(".entry {name}("))
-        .unwrap_or_else(|| panic!("{name} is not an entry of the module"));
-    let rest = &ptx[start..];
-    let end = rest[1..]
-        .find(".entry ")
-        .map(|i| i + 1)
-        .unwrap_or(rest.len());
-    &rest[..end]
-}
 
 fn first(body: &str, what: &str) -> usize {
     body.find(what)
@@ -102,41 +87,9 @@ fn ptx_places_wait_and_trigger_as_designed() {
     }
 }
 
-fn ptxas() -> PathBuf {
-    let candidates = [
-        std::env::var("PTXAS").ok().map(PathBuf::from),
-        std::env::var("HOME")
-            .ok()
-            .map(|h| PathBuf::from(h).join(".cache/warpline/cuda-nvcc/nvidia/cu13/bin/ptxas")),
-        Some(PathBuf::from("ptxas")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|p| {
-            Command::new(p)
-                .arg("--version")
-                .output()
-                .map(|o| o.status.success())
-                .unwrap_or(false)
-        })
-        .expect("ptxas not found: run `cargo xtask setup` or set PTXAS")
-}
-
 #[test]
 fn ptxas_accepts_every_pdl_kernel_without_spills() {
-    let dir = std::env::temp_dir().join(format!("warpline-pdl-ptx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("warpline_gpu.ptx");
-    std::fs::write(&file, warpline::PTX).unwrap();
-    let out = Command::new(ptxas())
-        .args(["-arch=sm_90", "-v", "-o", "/dev/null"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "ptxas failed:\n{log}");
+    let report = ptxas_report();
     for k in [
         contract::PRODUCER_KERNEL,
         contract::EARLY_TRIGGER_KERNEL,
@@ -146,15 +99,7 @@ fn ptxas_accepts_every_pdl_kernel_without_spills() {
         contract::PRIMARY_GEMM_KERNEL,
         contract::SECONDARY_GEMM_KERNEL,
     ] {
-        let at = log
-            .find(&format!("Compiling entry function '{k}' for 'sm_90'"))
-            .unwrap_or_else(|| panic!("{k} not compiled:\n{log}"));
-        let section = &log[at..];
-        let spill = section
-            .lines()
-            .find(|l| l.contains("spill stores"))
-            .unwrap_or_else(|| panic!("no spill line for {k}:\n{log}"));
-        assert!(spill.contains(" 0 bytes spill stores"), "{k}: {spill}");
+        assert_compiled_without_spills(&report, k);
     }
 }
 
