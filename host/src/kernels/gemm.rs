@@ -7,7 +7,7 @@ use std::ffi::c_int;
 use cudarc::cublas::{result as cublas_result, sys as cublas_sys, CudaBlas};
 use warpline_gpu::contract::gemm as contract;
 
-use super::{check_input, check_output};
+use super::{check_grid, check_input, check_output};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::launch::{launch_raw, LaunchConfig};
@@ -225,12 +225,7 @@ pub fn tile_gemm_with_grid(
     grid: u32,
 ) -> Result<()> {
     check_gemm_shapes(tiles, a.len(), b.len(), c.len())?;
-    if grid == 0 || grid > i32::MAX as u32 {
-        return Err(Error::BadShape {
-            what: "tile_gemm grid",
-            detail: format!("{grid} CTAs; 1 to 2^31 - 1 are allowed"),
-        });
-    }
+    check_grid("tile_gemm grid", grid)?;
     check_input("tile_gemm input a", &a, stream, 16)?;
     check_input("tile_gemm input b", &b, stream, 16)?;
     check_output("tile_gemm output c", &c, stream, 16)?;

@@ -97,6 +97,20 @@ pub(crate) fn check_stream(
 }
 
 /// Input view helper: stream and alignment checks in one place.
+/// Largest grid along x a launch may use: `gridDim.x <= 2^31 - 1`.
+pub const MAX_GRID: u32 = i32::MAX as u32;
+
+/// [`Error::BadShape`] unless `1 <= grid <= MAX_GRID` CTAs.
+pub(crate) fn check_grid(what: &'static str, grid: u32) -> Result<()> {
+    if grid == 0 || grid > MAX_GRID {
+        return Err(Error::BadShape {
+            what,
+            detail: format!("{grid} CTAs; 1 to 2^31 - 1 are allowed"),
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn check_input<T>(
     what: &'static str,
     v: &DeviceView<'_, T>,

@@ -11,7 +11,7 @@
 
 use warpline_gpu::contract::pdl as contract;
 
-use super::{check_input, check_output, check_stream};
+use super::{check_grid, check_input, check_output, check_stream};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::launch::{launch_raw, LaunchConfig};
@@ -19,8 +19,7 @@ use crate::memory::{DeviceView, DeviceViewMut};
 use crate::params;
 use crate::stream::Stream;
 
-/// Largest grid of the grid-stride kernels (pair, `chain_step`): `gridDim.x <= 2^31 - 1`.
-pub const MAX_GRID: u32 = i32::MAX as u32;
+pub use super::MAX_GRID;
 /// Largest `m`, `n` or `k` of the GEMM pair (tile indices and row offsets stay in 32 bits).
 pub const GEMM_MAX_DIM: u32 = 1 << 24;
 
@@ -43,16 +42,6 @@ pub(crate) fn require_pdl(dev: &Device, pdl: bool) -> Result<()> {
     if pdl {
         let caps = dev.capabilities();
         check_pdl_support(&caps.name, caps.compute_capability)?;
-    }
-    Ok(())
-}
-
-fn check_grid(what: &'static str, grid: u32) -> Result<()> {
-    if grid == 0 || grid > MAX_GRID {
-        return Err(Error::BadShape {
-            what,
-            detail: format!("{grid} CTAs; 1 to 2^31 - 1 are allowed"),
-        });
     }
     Ok(())
 }

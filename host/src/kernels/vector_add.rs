@@ -2,7 +2,7 @@
 
 use warpline_gpu::contract::vector_add as contract;
 
-use super::{check_input, check_output};
+use super::{check_grid, check_input, check_output};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::launch::{launch_raw, LaunchConfig};
@@ -50,12 +50,7 @@ pub fn vector_add_with_grid(
     c: DeviceViewMut<'_, f32>,
     grid: u32,
 ) -> Result<()> {
-    if grid == 0 || grid > i32::MAX as u32 {
-        return Err(Error::BadShape {
-            what: "vector_add grid",
-            detail: format!("{grid} CTAs; 1 to 2^31 - 1 are allowed"),
-        });
-    }
+    check_grid("vector_add grid", grid)?;
     let n = a.len();
     if b.len() != n || c.len() != n {
         return Err(Error::LengthMismatch {
