@@ -12,7 +12,7 @@
 //!   loader: B[k0..k0+32, :] --multicast--------->  stage s: B chunk   (same offset in each CTA)
 //!   loader (each CTA): A[band r, k0..k0+32] ---->  stage s: A chunk   (own band only)
 //!                      full[s] (local, tx bytes) -> compute warps: C[band r] += A chunk x B chunk
-//!   empty[s] of EVERY CTA <--remote arrive------  each compute warp of every CTA, per stage
+//!   empty[s] of EVERY CTA <--remote arrive------  each compute thread of every CTA, per stage
 //! ```
 //!
 //! Cluster of `N` CTAs (1, 2, 4 or 8, `%cluster_nctarank`): CTA `r` computes rows
@@ -22,9 +22,9 @@
 //! DSMEM); each CTA's loader loads its own rows of `A_t` (each row of A is needed by exactly one
 //! CTA, so A, too, is read from DRAM once per cluster). Shared memory is sized by `N` (the A band
 //! is `128/N` rows; `contract::gemm::smem_bytes`), so for `N >= 2` two CTAs fit on an SM. A stage
-//! may be refilled only when every compute warp of every CTA of the cluster has released it: each
-//! warp arrives (release, cluster scope) on the empty barrier of every CTA, count
-//! `8/N x N = 8`. Each CTA waits on its own full barrier, armed by its own loader with the bytes it
+//! may be refilled only when every compute thread of every CTA of the cluster has released it:
+//! each thread arrives (release, cluster scope) on the empty barrier of every CTA, count
+//! `32 x 8/N x N = 256`. Each CTA waits on its own full barrier, armed by its own loader with the bytes it
 //! will receive (its A rows plus the multicast B chunk). The kernel begins and ends with a cluster
 //! barrier, so no multicast or remote arrive reaches a CTA before its barriers exist or after it
 //! exited.
@@ -217,22 +217,21 @@ unsafe fn mma_chunk<const ROW_STEP: u32>(acc: &mut [[f32; 8]; 8], a: Shared<f32>
     }
 }
 
-/// Compute warp: done reading the stage; one arrival per warp on the empty barrier of every CTA
-/// of the cluster (release at cluster scope covers the warp's reads, ordered by `bar.warp.sync`).
+/// Compute thread: done reading the stage; one arrival per compute thread on the empty barrier
+/// of every CTA of the cluster (release at cluster scope covers this thread's reads). Every thread
+/// arrives itself rather than one lane per warp after `bar.warp.sync`: compute-sanitizer's
+/// racecheck only credits a thread's own arrival for its reads.
 #[inline(always)]
-fn release<const N: u32, const S: u32>(s: Smem<N, S>, p: Place, st: PipelineState<S>, lane: u32) {
-    sync_warp();
-    if lane == 0 {
-        let empty = s.pipe.empty(st.stage);
-        if p.clustered {
-            let mut r = 0;
-            while r < N {
-                cluster::remote_arrive(cluster::map_shared_rank(empty.addr(), r));
-                r += 1;
-            }
-        } else {
-            empty.arrive();
+fn release<const N: u32, const S: u32>(s: Smem<N, S>, p: Place, st: PipelineState<S>) {
+    let empty = s.pipe.empty(st.stage);
+    if p.clustered {
+        let mut r = 0;
+        while r < N {
+            cluster::remote_arrive(cluster::map_shared_rank(empty.addr(), r));
+            r += 1;
         }
+    } else {
+        empty.arrive();
     }
 }
 
@@ -265,7 +264,7 @@ fn compute<const N: u32, const S: u32, const ROW_STEP: u32>(
                     s.b(st.stage).add(col),
                 );
             }
-            release(s, p, st, lane);
+            release(s, p, st);
             st.advance();
             chunk += 1;
         }
@@ -285,7 +284,7 @@ fn compute<const N: u32, const S: u32, const ROW_STEP: u32>(
 }
 
 /// One CTA of a cluster of `N` (`S = stages(N)`, `ROW_STEP = 16 / N`): initialise the barriers
-/// (empty count: `compute_warps(N) x N` = 8 arrivals, one per compute warp of the cluster), sync,
+/// (empty count: `compute_warps(N) x 32 x N` = 256 arrivals, one per compute thread of the cluster), sync,
 /// split into the roles (the loader warp first).
 #[inline(always)]
 fn run<const N: u32, const S: u32, const ROW_STEP: u32>(
@@ -297,7 +296,7 @@ fn run<const N: u32, const S: u32, const ROW_STEP: u32>(
     let s = Smem::<N, S>::new();
     if thread_idx_x() == 0 {
         // SAFETY: one thread, before any use, then fence_init and a CTA/cluster barrier.
-        unsafe { s.pipe.init(1, compute_warps(N) * N) };
+        unsafe { s.pipe.init(1, compute_warps(N) * WARP_SIZE * N) };
         fence_init();
     }
     if p.clustered {
