@@ -68,8 +68,8 @@ pub mod gemm {
     pub const TILE_ELEMS: usize = TILE * TILE;
     /// Depth of one pipeline stage (k-chunk): a stage holds `A[band, k0..k0+K_CHUNK]` and
     /// `B[k0..k0+K_CHUNK, 0..TILE]`.
-    pub const K_CHUNK: usize = 32;
-    /// Stages per tile.
+    pub const K_CHUNK: usize = 64;
+    /// k-chunks (stages' worth of data) per tile.
     pub const CHUNKS_PER_TILE: usize = TILE / K_CHUNK;
     /// Largest cluster (portable cluster size limit).
     pub const MAX_CLUSTER: u32 = 8;
@@ -84,7 +84,7 @@ pub mod gemm {
     /// Column groups of the compute threads (16 per warp); a thread owns columns
     /// `4g..4g+4` and `64+4g..64+4g+4`.
     pub const COL_GROUPS: u32 = 16;
-    /// Row pitch of a stage's A chunk in shared memory, floats (32 + 4 padding: the two row
+    /// Row pitch of a stage's A chunk in shared memory, floats (64 + 4 padding: the two row
     /// groups of a warp read adjacent rows, 4 banks apart, so they do not conflict).
     pub const A_PITCH: usize = K_CHUNK + 4;
     /// Bytes of one global row-piece of the A chunk (one bulk copy).
@@ -114,10 +114,10 @@ pub mod gemm {
     /// (cluster 1) or two CTAs per SM (clusters of 2, 4, 8: at most [`SMEM_BYTES_2_PER_SM`]).
     pub const fn stages(cluster: u32) -> usize {
         match cluster {
-            1 => 6,
-            2 => 4,
-            4 => 5,
-            _ => 6,
+            1 => 3,
+            2 => 2,
+            4 => 2,
+            _ => 3,
         }
     }
     /// Bytes reserved for one stage's A chunk (the band's rows, pitch `A_PITCH`).

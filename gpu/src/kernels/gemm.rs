@@ -9,8 +9,8 @@
 //!
 //! ```text
 //!   leader CTA (rank 0)                            every CTA r of the cluster
-//!   loader: B[k0..k0+32, :] --multicast--------->  stage s: B chunk   (same offset in each CTA)
-//!   loader (each CTA): A[band r, k0..k0+32] ---->  stage s: A chunk   (own band only)
+//!   loader: B[k0..k0+64, :] --multicast--------->  stage s: B chunk   (same offset in each CTA)
+//!   loader (each CTA): A[band r, k0..k0+64] ---->  stage s: A chunk   (own band only)
 //!                      full[s] (local, tx bytes) -> compute warps: C[band r] += A chunk x B chunk
 //!   empty[s] of EVERY CTA <--remote arrive------  each compute thread of every CTA, per stage
 //! ```
@@ -32,7 +32,7 @@
 //! Register tile: with `G = 16/N` row groups (2 per compute warp), compute thread
 //! `(warp w, lane l)` owns rows `band + g + G i` (`g = 2w + l/16`, `i < 8`) and columns
 //! `4c..4c+4`, `64+4c..64+4c+4` (`c = l % 16`) of C. Per 4-deep k-step a thread reads one `float4`
-//! of A per row (8 LDS.128: a row of the A chunk, padded pitch 36 floats so a warp's two row
+//! of A per row (8 LDS.128: a row of the A chunk, padded pitch 68 floats so a warp's two row
 //! groups hit different banks, the 16 lanes of a group broadcast) and two `float4`s of B per k (8
 //! LDS.128: the 16 column groups read 256 contiguous bytes, the two row groups broadcast), i.e. 2 +
 //! 2 LDS.128 per k for 64 FMAs; the k loop over a chunk is unrolled by 16 (full unrolling spills).
@@ -126,7 +126,7 @@ fn loader<const N: u32, const S: u32>(
             // SAFETY: the stage is free in every CTA of the cluster (empty barrier, counting all
             // CTAs' compute warps); sources lie inside tile `tile < tiles` of A and B (host checked
             // lengths = tiles x 128 x 128 and 16-byte alignment; rows are 512 bytes, k0 a multiple
-            // of 32 floats); destinations lie inside the stage, 16-byte aligned (pitch 144 bytes).
+            // of 64 floats); destinations lie inside the stage, 16-byte aligned (pitch 272 bytes).
             unsafe {
                 let mut r = lane;
                 while r < rows {
@@ -195,15 +195,15 @@ unsafe fn mma_step<const ROW_STEP: u32>(
     }
 }
 
-/// `acc += A chunk x B chunk` for this thread's 8x8 block: 2 + 2 LDS.128 per k, the 8 k-steps
-/// of the 32-deep chunk unrolled by 4 (LLVM keeps a plain `for` over them rolled; written out in
+/// `acc += A chunk x B chunk` for this thread's 8x8 block: 2 + 2 LDS.128 per k, the 16 k-steps
+/// of the 64-deep chunk unrolled by 4 (LLVM keeps a plain `for` over them rolled; written out in
 /// full, ptxas spills: 255 registers).
 ///
 /// # Safety
 /// As [`mma_step`].
 #[inline(always)]
 unsafe fn mma_chunk<const ROW_STEP: u32>(acc: &mut [[f32; 8]; 8], a: Shared<f32>, b: Shared<f32>) {
-    const _: () = assert!(K_CHUNK == 32);
+    const _: () = assert!(K_CHUNK.is_multiple_of(16));
     let mut kk = 0;
     while kk < K_CHUNK as u32 {
         // SAFETY: forwarded; kk + 15 < K_CHUNK.

@@ -118,7 +118,7 @@ pub fn gemm_cluster_grid(dev: &Device, tiles: usize, cluster: u32) -> Result<u32
 }
 
 /// Queues `C_t = A_t x B_t` for `t < tiles` on `stream` with `cluster_tile_gemm`: clusters of
-/// `cluster` CTAs (1, 2, 4 or 8) split each tile's 128 rows; the leader CTA loads each 32-row
+/// `cluster` CTAs (1, 2, 4 or 8) split each tile's 128 rows; the leader CTA loads each 64-row
 /// chunk of `B_t` once and multicasts it into every CTA's shared memory (DSMEM), each CTA loads
 /// its own rows of `A_t`. Each CTA has `8 / cluster` compute warps (an 8x8 block of C per thread)
 /// and shared memory sized by the cluster, so clusters of 2 or more run two CTAs per SM.
