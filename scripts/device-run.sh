@@ -1,27 +1,39 @@
 #!/usr/bin/env bash
-# One device call: GPU tests, compute-sanitizer, CLI and benches from target/gpu-bundle.
-# Usage on the GPU host: OUT=<log dir> bash scripts/device-run.sh [sections...]
-# Sections: tests sanitize cli bench (default: all). Logs: $OUT/{tests,sanitize,cli,bench}.log
+# One device call: GPU tests, compute-sanitizer, CLI runs and benches from target/gpu-bundle
+# (build it with `cargo xtask gpu-bundle`). Usage on the GPU host, from the repository root:
+#   OUT=<log dir> bash scripts/device-run.sh [tests] [sanitize] [cli] [bench] [dram]   (default: all)
+# One log per section under $OUT: tests.log sanitize.log cli.log bench.log dram.log.
 set -uo pipefail
 B=target/gpu-bundle
 OUT=${OUT:-./device-logs}; mkdir -p "$OUT"
-export WARPLINE_BIN="$PWD/$B/warpline"
+export WARPLINE_BIN="$PWD/$B/warpline" PATH=$PATH:/usr/local/cuda/bin
 export PTXAS=${PTXAS:-$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)}
-export PATH=$PATH:/usr/local/cuda/bin
-sections=${*:-tests sanitize cli bench}
+sections=${*:-tests sanitize cli bench dram}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+san() { # tool, then the command; prints the summary lines
+  timeout 300 compute-sanitizer --tool "$1" --print-limit 5 "${@:2}" 2>&1 | grep -E "test result|verified|SUMMARY|Error" | head -8
+}
 for s in $sections; do case $s in
 tests)
-  for t in $B/tests/*; do echo "== $t"; timeout 300 "$t" --test-threads=1 2>&1 | grep -v "^test .* ok$"; echo "rc=$?"; done > "$OUT/tests.log" 2>&1 ;;
+  for t in $B/tests/*; do echo "== $t"; timeout 300 "$t" --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|runs|worst"; done > "$OUT/tests.log" 2>&1 ;;
 sanitize)
+  export WARPLINE_PDL_ITERS=50
   for tool in memcheck racecheck synccheck; do
-    for t in ${SANITIZE_TESTS:-"vector_add any_persistent" "pipeline pipeline_matches"}; do
-      set -- $t
-      echo "== $tool $1 $2"; timeout 240 compute-sanitizer --tool $tool --print-limit 20 $B/tests/$1 --test-threads=1 $2 2>&1 | tail -8
+    echo "== $tool vector_add"; san $tool $B/tests/vector_add --test-threads=1 any_persistent
+    echo "== $tool pipeline"; san $tool $B/tests/pipeline --test-threads=1
+    echo "== $tool pdl"; san $tool $B/tests/pdl --test-threads=1 --skip early_trigger
+    echo "== $tool ordering"; san $tool $B/tests/ordering --test-threads=1 device_side u32_signal fence_tickets two_waits
+    for k in "cluster --cluster 2" "cluster --cluster 4" "cluster --cluster 8" "plain"; do
+      echo "== $tool gemm $k"; san $tool $B/warpline gemm --tiles 600 --kernel $k --once
     done
   done > "$OUT/sanitize.log" 2>&1 ;;
 cli)
-  { $B/warpline pipeline --streams 3 --batches 16 --batch-elems 16777216 --verify --compare-one-stream 2>&1; } > "$OUT/cli.log" ;;
+  { $B/warpline pipeline --streams 3 --batches 16 --batch-elems 16777216 --verify --compare-one-stream
+    for c in 2 4; do $B/warpline gemm --tiles 4096 --cluster $c; done; } > "$OUT/cli.log" 2>&1 ;;
 bench)
-  for b in $B/benches/*; do echo "== $b"; timeout 240 "$b" --bench 2>&1 | grep -v "^Benchmarking\|^$" ; done > "$OUT/bench.log" 2>&1 ;;
+  for b in $B/benches/*; do echo "== $b"; timeout 300 "$b" --bench 2>&1 | grep -v "^Benchmarking\|^$"; done > "$OUT/bench.log" 2>&1 ;;
+dram)
+  for k in "cluster --cluster 2" "plain"; do
+    echo "== ncu $k"; timeout 200 ncu --metrics dram__bytes_read.sum,gpu__time_duration.sum $B/warpline gemm --tiles 4096 --kernel $k --once --no-verify 2>&1 | grep -E "dram__|gpu__time"
+  done > "$OUT/dram.log" 2>&1 ;;
 esac; echo "section $s done"; done
