@@ -12,6 +12,7 @@
 pub mod bandwidth;
 pub mod chain;
 pub mod device;
+pub(crate) mod driver;
 pub mod error;
 pub mod kernels;
 pub mod launch;

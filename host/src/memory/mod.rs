@@ -3,6 +3,7 @@
 mod buffer;
 mod pinned;
 mod pool;
+pub mod reaper;
 
 pub use buffer::{DeviceBuffer, DeviceView, DeviceViewMut};
 pub use pinned::PinnedBuffer;

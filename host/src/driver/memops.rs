@@ -1,0 +1,1 @@
+//! Driver wrappers: see [`super`]. Each function wraps one `cu*` call.

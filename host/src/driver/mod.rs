@@ -1,0 +1,15 @@
+//! The one thin layer over raw CUDA driver calls, in cudarc's `result` style.
+//!
+//! Every function here wraps exactly one `cu*` call of `cudarc::driver::sys` and returns
+//! [`crate::Result`], whose [`crate::Error::Cuda`] names that call. No other module of the host
+//! crate calls `sys::cu*` directly: sticky-error recognition and deferred-error handling happen
+//! once, in [`crate::error::CudaCall`], for every call that passes through here.
+//!
+//! Rooms, one per area of the driver API:
+//! - [`graph`]: CUDA graphs (capture, instantiate, launch, destroy).
+//! - [`memops`]: stream memory operations (`cuStreamWaitValue*`, `cuStreamWriteValue*`).
+//! - [`core`]: contexts, functions, launches, streams, events, memory.
+
+pub(crate) mod core;
+pub(crate) mod graph;
+pub(crate) mod memops;
