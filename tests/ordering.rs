@@ -4,10 +4,7 @@
 //! `synchronize_timeout`, so a regression shows up as a `Timeout` failure, not a hung test.
 //!
 //! What each test would do without its mechanism:
-//! - fence: without the fence the copy on the user stream runs before the (delayed, later
-//!   submitted) internal fill and copies the poison; without eager loading under
-//!   `CUDA_MODULE_LOADING=LAZY` the worker's first launch blocks behind the pending wait (the
-//!   seed's hang) and the child process is killed at its deadline.
+//! - fence: see tests/fence.rs.
 //! - reverse-order signals: if the two on-stream waits were serialised, the wait on the signal set
 //!   second would block the other and the arrival order would be wrong (or time out).
 //! - message exchange: submitted in the seed's order the waits could sit in front of the
@@ -15,14 +12,13 @@
 //!   variant is a real cycle and is rejected (also checked in CI by tests/ordering_cycles.rs).
 //! - timeout: without the watchdog `synchronize` never returns.
 
-use std::process::Command;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 use warpline::kernels::signal as probe;
-use warpline::ordering::{synchronize_timeout, Cmp, Fence, OnTimeout, Signal, TaskGraph};
+use warpline::ordering::{synchronize_timeout, Cmp, OnTimeout, Signal, TaskGraph};
 use warpline::{Error, MemPool, Stream};
 use warpline_gpu::contract::signal::pattern;
 use warpline_suite::support::gpu_or_skip;
@@ -39,137 +35,6 @@ fn expect_pattern(what: &str, got: &[u32], seed: u32) {
             "{what}: element {i} (seed {seed:#x})"
         );
     }
-}
-
-// ---------------------------------------------------------------- fence (first seed)
-
-const CHILD_ENV: &str = "WARPLINE_FENCE_CHILD";
-
-/// Re-runs `fence_child_under_lazy_loading` in a child process with `CUDA_MODULE_LOADING=LAZY`
-/// (the variable must be set before the driver initialises) and kills it if it hangs.
-#[test]
-fn fence_holds_for_200_runs_under_lazy_loading() {
-    if !warpline::device::driver_present() {
-        eprintln!("SKIPPED fence under lazy loading: no CUDA driver on this machine");
-        return;
-    }
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "fence_child_under_lazy_loading",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("CUDA_MODULE_LOADING", "LAZY")
-        .env(CHILD_ENV, "1")
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "fence child failed: {status}");
-            return;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("fence child hung for 300 s under CUDA_MODULE_LOADING=LAZY");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-#[test]
-#[ignore = "run by fence_holds_for_200_runs_under_lazy_loading in a child process"]
-fn fence_child_under_lazy_loading() {
-    assert_eq!(
-        std::env::var(CHILD_ENV).as_deref(),
-        Ok("1"),
-        "run through the parent test"
-    );
-    assert_eq!(std::env::var("CUDA_MODULE_LOADING").as_deref(), Ok("LAZY"));
-    let Some(dev) = gpu_or_skip("fence child") else {
-        return;
-    };
-    assert!(
-        dev.all_kernels_loaded().unwrap(),
-        "Device::open must load every kernel"
-    );
-    let fence = Fence::new(&dev).unwrap();
-    let user = dev.new_stream().unwrap();
-    let pool = MemPool::device_default(&dev, 0).unwrap();
-    let n = 1 << 16;
-    let mut data = pool.alloc_async::<u32>(&user, n).unwrap();
-    let mut out = pool.alloc_async::<u32>(&user, n).unwrap();
-    let mut rng = rand::rng();
-    let mut worst = Duration::ZERO;
-    for run in 0..RUNS {
-        data.fill_async(POISON).unwrap();
-        out.fill_async(POISON).unwrap();
-        user.synchronize().unwrap();
-        let seed: u32 = rng.random();
-        let delay = Duration::from_micros(rng.random_range(0..2000));
-        let t0 = Instant::now();
-        let ticket = fence.guard(&user).unwrap();
-        // The caller's later work: reads what the internal work writes.
-        // SAFETY: both allocations hold n u32 and live to the end of the test; the fence orders
-        // this copy after the internal fill (the property under test).
-        unsafe { probe::copy_u32(&dev, &user, data.device_ptr(), out.device_ptr(), n as u32) }
-            .unwrap();
-        let (dev_ref, data_ptr) = (&dev, data.device_ptr());
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                std::thread::sleep(delay);
-                ticket
-                    .submit(|internal| {
-                        // SAFETY: `data` holds n u32; the user stream's copy waits on the fence.
-                        unsafe {
-                            probe::busy_fill(dev_ref, internal, data_ptr, n as u32, seed, 200_000)
-                        }
-                    })
-                    .unwrap();
-            });
-        });
-        synchronize_timeout(&user, BOUND, OnTimeout::Abandon)
-            .unwrap_or_else(|e| panic!("run {run}: {e}"));
-        worst = worst.max(t0.elapsed());
-        let mut got = vec![0u32; n];
-        out.copy_to_host(&mut got).unwrap();
-        expect_pattern(&format!("fence run {run}"), &got, seed);
-    }
-    assert_eq!(fence.released_epoch(), RUNS as u64);
-    println!("fence under LAZY: {RUNS} runs, {RUNS} completed, worst completion {worst:?}");
-}
-
-#[test]
-fn fence_tickets_released_out_of_order_advance_in_order() {
-    let Some(dev) = gpu_or_skip("fence ticket order") else {
-        return;
-    };
-    let fence = Fence::new(&dev).unwrap();
-    let (a, b) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
-    let t1 = fence.guard(&a).unwrap();
-    let t2 = fence.guard(&b).unwrap();
-    t2.submit(|_| Ok(())).unwrap();
-    assert_eq!(
-        fence.released_epoch(),
-        0,
-        "ticket 2 must not release ticket 1's waiter"
-    );
-    let r = synchronize_timeout(&b, Duration::from_millis(100), OnTimeout::Abandon);
-    assert!(
-        matches!(
-            r,
-            Err(Error::Timeout {
-                released: false,
-                ..
-            })
-        ),
-        "{r:?}"
-    );
-    drop(t1); // a dropped ticket releases, so no stream is left hanging
-    assert_eq!(fence.released_epoch(), 2);
-    synchronize_timeout(&a, BOUND, OnTimeout::Abandon).unwrap();
-    synchronize_timeout(&b, BOUND, OnTimeout::Abandon).unwrap();
 }
 
 // ---------------------------------------------------------------- device-side signals

@@ -60,6 +60,7 @@ impl Kernel {
 /// 48 KiB get `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` set here.
 pub struct Device {
     ctx: Arc<CudaContext>,
+    ptx: Arc<str>,
     _module: Arc<CudaModule>,
     kernels: BTreeMap<String, Kernel>,
     caps: Capabilities,
@@ -109,6 +110,42 @@ impl Device {
 
     /// As [`Device::open`] with another PTX module (for tools that carry their own).
     pub fn open_with_ptx(ordinal: usize, ptx: &str) -> Result<Self> {
+        Self::open_on(ordinal, ptx, |o| {
+            CudaContext::new(o).call("cuDevicePrimaryCtxRetain")
+        })
+    }
+
+    /// As [`Device::open_with_ptx`], but on a fresh non-primary context of GPU `ordinal`
+    /// (`cuCtxCreate`) that nothing else in the process uses. Its streams get hardware queues of
+    /// their own (each context has its own channels), which is what keeps [`crate::Fence`] live
+    /// when streams of one context share a queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`). Kernels of
+    /// two contexts time-slice rather than run concurrently. Errors: as [`Device::open`].
+    pub fn open_in_new_context_with_ptx(ordinal: usize, ptx: &str) -> Result<Self> {
+        Self::open_on(ordinal, ptx, |o| {
+            CudaContext::new_non_primary(o, 0).call("cuCtxCreate")
+        })
+    }
+
+    /// The PTX module this device was opened with.
+    pub fn ptx(&self) -> &str {
+        &self.ptx
+    }
+
+    /// The GPU's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// The driver handle of this device's context (for identity checks).
+    pub(crate) fn context_raw(&self) -> sys::CUcontext {
+        self.ctx.cu_ctx()
+    }
+
+    fn open_on(
+        ordinal: usize,
+        ptx: &str,
+        make_ctx: impl FnOnce(usize) -> Result<Arc<CudaContext>>,
+    ) -> Result<Self> {
         if !driver_present() {
             return Err(Error::NoDriver);
         }
@@ -117,7 +154,7 @@ impl Device {
         if ordinal >= available {
             return Err(Error::NoDevice { ordinal, available });
         }
-        let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
+        let ctx = make_ctx(ordinal)?;
         // warpline orders its own work with streams and events; cudarc's implicit per-buffer event
         // tracking would add synchronisation it cannot see.
         // SAFETY: no cudarc-tracked buffers exist yet in this context.
@@ -156,6 +193,7 @@ impl Device {
         }
         let dev = Self {
             ctx,
+            ptx: Arc::from(ptx),
             _module: module,
             kernels,
             caps,

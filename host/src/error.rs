@@ -135,6 +135,12 @@ pub enum Error {
         major: i32,
         minor: i32,
     },
+    /// `Fence::guard` on a stream of the fence's own private context.
+    #[error("Fence::guard: the caller's stream belongs to the fence's own internal context, so it would wait for work queued behind its own wait; guard streams of your Device, and use the internal stream only inside FenceTicket::submit")]
+    FenceWaitsOnItself,
+    /// Every slot of a fence is held by an open (or forgotten) ticket.
+    #[error("Fence::guard: all {slots} slots are held by open tickets; submit or drop tickets first, or make the fence with Fence::with_capacity and more slots")]
+    TooManyOpenTickets { slots: usize },
 }
 
 /// Attaches the name of the CUDA call to a driver error.

@@ -31,6 +31,11 @@ impl Stream {
         self.inner.cu_stream()
     }
 
+    /// The driver handle of the stream's context (for identity checks).
+    pub(crate) fn context_raw(&self) -> sys::CUcontext {
+        self.inner.context().cu_ctx()
+    }
+
     /// The cudarc stream (for interop, e.g. cuBLAS baselines).
     pub fn cudarc(&self) -> &Arc<CudaStream> {
         &self.inner

@@ -8,8 +8,10 @@
 //! Rooms, one per area of the driver API:
 //! - [`graph`]: CUDA graphs (capture, instantiate, launch, destroy).
 //! - [`memops`]: stream memory operations (`cuStreamWaitValue*`, `cuStreamWriteValue*`).
+//! - [`hostmem`]: mapped host memory and 64-bit stream memory operations on it (Fence slots).
 //! - [`core`]: contexts, functions, launches, streams, events, memory.
 
 pub(crate) mod core;
 pub(crate) mod graph;
+pub(crate) mod hostmem;
 pub(crate) mod memops;

@@ -62,11 +62,17 @@ impl<T: Pod> PinnedBuffer<T> {
 
 impl<T: Pod> Drop for PinnedBuffer<T> {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by cuMemHostAlloc in `new`; no copy can still be in flight because
-            // the async copy APIs that take pinned memory are unsafe and require completion.
-            let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
-        }
+        // `cuMemFreeHost` blocks while any stream sits on a stream memory wait (a Fence guard, a
+        // Signal wait): free on the reaper thread so that this thread never blocks on its own
+        // wait. No copy can still be in flight: the async copy APIs that take pinned memory are
+        // unsafe and require completion.
+        let (ptr, ctx) = (self.ptr as usize, self.ctx.clone());
+        super::reaper::defer(move || {
+            if ctx.bind_to_thread().is_ok() {
+                // SAFETY: allocated by cuMemHostAlloc in `new`, freed once, unused by any copy.
+                let _ = unsafe { result::free_host(ptr as *mut std::ffi::c_void) };
+            }
+        });
     }
 }
 
