@@ -249,6 +249,20 @@ fn check_pair_consumer(
 /// the previous kernel's completion). The safe [`pdl_pair`] guarantees this. [`Consumer::NoWait`] reads `buf` without waiting: a negative
 /// control for tests, it races with a PDL-overlapped producer of `buf` (its results are then
 /// unspecified, though every access stays inside the views).
+///
+/// ```compile_fail,E0133
+/// // finding 12: the racing negative controls are not reachable from safe code.
+/// use warpline::kernels::pdl::{pdl_consumer_variant, Consumer};
+/// fn f(
+///     d: &warpline::Device,
+///     s: &warpline::Stream,
+///     b: warpline::DeviceView<'_, f32>,
+///     c: warpline::DeviceView<'_, f32>,
+///     o: warpline::DeviceViewMut<'_, f32>,
+/// ) {
+///     let _ = pdl_consumer_variant(d, s, Consumer::NoWait, b, c, o, 1, true);
+/// }
+/// ```
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn pdl_consumer_variant(
     dev: &Device,
@@ -330,7 +344,7 @@ pub(crate) fn chain_step_checked(
 /// For long chains and graph capture use [`crate::chain::Chain`].
 ///
 /// Errors: [`Error::Empty`], [`Error::BadShape`] (grid), [`Error::WrongStream`],
-/// [`Error::PdlUnsupported`], [`Error::Cuda`].
+/// [`Error::PdlUnsupported`], [`Error::Launch`].
 pub fn chain_step(
     dev: &Device,
     stream: &Stream,
@@ -387,7 +401,7 @@ pub enum GemmKernel {
 ///
 /// Errors, before launch: [`Error::Empty`], [`Error::TooLarge`], [`Error::BadShape`],
 /// [`Error::LengthMismatch`], [`Error::Misaligned`], [`Error::WrongStream`],
-/// [`Error::PdlUnsupported`], [`Error::ClustersUnsupported`]; [`Error::Cuda`].
+/// [`Error::PdlUnsupported`], [`Error::ClustersUnsupported`]; [`Error::Launch`].
 #[allow(clippy::too_many_arguments)]
 ///
 /// # Safety
