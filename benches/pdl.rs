@@ -17,6 +17,28 @@ use warpline::{Chain, Device, DeviceBuffer, Error, MemPool, Result, Stream};
 use warpline_gpu::contract::pdl as contract;
 use warpline_suite::support::random_f32;
 
+/// [`kpdl::gemm_with_pdl`] for this file's launches.
+///
+/// SAFETY (of every call here): a PDL launch is either a secondary right after its primary (the
+/// secondary reads `b` before its wait, which the primary does not write; `a` = the primary's C
+/// is read after the wait), or a primary whose `a`/`b` no earlier kernel of the stream writes
+/// (the benches never write A or B on the stream after setup).
+#[allow(clippy::too_many_arguments)]
+fn kpdl_gemm(
+    dev: &warpline::Device,
+    stream: &Stream,
+    which: GemmKernel,
+    a: warpline::DeviceView<'_, f32>,
+    b: warpline::DeviceView<'_, f32>,
+    c: warpline::DeviceViewMut<'_, f32>,
+    dims: GemmDims,
+    pdl: bool,
+    stamps: Option<warpline::DeviceViewMut<'_, u64>>,
+) -> warpline::Result<()> {
+    // SAFETY: see above.
+    unsafe { kpdl::gemm_with_pdl(dev, stream, which, a, b, c, dims, pdl, stamps) }
+}
+
 const CHAIN_LEN: usize = 1000;
 const CHAIN_GRID: u32 = 132;
 const REPS: usize = 11;
@@ -149,7 +171,7 @@ fn pair(
     stamps: bool,
 ) -> Result<()> {
     let st1 = stamps.then(|| g.st1.as_view_mut());
-    kpdl::gemm(
+    kpdl_gemm(
         dev,
         s,
         GemmKernel::Primary,
@@ -161,7 +183,7 @@ fn pair(
         st1,
     )?;
     let st2 = stamps.then(|| g.st2.as_view_mut());
-    kpdl::gemm(
+    kpdl_gemm(
         dev,
         s,
         GemmKernel::Secondary,

@@ -89,3 +89,16 @@ pub fn assert_compiled_without_spills(report: &str, kernel: &str) {
         .unwrap_or_else(|| panic!("no spill line for {kernel}:\n{report}"));
     assert!(spill.contains(" 0 bytes spill stores"), "{kernel}: {spill}");
 }
+
+/// Opens GPU 0 on a fresh context of its own ([`warpline::Device::open_in_new_context`]), or
+/// prints why the GPU part of `test` is skipped and returns `None`.
+pub fn gpu_in_new_context_or_skip(test: &str) -> Option<warpline::Device> {
+    match warpline::Device::open_in_new_context(0) {
+        Ok(dev) => Some(dev),
+        Err(e @ (warpline::Error::NoDriver | warpline::Error::NoDevice { .. })) => {
+            eprintln!("SKIPPED {test}: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: opening GPU 0 in a new context failed: {e}"),
+    }
+}

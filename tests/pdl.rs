@@ -24,6 +24,29 @@ use warpline_suite::support::{
     assert_compiled_without_spills, entry_body, gpu_or_skip, ptxas_report, random_f32,
 };
 
+/// [`kpdl::gemm_with_pdl`] for this file's launches.
+///
+/// SAFETY (of every call here): a PDL launch is either a secondary right after its primary (the
+/// secondary reads `b` before its wait, which the primary does not write; `a` = the primary's C
+/// is read after the wait), or a primary whose `a`/`b` no earlier kernel of the stream writes
+/// (the loops use a fresh slice of A and B per pair; stamps are written only after the wait by
+/// kernels that do not share them). Validation calls fail before anything is launched.
+#[allow(clippy::too_many_arguments)]
+fn kpdl_gemm(
+    dev: &warpline::Device,
+    stream: &Stream,
+    which: GemmKernel,
+    a: warpline::DeviceView<'_, f32>,
+    b: warpline::DeviceView<'_, f32>,
+    c: warpline::DeviceViewMut<'_, f32>,
+    dims: GemmDims,
+    pdl: bool,
+    stamps: Option<warpline::DeviceViewMut<'_, u64>>,
+) -> warpline::Result<()> {
+    // SAFETY: see above.
+    unsafe { kpdl::gemm_with_pdl(dev, stream, which, a, b, c, dims, pdl, stamps) }
+}
+
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 
 /// Chained iterations of the long tests: 10,000, or `WARPLINE_PDL_ITERS` (for slow tools such as
@@ -172,26 +195,33 @@ fn run_pair_batch(
     b.buf.fill_async(f32::NAN).unwrap();
     for j in 0..batch {
         let r = j * n..(j + 1) * n;
-        kpdl::pdl_producer(
-            dev,
-            stream,
-            producer,
-            b.inp.view(r.clone()).unwrap(),
-            b.buf.as_view_mut(),
-            grid,
-            true,
-        )
+        // SAFETY: negative-control test of the pair; the consumer's pre-wait input `scale` is not
+        // written by the producer (it writes only `buf`).
+        unsafe {
+            kpdl::pdl_producer_variant(
+                dev,
+                stream,
+                producer,
+                b.inp.view(r.clone()).unwrap(),
+                b.buf.as_view_mut(),
+                grid,
+                true,
+            )
+        }
         .unwrap();
-        kpdl::pdl_consumer(
-            dev,
-            stream,
-            consumer,
-            b.buf.as_view(),
-            b.scale.view(r.clone()).unwrap(),
-            b.out.view_mut(r).unwrap(),
-            grid,
-            true,
-        )
+        // SAFETY: as above.
+        unsafe {
+            kpdl::pdl_consumer_variant(
+                dev,
+                stream,
+                consumer,
+                b.buf.as_view(),
+                b.scale.view(r.clone()).unwrap(),
+                b.out.view_mut(r).unwrap(),
+                grid,
+                true,
+            )
+        }
         .unwrap();
     }
     let mut out = vec![0f32; n * batch];
@@ -478,7 +508,7 @@ fn run_gemm_chain(
         k: d.n as u32,
     };
     for j in 0..slots {
-        kpdl::gemm(
+        kpdl_gemm(
             dev,
             stream,
             GemmKernel::Primary,
@@ -490,7 +520,7 @@ fn run_gemm_chain(
             None,
         )
         .unwrap();
-        kpdl::gemm(
+        kpdl_gemm(
             dev,
             stream,
             GemmKernel::Secondary,
@@ -628,7 +658,7 @@ fn gemm_stamps_show_wait_returns_after_primary_completion() {
     for _ in 0..20 {
         st1.copy_from_host(&vec![0u64; g1 * k3]).unwrap();
         st2.copy_from_host(&vec![0u64; g2 * k3]).unwrap();
-        kpdl::gemm(
+        kpdl_gemm(
             &dev,
             &stream,
             GemmKernel::Primary,
@@ -640,7 +670,7 @@ fn gemm_stamps_show_wait_returns_after_primary_completion() {
             Some(st1.as_view_mut()),
         )
         .unwrap();
-        kpdl::gemm(
+        kpdl_gemm(
             &dev,
             &stream,
             GemmKernel::Secondary,
@@ -686,7 +716,7 @@ fn gemm_err(
     d: GemmDims,
     stamps: Option<&mut DeviceBuffer<u64>>,
 ) -> Error {
-    kpdl::gemm(
+    kpdl_gemm(
         dev,
         s,
         GemmKernel::Secondary,
@@ -716,21 +746,11 @@ fn pdl_launchers_reject_bad_arguments_before_launch() {
     let mut out = pool.alloc_async::<f32>(&s, n).unwrap();
     out.fill_async(f32::NAN).unwrap();
 
-    let e = kpdl::pdl_producer(
-        &dev,
-        &s,
-        Producer::Correct,
-        short.as_view(),
-        buf.as_view_mut(),
-        4,
-        true,
-    )
-    .unwrap_err();
+    let e = kpdl::pdl_producer(&dev, &s, short.as_view(), buf.as_view_mut(), 4, true).unwrap_err();
     assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
     let e = kpdl::pdl_producer(
         &dev,
         &s,
-        Producer::Correct,
         inp.view(0..0).unwrap(),
         buf.view_mut(0..0).unwrap(),
         4,
@@ -738,38 +758,25 @@ fn pdl_launchers_reject_bad_arguments_before_launch() {
     )
     .unwrap_err();
     assert!(matches!(e, Error::Empty { .. }), "{e}");
-    let e = kpdl::pdl_producer(
-        &dev,
-        &s,
-        Producer::Correct,
-        inp.as_view(),
-        buf.as_view_mut(),
-        0,
-        true,
-    )
-    .unwrap_err();
+    let e = kpdl::pdl_producer(&dev, &s, inp.as_view(), buf.as_view_mut(), 0, true).unwrap_err();
     assert!(matches!(e, Error::BadShape { .. }), "{e}");
     let e = kpdl::pdl_consumer(
         &dev,
         &s,
-        Consumer::Waits,
         buf.as_view(),
         on_other.as_view(),
         out.as_view_mut(),
         4,
-        true,
     )
     .unwrap_err();
     assert!(matches!(e, Error::WrongStream { .. }), "{e}");
     let e = kpdl::pdl_consumer(
         &dev,
         &s,
-        Consumer::Waits,
         buf.as_view(),
         short.as_view(),
         out.as_view_mut(),
         4,
-        true,
     )
     .unwrap_err();
     assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");

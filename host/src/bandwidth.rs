@@ -13,7 +13,7 @@ fn gbps(bytes: usize, ms: f32) -> f64 {
 /// Pinned host -> device bandwidth, GB/s, for `bytes` per copy; best of `reps`.
 pub fn pinned_h2d_gbps(dev: &Device, bytes: usize, reps: usize) -> Result<f64> {
     let stream = dev.new_stream()?;
-    let pool = MemPool::device_default(dev, u64::MAX)?;
+    let pool = MemPool::new(dev, u64::MAX)?;
     let host = PinnedBuffer::<u8>::new(dev, bytes)?;
     let mut d = pool.alloc_async::<u8>(&stream, bytes)?;
     let mut best = 0.0f64;
@@ -31,7 +31,7 @@ pub fn pinned_h2d_gbps(dev: &Device, bytes: usize, reps: usize) -> Result<f64> {
 /// Device -> pinned host bandwidth, GB/s; best of `reps`.
 pub fn pinned_d2h_gbps(dev: &Device, bytes: usize, reps: usize) -> Result<f64> {
     let stream = dev.new_stream()?;
-    let pool = MemPool::device_default(dev, u64::MAX)?;
+    let pool = MemPool::new(dev, u64::MAX)?;
     let mut host = PinnedBuffer::<u8>::new(dev, bytes)?;
     let mut d = pool.alloc_async::<u8>(&stream, bytes)?;
     d.fill_async(7)?;
@@ -51,7 +51,7 @@ pub fn pinned_d2h_gbps(dev: &Device, bytes: usize, reps: usize) -> Result<f64> {
 /// median of `reps` (cuMemcpyDtoDAsync).
 pub fn d2d_copy_gbps(dev: &Device, bytes: usize, reps: usize) -> Result<f64> {
     let stream = dev.new_stream()?;
-    let pool = MemPool::device_default(dev, u64::MAX)?;
+    let pool = MemPool::new(dev, u64::MAX)?;
     let mut src = pool.alloc_async::<u8>(&stream, bytes)?;
     src.fill_async(3)?;
     let mut dst = pool.alloc_async::<u8>(&stream, bytes)?;

@@ -1,13 +1,16 @@
 //! `Device`: one GPU, its context, the loaded PTX module with every kernel resolved at open, and
-//! what the hardware offers.
+//! what the hardware offers; and the per-context record that turns sticky errors into
+//! [`Error::ContextPoisoned`] (first error, the launches that preceded it).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
-use cudarc::driver::{result, CudaContext, CudaFunction, CudaModule};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DriverError};
 use cudarc::nvrtc::Ptx;
 
+use crate::driver::core as drv;
 use crate::error::{CudaCall, Error, Result};
 use crate::kernels::KERNEL_SPECS;
 use crate::stream::Stream;
@@ -33,6 +36,12 @@ pub struct Capabilities {
     pub stream_mem_ops_64: bool,
     /// Device memory, bytes.
     pub total_mem: usize,
+    /// Largest grid per dimension, CTAs (`CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X/Y/Z`).
+    pub max_grid_dim: [u32; 3],
+    /// Largest CTA per dimension, threads (`CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X/Y/Z`).
+    pub max_block_dim: [u32; 3],
+    /// Largest CTA, threads (`CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`).
+    pub max_threads_per_block: u32,
 }
 
 /// A resolved kernel of the module.
@@ -40,6 +49,13 @@ pub struct Capabilities {
 pub struct Kernel {
     pub(crate) name: String,
     pub(crate) func: CudaFunction,
+    ctx: Arc<CudaContext>,
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` as last set (shared by clones).
+    max_dyn_smem: Arc<AtomicUsize>,
+    /// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`: static shared memory of the kernel.
+    static_smem: usize,
+    /// The device's opt-in limit per CTA.
+    optin: usize,
 }
 
 impl Kernel {
@@ -47,9 +63,204 @@ impl Kernel {
     pub fn name(&self) -> &str {
         &self.name
     }
-    pub(crate) fn cu_function(&self) -> sys::CUfunction {
+
+    /// The driver handle (`CUfunction`), for launching through the driver API yourself. The
+    /// handle stays valid while the [`Device`] that loaded it lives.
+    pub fn cu_function(&self) -> sys::CUfunction {
         self.func.cu_function()
     }
+
+    /// Dynamic shared memory a launch of this kernel may use, bytes
+    /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`; 48 KiB unless raised).
+    pub fn max_dynamic_shared_memory(&self) -> usize {
+        self.max_dyn_smem.load(Ordering::Relaxed)
+    }
+
+    /// Static shared memory of the kernel, bytes (`CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`).
+    pub fn static_shared_memory(&self) -> usize {
+        self.static_smem
+    }
+
+    /// Allows launches of this kernel with up to `bytes` of dynamic shared memory per CTA
+    /// (`cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)`): needed above
+    /// 48 KiB.
+    ///
+    /// Errors: [`Error::TooLarge`] unless `bytes` plus the kernel's static shared memory is at
+    /// most the device's opt-in limit (`Capabilities::max_shared_mem_per_block_optin`);
+    /// [`Error::Cuda`], [`Error::ContextPoisoned`].
+    pub fn set_max_dynamic_shared_memory(&self, bytes: usize) -> Result<()> {
+        let max = self.optin.saturating_sub(self.static_smem);
+        if bytes > max {
+            return Err(Error::TooLarge {
+                what: "dynamic shared memory per CTA (bytes; the opt-in limit minus the kernel's static shared memory)",
+                value: bytes as u64,
+                max: max as u64,
+            });
+        }
+        bind_context(&self.ctx, "cuFuncSetAttribute")?;
+        drv::func_set_attribute(
+            self.cu_function(),
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )?;
+        self.max_dyn_smem.store(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// One launch as remembered for error reports.
+#[derive(Clone, Debug)]
+pub(crate) struct LaunchRecord {
+    pub(crate) kernel: String,
+    pub(crate) config: String,
+}
+
+/// How many launches each context remembers for [`Error::ContextPoisoned`].
+pub(crate) const LAUNCH_HISTORY: usize = 8;
+
+/// What warpline knows about one CUDA context: whether a sticky error poisoned it, the last
+/// launches queued on it, and errors cudarc deferred from `Drop`s.
+#[derive(Debug)]
+pub(crate) struct ContextState {
+    ctx: usize,
+    poison: Mutex<Option<(String, Vec<String>)>>,
+    launches: Mutex<VecDeque<LaunchRecord>>,
+    deferred: Mutex<Vec<String>>,
+}
+
+impl ContextState {
+    fn new(ctx: sys::CUcontext) -> Self {
+        Self {
+            ctx: ctx as usize,
+            poison: Mutex::new(None),
+            launches: Mutex::new(VecDeque::with_capacity(LAUNCH_HISTORY)),
+            deferred: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Remembers a launch (the newest [`LAUNCH_HISTORY`] are kept).
+    pub(crate) fn record_launch(&self, rec: LaunchRecord) {
+        let mut l = self.launches.lock().unwrap_or_else(|e| e.into_inner());
+        if l.len() == LAUNCH_HISTORY {
+            l.pop_front();
+        }
+        l.push_back(rec);
+    }
+
+    /// Marks the context poisoned (the first error wins) and returns the error for `call`.
+    pub(crate) fn poison(&self, call: &'static str, source: DriverError) -> Error {
+        let mut p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
+        if p.is_none() {
+            let launches = self
+                .launches
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|r| format!("`{}` {}", r.kernel, r.config))
+                .collect();
+            *p = Some((format!("{:?} reported by {call}", source.0), launches));
+        }
+        let (first, recent_launches) = p.clone().unwrap_or_default();
+        Error::ContextPoisoned {
+            call,
+            first,
+            recent_launches,
+        }
+    }
+
+    /// [`Error::ContextPoisoned`] for `call` once a sticky error was seen.
+    pub(crate) fn check(&self, call: &'static str) -> Result<()> {
+        let p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
+        match &*p {
+            None => Ok(()),
+            Some((first, recent_launches)) => Err(Error::ContextPoisoned {
+                call,
+                first: first.clone(),
+                recent_launches: recent_launches.clone(),
+            }),
+        }
+    }
+
+    /// Keeps an error that could not be returned (from a `Drop`).
+    pub(crate) fn defer(&self, what: String) {
+        let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+        if d.len() < 64 {
+            d.push(what);
+        }
+    }
+}
+
+static STATES: Mutex<Vec<Weak<ContextState>>> = Mutex::new(Vec::new());
+
+/// The record of context `ctx`, created on first use.
+pub(crate) fn state_for(ctx: sys::CUcontext) -> Arc<ContextState> {
+    let mut all = STATES.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|w| w.strong_count() > 0);
+    if let Some(s) = all
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find(|s| s.ctx == ctx as usize)
+    {
+        return s;
+    }
+    let s = Arc::new(ContextState::new(ctx));
+    all.push(Arc::downgrade(&s));
+    s
+}
+
+/// The record of `ctx` if one is alive (no allocation).
+fn existing_state(ctx: sys::CUcontext) -> Option<Arc<ContextState>> {
+    let all = STATES.lock().unwrap_or_else(|e| e.into_inner());
+    all.iter()
+        .filter_map(Weak::upgrade)
+        .find(|s| s.ctx == ctx as usize)
+}
+
+/// Sticky `source` seen by `call`: poisons the current context's record and returns
+/// [`Error::ContextPoisoned`].
+pub(crate) fn poison_current(call: &'static str, source: DriverError) -> Error {
+    match drv::ctx_get_current_unclassified().and_then(existing_state) {
+        Some(s) => s.poison(call, source),
+        None => Error::ContextPoisoned {
+            call,
+            first: format!("{:?} reported by {call}", source.0),
+            recent_launches: Vec::new(),
+        },
+    }
+}
+
+/// Drains cudarc's deferred-error slot of `ctx` (errors its `Drop`s recorded) into warpline's
+/// record, so they are neither lost nor reported later under an unrelated call's name.
+fn drain_deferred(ctx: &CudaContext, state: &ContextState) {
+    if let Err(e) = ctx.check_err() {
+        if crate::error::is_sticky(e.0) {
+            let _ = state.poison("a cudarc Drop (deferred)", e);
+        }
+        state.defer(format!("{:?} from a cudarc Drop", e.0));
+    }
+}
+
+/// Makes `ctx` current on this thread with the raw `cuCtxSetCurrent` (not cudarc's
+/// `bind_to_thread`, which returns errors left over from earlier `Drop`s instead of binding).
+/// Refuses with [`Error::ContextPoisoned`] once a sticky error was seen on the context.
+pub(crate) fn bind_context(ctx: &CudaContext, call: &'static str) -> Result<()> {
+    let state = state_for(ctx.cu_ctx());
+    drain_deferred(ctx, &state);
+    state.check(call)?;
+    drv::ctx_set_current(ctx.cu_ctx())
+}
+
+/// As [`bind_context`] but also on a poisoned context: for synchronisation and frees, which must
+/// still be attempted (they return at once with the sticky error).
+pub(crate) fn bind_context_unchecked(ctx: &CudaContext) -> Result<()> {
+    let state = state_for(ctx.cu_ctx());
+    drain_deferred(ctx, &state);
+    drv::ctx_set_current(ctx.cu_ctx())
+}
+
+/// Keeps an error from a `Drop` in the record of `ctx`.
+pub(crate) fn defer_error(ctx: &CudaContext, e: &Error) {
+    state_for(ctx.cu_ctx()).defer(e.to_string());
 }
 
 /// One GPU with warpline's module loaded.
@@ -58,9 +269,13 @@ impl Kernel {
 /// kernel is loaded lazily later: lazy loading needs the device idle and can deadlock behind
 /// on-stream waits (see the stream-wait-value fence seed). Kernels whose shared memory is above
 /// 48 KiB get `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` set here.
+///
+/// After a sticky error (illegal address, launch failure, ...) every call on the device returns
+/// [`Error::ContextPoisoned`], naming the first error and the launches that preceded it.
 pub struct Device {
     ctx: Arc<CudaContext>,
     ptx: Arc<str>,
+    state: Arc<ContextState>,
     _module: Arc<CudaModule>,
     kernels: BTreeMap<String, Kernel>,
     caps: Capabilities,
@@ -71,6 +286,7 @@ impl std::fmt::Debug for Device {
         f.debug_struct("Device")
             .field("caps", &self.caps)
             .field("kernels", &self.kernels.keys())
+            .field("primary_context", &self.ctx.is_primary())
             .finish()
     }
 }
@@ -98,8 +314,16 @@ pub fn ptx_entries(ptx: &str) -> Vec<String> {
         .collect()
 }
 
+/// [`Error::PtxNul`] if `ptx` holds a NUL byte (the driver takes it as a C string).
+pub fn check_ptx_text(ptx: &str) -> Result<()> {
+    match ptx.bytes().position(|b| b == 0) {
+        Some(offset) => Err(Error::PtxNul { offset }),
+        None => Ok(()),
+    }
+}
+
 impl Device {
-    /// Opens GPU `ordinal` with the embedded PTX module ([`crate::PTX`]).
+    /// Opens GPU `ordinal` on its primary context with the embedded PTX module ([`crate::PTX`]).
     ///
     /// Errors: [`Error::NoDriver`] without a driver, [`Error::NoDevice`] for a missing ordinal,
     /// [`Error::ComputeCapability`] below 9.0, [`Error::SharedMemory`] if a kernel's contract does
@@ -109,60 +333,56 @@ impl Device {
     }
 
     /// As [`Device::open`] with another PTX module (for tools that carry their own).
+    /// Errors also: [`Error::PtxNul`] for PTX text with a NUL byte (checked first).
     pub fn open_with_ptx(ordinal: usize, ptx: &str) -> Result<Self> {
-        Self::open_on(ordinal, ptx, |o| {
-            CudaContext::new(o).call("cuDevicePrimaryCtxRetain")
-        })
+        Self::open_impl(ordinal, ptx, false)
     }
 
-    /// As [`Device::open_with_ptx`], but on a fresh non-primary context of GPU `ordinal`
-    /// (`cuCtxCreate`) that nothing else in the process uses. Its streams get hardware queues of
-    /// their own (each context has its own channels), which is what keeps [`crate::Fence`] live
-    /// when streams of one context share a queue (`CUDA_DEVICE_MAX_CONNECTIONS=1`). Kernels of
-    /// two contexts time-slice rather than run concurrently. Errors: as [`Device::open`].
+    /// As [`Device::open`], but on a fresh, non-primary context of its own
+    /// (`cuCtxCreate`; cudarc `CudaContext::new_non_primary`): its streams never share hardware
+    /// queues or the context's error state with work of the primary context. Every kernel is
+    /// loaded eagerly as in `open`. The context is destroyed when the device and everything made
+    /// from it (streams, buffers, pools) are dropped. Streams and buffers of one context cannot
+    /// be used with another ([`Error::WrongContext`]).
+    pub fn open_in_new_context(ordinal: usize) -> Result<Self> {
+        Self::open_in_new_context_with_ptx(ordinal, crate::PTX)
+    }
+
+    /// [`Device::open_in_new_context`] with another PTX module.
     pub fn open_in_new_context_with_ptx(ordinal: usize, ptx: &str) -> Result<Self> {
-        Self::open_on(ordinal, ptx, |o| {
-            CudaContext::new_non_primary(o, 0).call("cuCtxCreate")
-        })
+        Self::open_impl(ordinal, ptx, true)
     }
 
-    /// The PTX module this device was opened with.
-    pub fn ptx(&self) -> &str {
-        &self.ptx
-    }
-
-    /// The GPU's ordinal.
-    pub fn ordinal(&self) -> usize {
-        self.ctx.ordinal()
-    }
-
-    /// The driver handle of this device's context (for identity checks).
-    pub(crate) fn context_raw(&self) -> sys::CUcontext {
-        self.ctx.cu_ctx()
-    }
-
-    fn open_on(
-        ordinal: usize,
-        ptx: &str,
-        make_ctx: impl FnOnce(usize) -> Result<Arc<CudaContext>>,
-    ) -> Result<Self> {
+    fn open_impl(ordinal: usize, ptx: &str, new_context: bool) -> Result<Self> {
+        check_ptx_text(ptx)?;
         if !driver_present() {
             return Err(Error::NoDriver);
         }
-        result::init().call("cuInit")?;
-        let available = result::device::get_count().call("cuDeviceGetCount")? as usize;
+        drv::init()?;
+        let available = drv::device_get_count()? as usize;
         if ordinal >= available {
             return Err(Error::NoDevice { ordinal, available });
         }
-        let ctx = make_ctx(ordinal)?;
+        let ctx = if new_context {
+            CudaContext::new_non_primary(ordinal, 0).call("cuCtxCreate")?
+        } else {
+            CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?
+        };
         // warpline orders its own work with streams and events; cudarc's implicit per-buffer event
-        // tracking would add synchronisation it cannot see.
+        // tracking would add synchronisation it cannot see. No cudarc-tracked buffer is ever
+        // handed out: the cudarc context is reachable only through `unsafe` accessors.
         // SAFETY: no cudarc-tracked buffers exist yet in this context.
         unsafe { ctx.disable_event_tracking() };
-        let attr = |a: Attr| ctx.attribute(a).call("cuDeviceGetAttribute");
+        let state = state_for(ctx.cu_ctx());
+        bind_context(&ctx, "cuCtxSetCurrent")?;
+        let cu_dev = ctx.cu_device();
+        let attr = |a: Attr| drv::device_get_attribute(cu_dev, a);
         let caps = Capabilities {
             name: ctx.name().call("cuDeviceGetName")?,
-            compute_capability: ctx.compute_capability().call("cuDeviceGetAttribute")?,
+            compute_capability: (
+                attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
             sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
             max_shared_mem_per_block_optin: attr(
                 Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -172,6 +392,17 @@ impl Device {
             async_engines: attr(Attr::CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT)? as u32,
             stream_mem_ops_64: attr(Attr::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)? != 0,
             total_mem: ctx.total_mem().call("cuDeviceTotalMem")?,
+            max_grid_dim: [
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)? as u32,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)? as u32,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)? as u32,
+            ],
+            max_block_dim: [
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)? as u32,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)? as u32,
+                attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)? as u32,
+            ],
+            max_threads_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)? as u32,
         };
         let (major, minor) = caps.compute_capability;
         if major < 9 {
@@ -187,13 +418,25 @@ impl Device {
         let mut kernels = BTreeMap::new();
         for name in ptx_entries(ptx) {
             let func = module.load_function(&name).call("cuModuleGetFunction")?;
-            // SAFETY: a valid function handle of a module loaded in the current context.
-            unsafe { sys::cuFuncLoad(func.cu_function()) }.call("cuFuncLoad")?;
-            kernels.insert(name.clone(), Kernel { name, func });
+            drv::func_load(func.cu_function())?;
+            let get = |a| drv::func_get_attribute(func.cu_function(), a);
+            let max_dyn =
+                get(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?;
+            let static_smem = get(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
+            let kernel = Kernel {
+                name: name.clone(),
+                func,
+                ctx: ctx.clone(),
+                max_dyn_smem: Arc::new(AtomicUsize::new(max_dyn.max(0) as usize)),
+                static_smem: static_smem.max(0) as usize,
+                optin: caps.max_shared_mem_per_block_optin,
+            };
+            kernels.insert(name, kernel);
         }
         let dev = Self {
             ctx,
             ptx: Arc::from(ptx),
+            state,
             _module: module,
             kernels,
             caps,
@@ -207,16 +450,8 @@ impl Device {
                     max: dev.caps.max_shared_mem_per_block_optin,
                 });
             }
-            if spec.dyn_smem_bytes > 48 * 1024 {
-                // SAFETY: valid function handle; the value was checked against the opt-in limit.
-                unsafe {
-                    result::function::set_function_attribute(
-                        kernel.cu_function(),
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        spec.dyn_smem_bytes as i32,
-                    )
-                }
-                .call("cuFuncSetAttribute")?;
+            if spec.dyn_smem_bytes > kernel.max_dynamic_shared_memory() {
+                kernel.set_max_dynamic_shared_memory(spec.dyn_smem_bytes)?;
             }
         }
         Ok(dev)
@@ -227,14 +462,80 @@ impl Device {
         &self.caps
     }
 
-    /// The cudarc context (for interop, e.g. cuBLAS baselines).
-    pub fn context(&self) -> &Arc<CudaContext> {
+    /// The cudarc context, for warpline's own modules.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
 
-    /// Makes this device's context current on the calling thread.
+    /// The cudarc context, for interop with cudarc-based libraries (cuBLAS handles, say).
+    ///
+    /// # Safety
+    /// warpline disables cudarc's event tracking on this context, and cudarc's safe `CudaSlice`
+    /// API relies on it: with tracking off, safe cudarc code (`CudaStream::alloc_zeros`,
+    /// `memcpy_*`, launches through `LaunchArgs`, slices used on two streams) gets no ordering
+    /// between streams and can race. The caller must not create `CudaSlice`s (or anything else
+    /// that relies on event tracking) in this context, must not re-enable event tracking while
+    /// warpline objects live, and must order every use of warpline's memory on the stream the
+    /// memory is bound to. Raw handles for driver-API interop: [`Device::raw_context`].
+    ///
+    /// ```compile_fail,E0133
+    /// // finding 10: handing out the tracking-disabled cudarc context needs `unsafe`.
+    /// fn f(dev: &warpline::Device) { let _ = dev.cudarc_context(); }
+    /// ```
+    pub unsafe fn cudarc_context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The PTX module this device was opened with (a [`crate::Fence`] opens the same module in
+    /// its private context).
+    pub fn ptx(&self) -> &str {
+        &self.ptx
+    }
+
+    /// The GPU's ordinal (`cuDeviceGet` index).
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// The driver's context handle (`CUcontext`), for driver-API interop. Valid while the device
+    /// lives; do not destroy it.
+    pub fn raw_context(&self) -> sys::CUcontext {
+        self.ctx.cu_ctx()
+    }
+
+    /// True when this device runs on a context of its own ([`Device::open_in_new_context`]).
+    pub fn is_own_context(&self) -> bool {
+        !self.ctx.is_primary()
+    }
+
+    /// Makes this device's context current on the calling thread (raw `cuCtxSetCurrent`);
+    /// [`Error::ContextPoisoned`] after a sticky error.
     pub(crate) fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().call("cuCtxSetCurrent")
+        bind_context(&self.ctx, "cuCtxSetCurrent")
+    }
+
+    /// This context's error record.
+    pub(crate) fn state(&self) -> &Arc<ContextState> {
+        &self.state
+    }
+
+    /// `Ok` unless a sticky error poisoned the context ([`Error::ContextPoisoned`], naming the
+    /// first error and the launches before it). Poisoning cannot be undone: restart the process.
+    pub fn check_healthy(&self) -> Result<()> {
+        self.state.check("Device::check_healthy")
+    }
+
+    /// Errors that could not be returned where they happened (frees and destroys in `Drop`,
+    /// errors cudarc deferred), oldest first; the list is emptied.
+    pub fn take_deferred_errors(&self) -> Vec<String> {
+        drain_deferred(&self.ctx, &self.state);
+        std::mem::take(
+            &mut *self
+                .state
+                .deferred
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
     }
 
     /// The kernel `name` of the module; [`Error::MissingKernel`] if it is not there.
@@ -254,10 +555,7 @@ impl Device {
     pub fn all_kernels_loaded(&self) -> Result<bool> {
         self.bind()?;
         for k in self.kernels.values() {
-            let mut state = sys::CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_UNLOADED;
-            // SAFETY: valid function handle and out-pointer.
-            unsafe { sys::cuFuncIsLoaded(&mut state, k.cu_function()) }.call("cuFuncIsLoaded")?;
-            if state != sys::CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_LOADED {
+            if !drv::func_is_loaded(k.cu_function())? {
                 return Ok(false);
             }
         }
@@ -266,18 +564,68 @@ impl Device {
 
     /// A new non-blocking stream (never synchronises with the legacy default stream).
     pub fn new_stream(&self) -> Result<Stream> {
+        self.bind()?;
         Ok(Stream::new(self.ctx.new_stream().call("cuStreamCreate")?))
     }
 
-    /// Waits for all work on the device.
+    /// Waits for all work on the device (`cuCtxSynchronize`). It really waits before returning
+    /// any error, also on a poisoned context.
     pub fn synchronize(&self) -> Result<()> {
-        self.ctx.synchronize().call("cuCtxSynchronize")
+        let bound = bind_context_unchecked(&self.ctx);
+        let synced = bound.and_then(|()| drv::ctx_synchronize());
+        synced?;
+        self.state.check("cuCtxSynchronize")
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finding_16_nul_in_ptx_is_a_typed_error() {
+        assert!(check_ptx_text(crate::PTX).is_ok());
+        let e = check_ptx_text(".version 8.0\n\0.target sm_90").unwrap_err();
+        assert!(matches!(e, Error::PtxNul { offset: 13 }), "{e}");
+    }
+
+    #[test]
+    fn finding_19_poison_names_recent_launches_and_refuses_work() {
+        let st = ContextState::new(0x1234 as sys::CUcontext);
+        for i in 0..LAUNCH_HISTORY + 2 {
+            st.record_launch(LaunchRecord {
+                kernel: format!("k{i}"),
+                config: "grid [1, 1, 1] block [32, 1, 1]".into(),
+            });
+        }
+        assert!(st.check("x").is_ok());
+        let e = st.poison(
+            "cuStreamSynchronize",
+            DriverError(sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS),
+        );
+        let Error::ContextPoisoned {
+            first,
+            recent_launches,
+            ..
+        } = &e
+        else {
+            panic!("{e}")
+        };
+        assert!(first.contains("ILLEGAL_ADDRESS") && first.contains("cuStreamSynchronize"));
+        assert_eq!(recent_launches.len(), LAUNCH_HISTORY);
+        assert!(recent_launches.last().unwrap().contains("`k9`"));
+        // A later error does not replace the first; later calls are refused with it.
+        let _ = st.poison(
+            "cuLaunchKernelEx",
+            DriverError(sys::CUresult::CUDA_ERROR_LAUNCH_FAILED),
+        );
+        let e = st.check("cuMemAllocFromPoolAsync").unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("ILLEGAL_ADDRESS") && m.contains("cuMemAllocFromPoolAsync"),
+            "{m}"
+        );
+    }
 
     #[test]
     fn entries_of_embedded_ptx_include_every_kernel_spec() {

@@ -29,6 +29,52 @@ pub enum Error {
         #[source]
         source: DriverError,
     },
+    /// A sticky CUDA error (illegal address, launch failure, trap, ...) has corrupted the
+    /// context: every later call on it fails, so warpline refuses further work on the device.
+    #[error("the CUDA context is poisoned by a sticky error ({first}); `{call}` refused or failed. Launches queued most recently before the fault was seen (oldest first; the faulting kernel is among them): [{}]. A sticky error cannot be cleared: drop every warpline object of this device and restart the process (the context must be recreated)", .recent_launches.join("; "))]
+    ContextPoisoned {
+        /// The call that was refused or that reported the error.
+        call: &'static str,
+        /// The first sticky error seen on the context and the call that reported it.
+        first: String,
+        /// The launches queued last on the context before the error was seen, oldest first
+        /// (kernel, grid, block, dynamic shared memory, cluster, PDL, stream).
+        recent_launches: Vec<String>,
+    },
+    /// `cuLaunchKernelEx` rejected a launch (a non-sticky error: nothing ran).
+    #[error("launch of kernel `{kernel}` with {config} failed (cuLaunchKernelEx): {source}")]
+    Launch {
+        kernel: String,
+        /// Grid, block, dynamic shared memory, cluster and PDL of the launch.
+        config: String,
+        #[source]
+        source: DriverError,
+    },
+    /// An allocation failed for lack of memory.
+    #[error("{what}: out of memory: {requested} bytes asked for, {} free of {} ({source_of_figures})", .free.map_or("unknown".to_string(), |f| format!("{f} bytes")), .total.map_or("unknown".to_string(), |t| format!("{t} bytes")))]
+    OutOfMemory {
+        what: &'static str,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes free when the allocation failed, where known.
+        free: Option<u64>,
+        /// Total bytes, where known.
+        total: Option<u64>,
+        /// Where the free/total figures come from (`cuMemGetInfo`, `/proc/meminfo`).
+        source_of_figures: &'static str,
+    },
+    /// A stream of one CUDA context used with a device, buffer or pool of another.
+    #[error("{what}: the stream belongs to another CUDA context than the device/buffer/pool; use a stream created by the same Device (Device::new_stream)")]
+    WrongContext { what: &'static str },
+    /// A zero-sized element type where memory of elements is allocated.
+    #[error("{what}: element type `{ty}` has size 0; allocations need a type of at least 1 byte")]
+    ZeroSizedType {
+        what: &'static str,
+        ty: &'static str,
+    },
+    /// PTX text with a NUL byte (the driver takes a C string).
+    #[error("PTX module has a NUL byte at offset {offset}; PTX is text without NUL bytes")]
+    PtxNul { offset: usize },
     /// The PTX module lacks a kernel the host expects (host and gpu/ out of step).
     #[error("kernel `{kernel}` is not in the PTX module (entries: {entries}); rebuild with `cargo xtask build-ptx`")]
     MissingKernel { kernel: String, entries: String },
@@ -143,19 +189,126 @@ pub enum Error {
     TooManyOpenTickets { slots: usize },
 }
 
-/// Attaches the name of the CUDA call to a driver error.
+/// Attaches the name of the CUDA call to a driver error. Sticky errors (see [`is_sticky`]) become
+/// [`Error::ContextPoisoned`] and poison the current context's record, so every later call on
+/// that device is refused with the first error and the launches that preceded it.
 pub(crate) trait CudaCall<T> {
     fn call(self, call: &'static str) -> Result<T>;
 }
 
 impl<T> CudaCall<T> for Result<T, DriverError> {
     fn call(self, call: &'static str) -> Result<T> {
-        self.map_err(|source| Error::Cuda { call, source })
+        self.map_err(|source| classify(call, source))
     }
 }
 
 impl CudaCall<()> for cudarc::driver::sys::CUresult {
     fn call(self, call: &'static str) -> Result<()> {
         self.result().call(call)
+    }
+}
+
+/// [`Error::Cuda`] for `source`, or [`Error::ContextPoisoned`] when it is sticky (the current
+/// context is then marked poisoned).
+pub(crate) fn classify(call: &'static str, source: DriverError) -> Error {
+    if is_sticky(source.0) {
+        crate::device::poison_current(call, source)
+    } else {
+        Error::Cuda { call, source }
+    }
+}
+
+/// True for the CUDA errors that corrupt the context for good ("sticky" errors: the context
+/// cannot be used again and must be destroyed; CUDA driver API, `CUresult` documentation).
+pub fn is_sticky(r: cudarc::driver::sys::CUresult) -> bool {
+    use cudarc::driver::sys::CUresult as R;
+    matches!(
+        r,
+        R::CUDA_ERROR_ILLEGAL_ADDRESS
+            | R::CUDA_ERROR_LAUNCH_FAILED
+            | R::CUDA_ERROR_LAUNCH_TIMEOUT
+            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | R::CUDA_ERROR_MISALIGNED_ADDRESS
+            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | R::CUDA_ERROR_INVALID_PC
+            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | R::CUDA_ERROR_ASSERT
+            | R::CUDA_ERROR_ECC_UNCORRECTABLE
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult as R;
+
+    #[test]
+    fn finding_19_sticky_errors_are_recognised() {
+        for r in [
+            R::CUDA_ERROR_ILLEGAL_ADDRESS,
+            R::CUDA_ERROR_LAUNCH_FAILED,
+            R::CUDA_ERROR_ILLEGAL_INSTRUCTION,
+            R::CUDA_ERROR_MISALIGNED_ADDRESS,
+            R::CUDA_ERROR_HARDWARE_STACK_ERROR,
+            R::CUDA_ERROR_INVALID_PC,
+            R::CUDA_ERROR_ASSERT,
+        ] {
+            assert!(is_sticky(r), "{r:?}");
+        }
+        for r in [
+            R::CUDA_ERROR_INVALID_VALUE,
+            R::CUDA_ERROR_OUT_OF_MEMORY,
+            R::CUDA_ERROR_NOT_READY,
+            R::CUDA_ERROR_INVALID_HANDLE,
+        ] {
+            assert!(!is_sticky(r), "{r:?}");
+        }
+        // Without any context current, a non-sticky error stays Error::Cuda with its call.
+        let e = classify(
+            "cuMemcpyHtoDAsync",
+            DriverError(R::CUDA_ERROR_INVALID_VALUE),
+        );
+        assert!(
+            matches!(
+                e,
+                Error::Cuda {
+                    call: "cuMemcpyHtoDAsync",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn finding_19_poisoned_message_names_culprit_and_remedy() {
+        let e = Error::ContextPoisoned {
+            call: "cuStreamSynchronize",
+            first: "CUDA_ERROR_ILLEGAL_ADDRESS reported by cuStreamSynchronize".into(),
+            recent_launches: vec![
+                "ws_vector_add grid [132, 1, 1] block [384, 1, 1] smem 0 B".into()
+            ],
+        };
+        let m = e.to_string();
+        for want in [
+            "ILLEGAL_ADDRESS",
+            "ws_vector_add",
+            "grid [132, 1, 1]",
+            "restart",
+        ] {
+            assert!(m.contains(want), "{want} missing from {m}");
+        }
+        let e = Error::OutOfMemory {
+            what: "device allocation",
+            requested: 1 << 40,
+            free: Some(123),
+            total: Some(456),
+            source_of_figures: "cuMemGetInfo",
+        };
+        let m = e.to_string();
+        assert!(
+            m.contains("1099511627776") && m.contains("123 bytes"),
+            "{m}"
+        );
     }
 }

@@ -6,8 +6,9 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys;
 
-use crate::device::{Device, Kernel};
-use crate::error::{CudaCall, Error, Result};
+use crate::device::{Device, Kernel, LaunchRecord};
+use crate::driver::core as drv;
+use crate::error::{Error, Result};
 use crate::stream::Stream;
 
 /// Grid, CTA, shared memory and launch attributes of one launch.
@@ -24,6 +25,57 @@ pub struct LaunchConfig {
     /// Launch with PDL: the kernel may start before the previous kernel on the stream finished;
     /// it must `griddepcontrol.wait` before reading that kernel's results.
     pub pdl: bool,
+}
+
+/// Largest portable cluster, CTAs (CUDA programming guide: 8 without
+/// `cudaFuncAttributeNonPortableClusterSizeAllowed`, which warpline does not set).
+pub const MAX_PORTABLE_CLUSTER: u32 = 8;
+
+/// What a launch may use: the device's limits and the kernel's own shared-memory limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchLimits {
+    /// Largest grid per dimension, CTAs.
+    pub max_grid_dim: [u32; 3],
+    /// Largest CTA per dimension, threads.
+    pub max_block_dim: [u32; 3],
+    /// Largest CTA, threads.
+    pub max_threads_per_block: u32,
+    /// The kernel's `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, bytes.
+    pub kernel_max_dynamic_smem: usize,
+    /// The kernel's static shared memory, bytes.
+    pub kernel_static_smem: usize,
+    /// The device's opt-in shared memory limit per CTA, bytes.
+    pub smem_optin: usize,
+    /// Thread-block clusters supported.
+    pub cluster_launch: bool,
+}
+
+impl LaunchLimits {
+    /// The limits of an sm_90 device (H100: 227 KiB opt-in shared memory) for a kernel without
+    /// static shared memory whose dynamic limit was raised to the opt-in limit.
+    pub const SM90: LaunchLimits = LaunchLimits {
+        max_grid_dim: [i32::MAX as u32, 65535, 65535],
+        max_block_dim: [1024, 1024, 64],
+        max_threads_per_block: 1024,
+        kernel_max_dynamic_smem: 232448,
+        kernel_static_smem: 0,
+        smem_optin: 232448,
+        cluster_launch: true,
+    };
+
+    /// The limits of `kernel` on `dev`.
+    pub fn of(dev: &Device, kernel: &Kernel) -> Self {
+        let caps = dev.capabilities();
+        Self {
+            max_grid_dim: caps.max_grid_dim,
+            max_block_dim: caps.max_block_dim,
+            max_threads_per_block: caps.max_threads_per_block,
+            kernel_max_dynamic_smem: kernel.max_dynamic_shared_memory(),
+            kernel_static_smem: kernel.static_shared_memory(),
+            smem_optin: caps.max_shared_mem_per_block_optin,
+            cluster_launch: caps.cluster_launch,
+        }
+    }
 }
 
 impl LaunchConfig {
@@ -50,9 +102,30 @@ impl LaunchConfig {
         self
     }
 
-    /// Checks the configuration against the device before any launch: non-zero dimensions, shared
-    /// memory within the opt-in limit, cluster support and grid divisibility.
+    /// Checks the configuration against the device and the kernel before any launch: see
+    /// [`LaunchConfig::check`]; the limits come from the device's attributes and the kernel's own
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` / `SHARED_SIZE_BYTES`.
+    ///
+    /// Errors: those of [`LaunchConfig::check`], [`Error::MissingKernel`].
     pub fn validate(&self, dev: &Device, kernel: &'static str) -> Result<()> {
+        let k = dev.kernel(kernel)?;
+        self.check(kernel, &LaunchLimits::of(dev, k))
+    }
+
+    /// Checks the configuration against `limits`, without a device:
+    /// - every grid and block dimension non-zero; grid at most `max_grid_dim` per dimension
+    ///   (2^31 - 1, 65535, 65535 on sm_90), block at most `max_block_dim` (1024, 1024, 64) and
+    ///   `max_threads_per_block` (1024) threads in all (computed in u64: no overflow);
+    /// - dynamic shared memory at most the kernel's own limit
+    ///   (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`, raised with
+    ///   [`crate::device::Kernel::set_max_dynamic_shared_memory`]), and static plus dynamic
+    ///   shared memory at most the device's opt-in limit;
+    /// - clusters: supported by the device, each dimension non-zero and dividing the grid, at most
+    ///   [`MAX_PORTABLE_CLUSTER`] (8) CTAs (warpline does not set the non-portable attribute).
+    ///
+    /// Errors: [`Error::BadShape`], [`Error::TooLarge`], [`Error::SharedMemory`],
+    /// [`Error::ClustersUnsupported`].
+    pub fn check(&self, kernel: &'static str, limits: &LaunchLimits) -> Result<()> {
         if self.grid.contains(&0) || self.block.contains(&0) {
             return Err(Error::BadShape {
                 what: "launch configuration",
@@ -62,24 +135,54 @@ impl LaunchConfig {
                 ),
             });
         }
-        let threads: u32 = self.block.iter().product();
-        if threads > 1024 {
+        const GRID: [&str; 3] = ["grid x (CTAs)", "grid y (CTAs)", "grid z (CTAs)"];
+        const BLOCK: [&str; 3] = [
+            "block x (threads)",
+            "block y (threads)",
+            "block z (threads)",
+        ];
+        for i in 0..3 {
+            if self.grid[i] > limits.max_grid_dim[i] {
+                return Err(Error::TooLarge {
+                    what: GRID[i],
+                    value: self.grid[i] as u64,
+                    max: limits.max_grid_dim[i] as u64,
+                });
+            }
+            if self.block[i] > limits.max_block_dim[i] {
+                return Err(Error::TooLarge {
+                    what: BLOCK[i],
+                    value: self.block[i] as u64,
+                    max: limits.max_block_dim[i] as u64,
+                });
+            }
+        }
+        let threads: u64 = self.block.iter().map(|&b| b as u64).product();
+        if threads > limits.max_threads_per_block as u64 {
             return Err(Error::TooLarge {
                 what: "threads per CTA",
-                value: threads as u64,
-                max: 1024,
+                value: threads,
+                max: limits.max_threads_per_block as u64,
             });
         }
-        let max = dev.capabilities().max_shared_mem_per_block_optin;
-        if self.shared_mem_bytes as usize > max {
+        let dynamic = self.shared_mem_bytes as usize;
+        if dynamic > limits.kernel_max_dynamic_smem {
             return Err(Error::SharedMemory {
                 kernel,
-                requested: self.shared_mem_bytes as usize,
-                max,
+                requested: dynamic,
+                max: limits.kernel_max_dynamic_smem,
+            });
+        }
+        let total = dynamic + limits.kernel_static_smem;
+        if total > limits.smem_optin {
+            return Err(Error::SharedMemory {
+                kernel,
+                requested: total,
+                max: limits.smem_optin,
             });
         }
         if let Some(c) = self.cluster {
-            if !dev.capabilities().cluster_launch {
+            if !limits.cluster_launch {
                 return Err(Error::ClustersUnsupported);
             }
             if c.contains(&0) || (0..3).any(|i| !self.grid[i].is_multiple_of(c[i])) {
@@ -91,8 +194,31 @@ impl LaunchConfig {
                     ),
                 });
             }
+            let ctas: u64 = c.iter().map(|&d| d as u64).product();
+            if ctas > MAX_PORTABLE_CLUSTER as u64 {
+                return Err(Error::TooLarge {
+                    what: "CTAs per cluster (portable cluster size)",
+                    value: ctas,
+                    max: MAX_PORTABLE_CLUSTER as u64,
+                });
+            }
         }
         Ok(())
+    }
+
+    /// Grid, block, shared memory, cluster and PDL, for error reports.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "grid {:?} block {:?} dynamic shared memory {} B",
+            self.grid, self.block, self.shared_mem_bytes
+        );
+        if let Some(c) = self.cluster {
+            s.push_str(&format!(" cluster {c:?}"));
+        }
+        if self.pdl {
+            s.push_str(" PDL");
+        }
+        s
     }
 
     /// The attributes, in the driver's layout.
@@ -139,7 +265,12 @@ impl LaunchConfig {
     }
 }
 
-/// Launches `kernel` with `cfg` on `stream`.
+/// Launches `kernel` with `cfg` on `stream` (`cuLaunchKernelEx`), after checking that `stream`
+/// belongs to `dev`'s context ([`Error::WrongContext`]) and that the context is not poisoned. The
+/// launch is remembered (kernel and configuration) for [`Error::ContextPoisoned`] reports.
+///
+/// Errors: [`Error::WrongContext`], [`Error::ContextPoisoned`], [`Error::Launch`] (naming the
+/// kernel and its configuration) when the driver rejects the launch.
 ///
 /// # Safety
 /// `params` holds one pointer per kernel parameter, in order, each to a value of exactly the
@@ -153,16 +284,26 @@ pub unsafe fn launch_raw(
     cfg: &LaunchConfig,
     params: &mut [*mut c_void],
 ) -> Result<()> {
+    if stream.context_raw() != dev.raw_context() {
+        return Err(Error::WrongContext {
+            what: "kernel launch",
+        });
+    }
     dev.bind()?;
     let mut attrs = cfg.attributes();
     let config = cfg.driver_config(stream.raw(), &mut attrs);
-    sys::cuLaunchKernelEx(
-        &config,
-        kernel.cu_function(),
-        params.as_mut_ptr(),
-        std::ptr::null_mut(),
-    )
-    .call("cuLaunchKernelEx")
+    dev.state().record_launch(LaunchRecord {
+        kernel: kernel.name().to_string(),
+        config: format!("{} on stream {:p}", cfg.describe(), stream.raw()),
+    });
+    match drv::launch_kernel_ex(&config, kernel.cu_function(), params) {
+        Err(Error::Cuda { source, .. }) => Err(Error::Launch {
+            kernel: kernel.name().to_string(),
+            config: cfg.describe(),
+            source,
+        }),
+        r => r,
+    }
 }
 
 /// Builds the `void*` parameter array of a launch from local values: `params![a, b, n]`.
@@ -182,11 +323,118 @@ impl LaunchConfig {
         dev.bind()?;
         let mut attrs = self.attributes();
         let config = self.driver_config(std::ptr::null_mut(), &mut attrs);
-        let mut n: std::ffi::c_int = 0;
-        // SAFETY: `config` points into `attrs`, alive for the call; valid function handle and
-        // out-pointer.
-        unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, kernel.cu_function(), &config) }
-            .call("cuOccupancyMaxActiveClusters")?;
+        // SAFETY: `config` points into `attrs`, alive for the call; valid function handle.
+        let n = unsafe { drv::occupancy_max_active_clusters(kernel.cu_function(), &config) }?;
         Ok(n.max(0) as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(grid: [u32; 3], block: [u32; 3]) -> LaunchConfig {
+        LaunchConfig {
+            grid,
+            block,
+            shared_mem_bytes: 0,
+            cluster: None,
+            pdl: false,
+        }
+    }
+
+    #[test]
+    fn finding_15_block_product_cannot_overflow() {
+        // 65536 * 65536 wraps to 0 in u32 (and panics in debug builds).
+        let e = cfg([1, 1, 1], [65536, 65536, 1])
+            .check("k", &LaunchLimits::SM90)
+            .unwrap_err();
+        assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+        let mut l = LaunchLimits::SM90;
+        l.max_block_dim = [u32::MAX; 3];
+        let e = cfg([1, 1, 1], [65536, 65536, 2])
+            .check("k", &l)
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::TooLarge { what: "threads per CTA", value, .. } if value == 1 << 33),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn finding_15_per_dimension_limits() {
+        let l = LaunchLimits::SM90;
+        assert!(cfg([i32::MAX as u32, 65535, 65535], [1024, 1, 1])
+            .check("k", &l)
+            .is_ok());
+        assert!(cfg([1, 1, 1], [1, 1, 64]).check("k", &l).is_ok());
+        for (g, b, what) in [
+            ([1u32 << 31, 1, 1], [1u32, 1, 1], "grid x (CTAs)"),
+            ([1, 65536, 1], [1, 1, 1], "grid y (CTAs)"),
+            ([1, 1, 65536], [1, 1, 1], "grid z (CTAs)"),
+            ([1, 1, 1], [1025, 1, 1], "block x (threads)"),
+            ([1, 1, 1], [1, 1025, 1], "block y (threads)"),
+            ([1, 1, 1], [1, 1, 65], "block z (threads)"),
+            ([1, 1, 1], [32, 32, 2], "threads per CTA"),
+        ] {
+            let e = cfg(g, b).check("k", &l).unwrap_err();
+            assert!(
+                matches!(e, Error::TooLarge { what: w, .. } if w == what),
+                "{g:?} {b:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn finding_15_cluster_rules() {
+        let l = LaunchLimits::SM90;
+        let ok = cfg([16, 1, 1], [128, 1, 1]).with_cluster_x(8);
+        assert!(ok.check("k", &l).is_ok());
+        let mut zero = ok;
+        zero.cluster = Some([2, 0, 1]);
+        assert!(matches!(zero.check("k", &l), Err(Error::BadShape { .. })));
+        let indivisible = cfg([12, 1, 1], [128, 1, 1]).with_cluster_x(8);
+        assert!(matches!(
+            indivisible.check("k", &l),
+            Err(Error::BadShape { .. })
+        ));
+        let too_big = cfg([32, 1, 1], [128, 1, 1]).with_cluster_x(16);
+        assert!(matches!(
+            too_big.check("k", &l),
+            Err(Error::TooLarge { .. })
+        ));
+        let mut two_d = cfg([4, 4, 1], [128, 1, 1]);
+        two_d.cluster = Some([4, 4, 1]);
+        assert!(matches!(
+            two_d.check("k", &l),
+            Err(Error::TooLarge { value: 16, .. })
+        ));
+        let mut no_clusters = l;
+        no_clusters.cluster_launch = false;
+        assert!(matches!(
+            ok.check("k", &no_clusters),
+            Err(Error::ClustersUnsupported)
+        ));
+    }
+
+    #[test]
+    fn finding_15_shared_memory_against_the_kernels_own_limit() {
+        let mut l = LaunchLimits::SM90;
+        l.kernel_max_dynamic_smem = 48 * 1024;
+        let over = LaunchConfig::linear(1, 128, 48 * 1024 + 4);
+        // Below the device's opt-in limit but above the kernel's attribute: rejected.
+        assert!(matches!(
+            over.check("k", &l),
+            Err(Error::SharedMemory { requested, max, .. }) if requested == 48 * 1024 + 4 && max == 48 * 1024
+        ));
+        l.kernel_max_dynamic_smem = l.smem_optin;
+        assert!(over.check("k", &l).is_ok());
+        // Static plus dynamic above the opt-in limit: rejected.
+        l.kernel_static_smem = 1024;
+        let full = LaunchConfig::linear(1, 128, l.smem_optin as u32);
+        assert!(matches!(
+            full.check("k", &l),
+            Err(Error::SharedMemory { .. })
+        ));
     }
 }

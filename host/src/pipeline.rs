@@ -9,6 +9,7 @@
 //! Host memory is pinned, nothing touches the legacy default stream, and events around each stage
 //! give per-batch timings.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Instant;
 
@@ -76,26 +77,76 @@ impl PipelineReport {
     }
 }
 
-/// A multi-stream batch pipeline on one device, with its own non-blocking streams and the
-/// device's default memory pool (release threshold: keep everything, so steady-state batches do no
-/// cuMemAlloc).
+/// Most batches in flight per stream: the pipeline keeps 4 timing events per in-flight batch and
+/// reuses them once a batch has completed and its timings are read, so a run of any number of
+/// batches holds at most `4 * IN_FLIGHT_PER_STREAM * streams + 1` events.
+pub const IN_FLIGHT_PER_STREAM: usize = 4;
+
+/// A multi-stream batch pipeline on one device, with its own non-blocking streams and a memory
+/// pool of its own (`cuMemPoolCreate`, release threshold: keep everything, so steady-state batches
+/// do no cuMemAlloc). The device's default pool is left as it is.
 pub struct BatchPipeline<'d> {
     dev: &'d Device,
     streams: Vec<Stream>,
     pool: MemPool,
 }
 
-struct Enqueued {
-    range: Range<usize>,
-    stream: usize,
+/// The four events of one batch.
+struct Events {
     start: Event,
     h2d_done: Event,
     kernel_done: Event,
     d2h_done: Event,
 }
 
+struct Enqueued {
+    batch: usize,
+    range: Range<usize>,
+    stream: usize,
+    ev: Events,
+}
+
+/// Synchronises every stream of the pipeline when dropped, so no copy into or out of the
+/// caller's pinned memory outlives `run`: on success, on an error after work was queued, and when
+/// a closure panics. Errors met while draining in `Drop` are kept for
+/// `Device::take_deferred_errors`; it never panics.
+struct DrainGuard<'a> {
+    streams: &'a [Stream],
+    drained: bool,
+}
+
+impl DrainGuard<'_> {
+    /// Synchronises every stream (all of them, even after an error) and returns the first error.
+    fn drain(&mut self) -> Result<()> {
+        let mut first = Ok(());
+        for s in self.streams {
+            let r = s.synchronize();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        self.drained = true;
+        first
+    }
+}
+
+impl Drop for DrainGuard<'_> {
+    fn drop(&mut self) {
+        if !self.drained {
+            for s in self.streams {
+                if let Err(e) = s.synchronize() {
+                    crate::device::defer_error(s.ctx(), &e);
+                }
+            }
+        }
+    }
+}
+
 impl<'d> BatchPipeline<'d> {
     /// A pipeline over `streams` new non-blocking streams (1 to [`MAX_STREAMS`]).
+    ///
+    /// Errors: [`Error::Empty`], [`Error::TooLarge`], [`Error::MemoryPoolsUnsupported`],
+    /// [`Error::Cuda`].
     pub fn new(dev: &'d Device, streams: usize) -> Result<Self> {
         if streams == 0 {
             return Err(Error::Empty {
@@ -112,13 +163,18 @@ impl<'d> BatchPipeline<'d> {
         let streams = (0..streams)
             .map(|_| dev.new_stream())
             .collect::<Result<Vec<_>>>()?;
-        let pool = MemPool::device_default(dev, u64::MAX)?;
+        let pool = MemPool::new(dev, u64::MAX)?;
         Ok(Self { dev, streams, pool })
     }
 
     /// The pipeline's streams.
     pub fn streams(&self) -> &[Stream] {
         &self.streams
+    }
+
+    /// The pipeline's own memory pool.
+    pub fn pool(&self) -> &MemPool {
+        &self.pool
     }
 
     /// Runs `c = a + b` through the pipeline with `ws_vector_add`. See [`Self::run`].
@@ -143,12 +199,17 @@ impl<'d> BatchPipeline<'d> {
 
     /// Runs `kernel(stream, a_batch, b_batch, c_batch)` over batches of `batch_elems` elements
     /// (the last may be shorter): alloc-async -> H2D -> kernel -> D2H -> free-async per batch,
-    /// batch `i` on stream `i % streams`. Returns when every batch is back in `c`; `progress(done,
-    /// total)` is called as batches complete, in order.
+    /// batch `i` on stream `i % streams`, at most [`IN_FLIGHT_PER_STREAM`] batches per stream in
+    /// flight. Returns when every batch is back in `c`; `progress(done, total)` is called as
+    /// batches complete, in order.
+    ///
+    /// Every exit waits for every stream first: success, an error after work was queued, and a
+    /// panic in `kernel` or `progress` (the unwinding drains the streams before `a`, `b`, `c` are
+    /// released), so no copy into or out of the caller's memory outlives the call.
     ///
     /// Errors, before anything is queued: [`Error::LengthMismatch`] unless `a`, `b`, `c` have equal
-    /// lengths; [`Error::Empty`] for `batch_elems == 0`. A failure while queuing waits for the work
-    /// already queued before returning, so no copy into `c` outlives the call.
+    /// lengths; [`Error::Empty`] for `batch_elems == 0`. Later: the kernel closure's error, and
+    /// [`Error::Cuda`] / [`Error::ContextPoisoned`] / [`Error::OutOfMemory`] from the driver.
     pub fn run<K>(
         &self,
         a: &PinnedBuffer<f32>,
@@ -182,43 +243,74 @@ impl<'d> BatchPipeline<'d> {
                 what: "pipeline batch size",
             });
         }
+        // Declared before anything that borrows `c` for copies, so it drops (drains) last.
+        let mut guard = DrainGuard {
+            streams: &self.streams,
+            drained: false,
+        };
         self.prewarm_pool(batch_elems.min(n))?;
+        let total = n.div_ceil(batch_elems);
+        let cap = IN_FLIGHT_PER_STREAM * self.streams.len();
         let wall = Instant::now();
-        let mut queued = Vec::new();
-        let outcome = self.enqueue_all(a, b, c, batch_elems, &mut kernel, &mut queued);
-        if let Err(e) = outcome {
-            // Copies into `c` may be in flight: wait before handing `c` back.
-            for s in &self.streams {
-                let _ = s.synchronize();
-            }
-            return Err(e);
-        }
-        let total = queued.len();
-        for (i, q) in queued.iter().enumerate() {
-            q.d2h_done.synchronize()?;
-            progress(i + 1, total);
-        }
-        for s in &self.streams {
-            s.synchronize()?;
-        }
-        let wall_ms = wall.elapsed().as_secs_f64() * 1e3;
-        let origin = &queued[0].start;
+        let origin = self.streams[0].record()?;
+        let mut in_flight: VecDeque<Enqueued> = VecDeque::with_capacity(cap);
+        let mut spare: Vec<Events> = Vec::with_capacity(cap);
         let mut batches = Vec::with_capacity(total);
         let mut span_ms = 0f64;
-        for (i, q) in queued.iter().enumerate() {
-            let end_ms = origin.elapsed_ms(&q.d2h_done)? as f64;
-            span_ms = span_ms.max(end_ms);
-            batches.push(BatchTiming {
+        for (i, c_batch) in c.chunks_mut(batch_elems).enumerate() {
+            if in_flight.len() == cap {
+                let q = in_flight.pop_front().expect("in-flight queue is full");
+                let t = complete(&origin, &q)?;
+                span_ms = span_ms.max(t.end_ms);
+                batches.push(t);
+                spare.push(q.ev);
+                progress(batches.len(), total);
+            }
+            let range = i * batch_elems..i * batch_elems + c_batch.len();
+            let si = i % self.streams.len();
+            let s = &self.streams[si];
+            let mut da = self.pool.alloc_async::<f32>(s, range.len())?;
+            let mut db = self.pool.alloc_async::<f32>(s, range.len())?;
+            let mut dc = self.pool.alloc_async::<f32>(s, range.len())?;
+            let mut ev = match spare.pop() {
+                Some(ev) => ev,
+                None => Events {
+                    start: s.record()?,
+                    h2d_done: s.record()?,
+                    kernel_done: s.record()?,
+                    d2h_done: s.record()?,
+                },
+            };
+            s.record_into(&mut ev.start)?;
+            // SAFETY: `a`, `b` and `c` are borrowed for the whole of `run`, and `guard` waits for
+            // every stream before `run` returns or unwinds, so the host memory outlives the
+            // copies, and no one reads `c` meanwhile. All three are pinned.
+            unsafe {
+                da.copy_from_host_async(&a[range.clone()])?;
+                db.copy_from_host_async(&b[range.clone()])?;
+            }
+            s.record_into(&mut ev.h2d_done)?;
+            kernel(s, da.as_view(), db.as_view(), dc.as_view_mut())?;
+            s.record_into(&mut ev.kernel_done)?;
+            // SAFETY: as above.
+            unsafe { dc.copy_to_host_async(c_batch)? };
+            s.record_into(&mut ev.d2h_done)?;
+            // da, db, dc drop here: cuMemFreeAsync on `s`, after the D2H in stream order.
+            in_flight.push_back(Enqueued {
                 batch: i,
-                stream: q.stream,
-                elems: q.range.len(),
-                start_ms: origin.elapsed_ms(&q.start)? as f64,
-                end_ms,
-                h2d_ms: q.start.elapsed_ms(&q.h2d_done)? as f64,
-                kernel_ms: q.h2d_done.elapsed_ms(&q.kernel_done)? as f64,
-                d2h_ms: q.kernel_done.elapsed_ms(&q.d2h_done)? as f64,
+                range,
+                stream: si,
+                ev,
             });
         }
+        while let Some(q) = in_flight.pop_front() {
+            let t = complete(&origin, &q)?;
+            span_ms = span_ms.max(t.end_ms);
+            batches.push(t);
+            progress(batches.len(), total);
+        }
+        guard.drain()?;
+        let wall_ms = wall.elapsed().as_secs_f64() * 1e3;
         let bytes = (n * size_of::<f32>()) as u64;
         Ok(PipelineReport {
             streams: self.streams.len(),
@@ -230,58 +322,6 @@ impl<'d> BatchPipeline<'d> {
         })
     }
 
-    fn enqueue_all<K>(
-        &self,
-        a: &PinnedBuffer<f32>,
-        b: &PinnedBuffer<f32>,
-        c: &mut PinnedBuffer<f32>,
-        batch_elems: usize,
-        kernel: &mut K,
-        queued: &mut Vec<Enqueued>,
-    ) -> Result<()>
-    where
-        K: FnMut(
-            &Stream,
-            DeviceView<'_, f32>,
-            DeviceView<'_, f32>,
-            DeviceViewMut<'_, f32>,
-        ) -> Result<()>,
-    {
-        let n = a.len();
-        for (i, c_batch) in c.chunks_mut(batch_elems).enumerate() {
-            let range = i * batch_elems..(i * batch_elems + c_batch.len()).min(n);
-            let si = i % self.streams.len();
-            let s = &self.streams[si];
-            let mut da = self.pool.alloc_async::<f32>(s, range.len())?;
-            let mut db = self.pool.alloc_async::<f32>(s, range.len())?;
-            let mut dc = self.pool.alloc_async::<f32>(s, range.len())?;
-            let start = s.record()?;
-            // SAFETY: `a`, `b` and `c` are borrowed for the whole of `run`, which waits for every
-            // stream before returning (also on error), so the host memory outlives the copies, and
-            // no one reads `c` meanwhile. All three are pinned.
-            unsafe {
-                da.copy_from_host_async(&a[range.clone()])?;
-                db.copy_from_host_async(&b[range.clone()])?;
-            }
-            let h2d_done = s.record()?;
-            kernel(s, da.as_view(), db.as_view(), dc.as_view_mut())?;
-            let kernel_done = s.record()?;
-            // SAFETY: as above.
-            unsafe { dc.copy_to_host_async(c_batch)? };
-            let d2h_done = s.record()?;
-            // da, db, dc drop here: cuMemFreeAsync on `s`, after the D2H in stream order.
-            queued.push(Enqueued {
-                range,
-                stream: si,
-                start,
-                h2d_done,
-                kernel_done,
-                d2h_done,
-            });
-        }
-        Ok(())
-    }
-
     /// Grows the pool to what one round of batches needs, so the timed run does no cuMemAlloc.
     fn prewarm_pool(&self, batch_elems: usize) -> Result<()> {
         let s = &self.streams[0];
@@ -291,4 +331,20 @@ impl<'d> BatchPipeline<'d> {
         drop(bufs);
         s.synchronize()
     }
+}
+
+/// Waits for batch `q` and reads its timings (its events can be reused afterwards).
+fn complete(origin: &Event, q: &Enqueued) -> Result<BatchTiming> {
+    q.ev.d2h_done.synchronize()?;
+    let ms = |a: &Event, b: &Event| a.elapsed_ms(b).map(f64::from);
+    Ok(BatchTiming {
+        batch: q.batch,
+        stream: q.stream,
+        elems: q.range.len(),
+        start_ms: ms(origin, &q.ev.start)?,
+        end_ms: ms(origin, &q.ev.d2h_done)?,
+        h2d_ms: ms(&q.ev.start, &q.ev.h2d_done)?,
+        kernel_ms: ms(&q.ev.h2d_done, &q.ev.kernel_done)?,
+        d2h_ms: ms(&q.ev.kernel_done, &q.ev.d2h_done)?,
+    })
 }

@@ -131,7 +131,7 @@ pub fn gemm_cluster_grid(dev: &Device, tiles: usize, cluster: u32) -> Result<u32
 /// Errors, all before launch: [`Error::Empty`], [`Error::TooLarge`], [`Error::LengthMismatch`],
 /// [`Error::UnsupportedClusterSize`], [`Error::Misaligned`], [`Error::WrongStream`],
 /// [`Error::ClustersUnsupported`], [`Error::ClusterDoesNotFit`], [`Error::SharedMemory`]; a
-/// failing launch gives [`Error::Cuda`]. Source: CUDA driver API `cuLaunchKernelEx` with
+/// failing launch gives [`Error::Launch`]. Source: CUDA driver API `cuLaunchKernelEx` with
 /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`, `cuOccupancyMaxActiveClusters`.
 pub fn cluster_tile_gemm(
     dev: &Device,
@@ -200,7 +200,7 @@ pub fn cluster_tile_gemm_with_grid(
 ///
 /// Shapes, alignment, streams as [`cluster_tile_gemm`]. Errors, before launch: [`Error::Empty`],
 /// [`Error::TooLarge`], [`Error::LengthMismatch`], [`Error::Misaligned`], [`Error::WrongStream`],
-/// [`Error::SharedMemory`]; a failing launch gives [`Error::Cuda`].
+/// [`Error::SharedMemory`]; a failing launch gives [`Error::Launch`] ([`Error::ContextPoisoned`] after a sticky error).
 pub fn tile_gemm(
     dev: &Device,
     stream: &Stream,

@@ -46,33 +46,54 @@ pub(crate) fn require_pdl(dev: &Device, pdl: bool) -> Result<()> {
     Ok(())
 }
 
-/// Which producer kernel of the pair to launch.
+/// Which producer kernel of the pair to launch (for [`pdl_producer_variant`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Producer {
     /// `pdl_producer`: waits, stores, then triggers (the chapter's rule).
     Correct,
-    /// `pdl_producer_early_trigger`: triggers before its stores. Test-only negative control.
+    /// `pdl_producer_early_trigger`: triggers before its stores. Negative control for tests.
     EarlyTrigger,
 }
 
-/// Which consumer kernel of the pair to launch.
+/// Which consumer kernel of the pair to launch (for [`pdl_consumer_variant`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Consumer {
     /// `pdl_consumer`: independent prologue, `griddepcontrol.wait`, then reads.
     Waits,
-    /// `pdl_consumer_no_wait`: reads without waiting. Test-only negative control.
+    /// `pdl_consumer_no_wait`: reads without waiting. Negative control for tests: races.
     NoWait,
 }
 
-/// Queues the pair's producer: `buf[i] = 2 * inp[i] + 1` for every element (f32), on a
-/// grid-stride grid of `grid` CTAs of `PAIR_THREADS` threads.
+/// Queues the pair's producer `pdl_producer`: `buf[i] = 2 * inp[i] + 1` for every element
+/// (f32), on a grid-stride grid of `grid` CTAs of `PAIR_THREADS` threads. The kernel
+/// `griddepcontrol.wait`s before it reads or writes anything and triggers after its last store,
+/// so it is correct after any kernel, with or without the PDL attribute.
 ///
 /// Shapes: `inp`, `buf` of equal length `n >= 1`. Alignment: 4 bytes (f32). Streams: both views on
-/// `stream`. `pdl`: launch with the PDL attribute (the kernel waits before storing).
+/// `stream`. `pdl`: launch with the PDL attribute.
 ///
 /// Errors, before launch: [`Error::LengthMismatch`], [`Error::Empty`], [`Error::BadShape`] (grid),
-/// [`Error::WrongStream`], [`Error::Misaligned`], [`Error::PdlUnsupported`]; [`Error::Cuda`].
+/// [`Error::WrongStream`], [`Error::Misaligned`], [`Error::PdlUnsupported`]; [`Error::Launch`].
 pub fn pdl_producer(
+    dev: &Device,
+    stream: &Stream,
+    inp: DeviceView<'_, f32>,
+    buf: DeviceViewMut<'_, f32>,
+    grid: u32,
+    pdl: bool,
+) -> Result<()> {
+    // SAFETY: `Producer::Correct` waits before touching memory and triggers after its stores.
+    unsafe { pdl_producer_variant(dev, stream, Producer::Correct, inp, buf, grid, pdl) }
+}
+
+/// [`pdl_producer`] with a choice of kernel, including the early-trigger negative control.
+///
+/// # Safety
+/// For negative-control tests. With [`Producer::EarlyTrigger`], a kernel launched with the PDL
+/// attribute right after it may start before the producer's stores to `buf`: such a dependent
+/// must `griddepcontrol.wait` before it reads `buf` (the warpline launchers that read `buf` after
+/// their wait are fine; [`Consumer::NoWait`] is not). [`Producer::Correct`] has no extra contract.
+pub unsafe fn pdl_producer_variant(
     dev: &Device,
     stream: &Stream,
     which: Producer,
@@ -112,15 +133,138 @@ pub fn pdl_producer(
     unsafe { launch_raw(dev, kernel, stream, &cfg, &mut params![pi, pb, n64]) }
 }
 
-/// Queues the pair's consumer: `out[i] = buf[i] * scale[i]` (f32), `scale` loaded before the
-/// `griddepcontrol.wait` (it does not depend on the producer), `buf` after it.
+/// Queues the pair's consumer `pdl_consumer` in plain stream order (no PDL attribute):
+/// `out[i] = buf[i] * scale[i]` (f32). To overlap it with the producer use [`pdl_pair`].
 ///
 /// Shapes: `buf`, `scale`, `out` of equal length `n >= 1`. Alignment 4 bytes. Streams: all on
-/// `stream`. Launch it with `pdl: true` right after [`pdl_producer`] to overlap the two.
+/// `stream`.
 ///
 /// Errors: as [`pdl_producer`].
-#[allow(clippy::too_many_arguments)]
 pub fn pdl_consumer(
+    dev: &Device,
+    stream: &Stream,
+    buf: DeviceView<'_, f32>,
+    scale: DeviceView<'_, f32>,
+    out: DeviceViewMut<'_, f32>,
+    grid: u32,
+) -> Result<()> {
+    // SAFETY: without the PDL attribute the kernel starts after the previous work on `stream`
+    // completed, so its pre-wait reads race with nothing.
+    unsafe { pdl_consumer_variant(dev, stream, Consumer::Waits, buf, scale, out, grid, false) }
+}
+
+/// Queues the pair, producer then consumer on `stream`: `buf = 2 inp + 1`, then
+/// `out = buf * scale`, the consumer launched with the PDL attribute when `pdl` (it loads
+/// `scale` in its prologue, before `griddepcontrol.wait`, and `buf` after it).
+///
+/// `scale` is read before the wait, so it must not be written by the producer: the producer
+/// writes only `buf`, a mutable view that the borrow checker keeps apart from `scale`, and the
+/// launcher checks the address ranges as well ([`Error::BadShape`] on overlap).
+///
+/// Shapes: `inp`, `buf`, `scale`, `out` of equal length `n >= 1`; alignment 4 bytes; all on
+/// `stream`. Errors: those of [`pdl_producer`], [`Error::BadShape`].
+#[allow(clippy::too_many_arguments)]
+pub fn pdl_pair(
+    dev: &Device,
+    stream: &Stream,
+    inp: DeviceView<'_, f32>,
+    mut buf: DeviceViewMut<'_, f32>,
+    scale: DeviceView<'_, f32>,
+    out: DeviceViewMut<'_, f32>,
+    grid: u32,
+    pdl: bool,
+) -> Result<()> {
+    let bytes = |p: u64, n: usize| p..p + (n * 4) as u64;
+    let (b, s) = (
+        bytes(buf.device_ptr(), buf.len()),
+        bytes(scale.device_ptr(), scale.len()),
+    );
+    if b.start < s.end && s.start < b.end {
+        return Err(Error::BadShape {
+            what: "pdl_pair",
+            detail: format!(
+                "scale [{:#x}, {:#x}) overlaps the producer's output buf [{:#x}, {:#x}); the consumer reads scale before its griddepcontrol.wait, so it must not be written by the producer",
+                s.start, s.end, b.start, b.end
+            ),
+        });
+    }
+    // Validate the consumer before queueing the producer, so bad input queues nothing.
+    check_pair_consumer(dev, stream, &buf, &scale, &out, grid, pdl)?;
+    pdl_producer(dev, stream, inp, buf.reborrow(), grid, false)?;
+    let buf_view = buf.into_view();
+    // SAFETY: the previous kernel on `stream` is the producer just queued, which writes only
+    // `buf`; the consumer reads `scale` (checked disjoint from `buf`) before its wait and `buf`
+    // after it.
+    unsafe {
+        pdl_consumer_variant(
+            dev,
+            stream,
+            Consumer::Waits,
+            buf_view,
+            scale,
+            out,
+            grid,
+            pdl,
+        )
+    }
+}
+
+fn check_pair_consumer(
+    dev: &Device,
+    stream: &Stream,
+    buf: &DeviceViewMut<'_, f32>,
+    scale: &DeviceView<'_, f32>,
+    out: &DeviceViewMut<'_, f32>,
+    grid: u32,
+    pdl: bool,
+) -> Result<()> {
+    const WHAT: &str = "pdl_consumer";
+    check_grid(WHAT, grid)?;
+    let n = buf.len();
+    if scale.len() != n || out.len() != n {
+        return Err(Error::LengthMismatch {
+            what: WHAT,
+            detail: format!(
+                "buf has {n} elements, scale {}, out {}; all must be equal",
+                scale.len(),
+                out.len()
+            ),
+        });
+    }
+    check_stream("pdl_consumer input buf", buf.stream(), stream)?;
+    check_input("pdl_consumer input scale", scale, stream, 4)?;
+    check_output("pdl_consumer output out", out, stream, 4)?;
+    require_pdl(dev, pdl)
+}
+
+/// The consumer with a choice of kernel and of the PDL attribute.
+///
+/// Shapes: `buf`, `scale`, `out` of equal length `n >= 1`. Alignment 4 bytes. Streams: all on
+/// `stream`. Errors: as [`pdl_producer`].
+///
+/// # Safety
+/// With `pdl`, the kernel may start before the kernel queued just before it on `stream` has
+/// finished: that kernel must not write `scale`, which the consumer reads before its
+/// `griddepcontrol.wait` (`buf` is read and `out` written only after the wait, which waits for
+/// the previous kernel's completion). The safe [`pdl_pair`] guarantees this. [`Consumer::NoWait`] reads `buf` without waiting: a negative
+/// control for tests, it races with a PDL-overlapped producer of `buf` (its results are then
+/// unspecified, though every access stays inside the views).
+///
+/// ```compile_fail,E0133
+/// // finding 12: the racing negative controls are not reachable from safe code.
+/// use warpline::kernels::pdl::{pdl_consumer_variant, Consumer};
+/// fn f(
+///     d: &warpline::Device,
+///     s: &warpline::Stream,
+///     b: warpline::DeviceView<'_, f32>,
+///     c: warpline::DeviceView<'_, f32>,
+///     o: warpline::DeviceViewMut<'_, f32>,
+/// ) {
+///     let _ = pdl_consumer_variant(d, s, Consumer::NoWait, b, c, o, 1, true);
+/// }
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn pdl_consumer_variant(
     dev: &Device,
     stream: &Stream,
     which: Consumer,
@@ -200,7 +344,7 @@ pub(crate) fn chain_step_checked(
 /// For long chains and graph capture use [`crate::chain::Chain`].
 ///
 /// Errors: [`Error::Empty`], [`Error::BadShape`] (grid), [`Error::WrongStream`],
-/// [`Error::PdlUnsupported`], [`Error::Cuda`].
+/// [`Error::PdlUnsupported`], [`Error::Launch`].
 pub fn chain_step(
     dev: &Device,
     stream: &Stream,
@@ -253,13 +397,21 @@ pub enum GemmKernel {
 /// `stamps`: optional `gemm_grid(dims) * STAMPS_PER_CTA` u64 that receive each CTA's
 /// `%globaltimer` (ns) at start, at the trigger (primary) / wait return (secondary), at end.
 /// Streams: every view on `stream`. `pdl`: launch with the PDL attribute (typically the
-/// secondary, right after the primary).
+/// secondary, right after the primary). The safe, plain-stream-order form is [`gemm`].
 ///
 /// Errors, before launch: [`Error::Empty`], [`Error::TooLarge`], [`Error::BadShape`],
 /// [`Error::LengthMismatch`], [`Error::Misaligned`], [`Error::WrongStream`],
-/// [`Error::PdlUnsupported`], [`Error::ClustersUnsupported`]; [`Error::Cuda`].
+/// [`Error::PdlUnsupported`], [`Error::ClustersUnsupported`]; [`Error::Launch`].
 #[allow(clippy::too_many_arguments)]
-pub fn gemm(
+///
+/// # Safety
+/// With `pdl`, the kernel may start before the kernel queued just before it on `stream` has
+/// finished, and reads some inputs before its `griddepcontrol.wait`: that kernel must not write
+/// `a` or `b` ([`GemmKernel::Primary`]: reads both before its wait) or `b`
+/// ([`GemmKernel::Secondary`]: B tiles before its wait, A after), nor `stamps`. Without `pdl`
+/// there is no extra contract. Typical use: the secondary, with `a` = the primary's `c`, right
+/// after the primary.
+pub unsafe fn gemm_with_pdl(
     dev: &Device,
     stream: &Stream,
     which: GemmKernel,
@@ -361,6 +513,24 @@ pub fn gemm(
             &mut params![pa, pb, pc, m, n, k, stamps_ptr],
         )
     }
+}
+
+/// [`gemm_with_pdl`] in plain stream order (no PDL attribute): safe, since the kernel starts
+/// after every earlier kernel on `stream` has completed. Shapes, alignment, streams and errors as
+/// [`gemm_with_pdl`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    dev: &Device,
+    stream: &Stream,
+    which: GemmKernel,
+    a: DeviceView<'_, f32>,
+    b: DeviceView<'_, f32>,
+    c: DeviceViewMut<'_, f32>,
+    dims: GemmDims,
+    stamps: Option<DeviceViewMut<'_, u64>>,
+) -> Result<()> {
+    // SAFETY: without the PDL attribute there is no contract beyond the checked arguments.
+    unsafe { gemm_with_pdl(dev, stream, which, a, b, c, dims, false, stamps) }
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ pub fn grid_for(dev: &Device, n: usize) -> u32 {
 /// all three views must belong to buffers bound to `stream`.
 ///
 /// Errors, all before launch: [`Error::LengthMismatch`], [`Error::Empty`], [`Error::TooLarge`],
-/// [`Error::Misaligned`], [`Error::WrongStream`]; a failing launch gives [`Error::Cuda`].
+/// [`Error::Misaligned`], [`Error::WrongStream`]; a failing launch gives [`Error::Launch`] ([`Error::ContextPoisoned`] after a sticky error).
 pub fn vector_add(
     dev: &Device,
     stream: &Stream,

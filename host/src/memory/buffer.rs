@@ -11,9 +11,11 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use cudarc::driver::{result, sys, CudaContext};
+use cudarc::driver::{sys, CudaContext};
 
-use crate::error::{CudaCall, Error, Result};
+use crate::device::{bind_context, bind_context_unchecked, defer_error};
+use crate::driver::core as drv;
+use crate::error::{Error, Result};
 use crate::stream::Stream;
 
 /// `len` elements of `T` in device memory, allocated from a [`super::MemPool`] on `stream` and freed
@@ -33,11 +35,16 @@ unsafe impl<T: Sync> Sync for DeviceBuffer<T> {}
 
 impl<T> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
+        // Raw bind: an error cudarc left in its slot must not make us skip the free.
+        let r = bind_context_unchecked(&self.ctx).and_then(|()| {
             // SAFETY: the allocation is ours; every use of it was queued on `self.stream` (type
-            // invariant), so the stream-ordered free follows them. A failure cannot be reported from
-            // drop; the memory then stays in the pool until the context goes.
-            let _ = unsafe { result::free_async(self.ptr, self.stream.raw()) };
+            // invariant), so the stream-ordered free follows them.
+            unsafe { drv::mem_free_async(self.ptr, self.stream.raw()) }
+        });
+        if let Err(e) = r {
+            // Cannot be returned from drop: kept for Device::take_deferred_errors. The memory then
+            // stays in the pool until the context goes.
+            defer_error(&self.ctx, &e);
         }
     }
 }
@@ -95,7 +102,15 @@ impl<T: Pod> DeviceBuffer<T> {
 
     /// Binds the buffer to `to`: work queued on `to` from now on runs after all work queued so far
     /// on the old stream (event record + cuStreamWaitEvent).
+    ///
+    /// Errors: [`Error::WrongContext`] for a stream of another context (the memory belongs to
+    /// this buffer's context).
     pub fn move_to_stream(&mut self, to: &Stream) -> Result<()> {
+        if to.context_raw() != self.ctx.cu_ctx() {
+            return Err(Error::WrongContext {
+                what: "DeviceBuffer::move_to_stream",
+            });
+        }
         if *to != self.stream {
             let ev = self.stream.record()?;
             to.wait(&ev)?;
@@ -159,86 +174,85 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok(())
     }
 
-    /// Copies `src` into the buffer and waits for the copy (H2D on the buffer's stream).
-    /// Errors: [`Error::LengthMismatch`] unless `src.len() == self.len()`.
+    /// Copies `src` into the buffer and waits for the copy (H2D on the buffer's stream,
+    /// `cuMemcpyHtoDAsync` + `cuStreamSynchronize`). Returns only after the copy finished (or
+    /// was never queued), also on error.
+    /// Errors: [`Error::LengthMismatch`] unless `src.len() == self.len()`; [`Error::Cuda`],
+    /// [`Error::ContextPoisoned`].
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
         check_len("copy_from_host", self.len, src.len())?;
-        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        // SAFETY: lengths match; the host slice is borrowed until the stream synchronises below.
+        // SAFETY: lengths match; the host slice is borrowed until the stream synchronises below
+        // (Stream::synchronize waits before returning any error).
         unsafe { self.copy_from_host_async(src) }?;
         self.stream.synchronize()
     }
 
-    /// Copies the buffer into `dst` and waits (D2H on the buffer's stream).
-    /// Errors: [`Error::LengthMismatch`] unless `dst.len() == self.len()`.
+    /// Copies the buffer into `dst` and waits (D2H on the buffer's stream). Returns only after
+    /// the copy finished (or was never queued), also on error.
+    /// Errors: [`Error::LengthMismatch`] unless `dst.len() == self.len()`; [`Error::Cuda`],
+    /// [`Error::ContextPoisoned`].
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
         check_len("copy_to_host", self.len, dst.len())?;
-        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
         // SAFETY: lengths match; the host slice is borrowed until the stream synchronises below.
         unsafe { self.copy_to_host_async(dst) }?;
         self.stream.synchronize()
     }
 
-    /// Fills every element with `value`, queued on the buffer's stream (for poisoning outputs).
+    /// Fills every element with `value`, queued on the buffer's stream (for poisoning outputs):
+    /// `cuMemsetD32Async` / `D16` / `D8` for elements of 4, 2 or 1 bytes (any alignment of `T`).
+    /// Errors: [`Error::BadShape`] for other element sizes; [`Error::Cuda`].
     pub fn fill_async(&mut self, value: T) -> Result<()>
     where
         T: Copy,
     {
-        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        let pattern = memset_pattern(value)?;
+        bind_context(&self.ctx, "cuMemsetAsync")?;
         let stream = self.stream.raw();
-        // SAFETY: ptr/len describe our allocation; the memset is stream-ordered.
+        // SAFETY: ptr/len describe our allocation (pool allocations are 256-byte aligned, and
+        // elements of 2 or 4 bytes keep 2- or 4-byte alignment); the memset is stream-ordered.
         unsafe {
-            match size_of::<T>() {
-                4 => sys::cuMemsetD32Async(
-                    self.ptr,
-                    bytemuck::cast_slice::<T, u32>(&[value])[0],
-                    self.len,
-                    stream,
-                )
-                .call("cuMemsetD32Async"),
-                2 => sys::cuMemsetD16Async(
-                    self.ptr,
-                    bytemuck::cast_slice::<T, u16>(&[value])[0],
-                    self.len,
-                    stream,
-                )
-                .call("cuMemsetD16Async"),
-                1 => sys::cuMemsetD8Async(
-                    self.ptr,
-                    bytemuck::cast_slice::<T, u8>(&[value])[0],
-                    self.len,
-                    stream,
-                )
-                .call("cuMemsetD8Async"),
-                n => Err(Error::BadShape {
-                    what: "fill_async",
-                    detail: format!("element size {n} bytes; 1, 2 or 4 are supported"),
-                }),
+            match pattern {
+                MemsetPattern::D32(v) => drv::memset_d32_async(self.ptr, v, self.len, stream),
+                MemsetPattern::D16(v) => drv::memset_d16_async(self.ptr, v, self.len, stream),
+                MemsetPattern::D8(v) => drv::memset_d8_async(self.ptr, v, self.len, stream),
             }
         }
     }
 
-    /// Queues an H2D copy of `src` into the buffer on its stream.
+    /// Queues an H2D copy of `src` into the buffer on its stream (`cuMemcpyHtoDAsync`).
     ///
     /// # Safety
     /// `src` must stay alive and unmodified until the copy completes on the buffer's stream; it
     /// should be pinned ([`super::PinnedBuffer`]) for the copy to be truly asynchronous.
     pub unsafe fn copy_from_host_async(&mut self, src: &[T]) -> Result<()> {
         check_len("copy_from_host_async", self.len, src.len())?;
-        result::memcpy_htod_async(self.ptr, src, self.stream.raw()).call("cuMemcpyHtoDAsync")
+        bind_context(&self.ctx, "cuMemcpyHtoDAsync")?;
+        drv::memcpy_htod_async(
+            self.ptr,
+            src.as_ptr().cast(),
+            std::mem::size_of_val(src),
+            self.stream.raw(),
+        )
     }
 
-    /// Queues a D2H copy of the buffer into `dst` on its stream.
+    /// Queues a D2H copy of the buffer into `dst` on its stream (`cuMemcpyDtoHAsync`).
     ///
     /// # Safety
     /// `dst` must stay alive and not be read or written until the copy completes on the buffer's
     /// stream; it should be pinned for the copy to be truly asynchronous.
     pub unsafe fn copy_to_host_async(&self, dst: &mut [T]) -> Result<()> {
         check_len("copy_to_host_async", self.len, dst.len())?;
-        result::memcpy_dtoh_async(dst, self.ptr, self.stream.raw()).call("cuMemcpyDtoHAsync")
+        bind_context(&self.ctx, "cuMemcpyDtoHAsync")?;
+        drv::memcpy_dtoh_async(
+            dst.as_mut_ptr().cast(),
+            self.ptr,
+            std::mem::size_of_val(dst),
+            self.stream.raw(),
+        )
     }
 
-    /// Queues a device-to-device copy from `src` (same length, same stream).
+    /// Queues a device-to-device copy from `src` (same length, same stream;
+    /// `cuMemcpyDtoDAsync`). Errors: [`Error::LengthMismatch`], [`Error::WrongStream`].
     pub fn copy_from_device(&mut self, src: &DeviceBuffer<T>) -> Result<()> {
         check_len("copy_from_device", self.len, src.len)?;
         if src.stream != self.stream {
@@ -246,17 +260,42 @@ impl<T: Pod> DeviceBuffer<T> {
                 what: "copy_from_device source",
             });
         }
-        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        bind_context(&self.ctx, "cuMemcpyDtoDAsync")?;
         // SAFETY: both allocations are live and of `len` T; ordered on the shared stream.
         unsafe {
-            result::memcpy_dtod_async(
+            drv::memcpy_dtod_async(
                 self.ptr,
                 src.ptr,
                 self.len * size_of::<T>(),
                 self.stream.raw(),
             )
         }
-        .call("cuMemcpyDtoDAsync")
+    }
+}
+
+/// The memset of one element value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MemsetPattern {
+    D32(u32),
+    D16(u16),
+    D8(u8),
+}
+
+/// The memset pattern of `value`, from its bytes (no cast of `T` itself, so any alignment of
+/// `T` works). [`Error::BadShape`] unless `T` has 1, 2 or 4 bytes.
+pub(crate) fn memset_pattern<T: Pod>(value: T) -> Result<MemsetPattern> {
+    let bytes = bytemuck::bytes_of(&value);
+    match *bytes {
+        [a, b, c, d] => Ok(MemsetPattern::D32(u32::from_ne_bytes([a, b, c, d]))),
+        [a, b] => Ok(MemsetPattern::D16(u16::from_ne_bytes([a, b]))),
+        [a] => Ok(MemsetPattern::D8(a)),
+        _ => Err(Error::BadShape {
+            what: "fill_async",
+            detail: format!(
+                "element size {} bytes; 1, 2 or 4 are supported",
+                bytes.len()
+            ),
+        }),
     }
 }
 
@@ -312,6 +351,28 @@ macro_rules! view_common {
 view_common!(DeviceView);
 view_common!(DeviceViewMut);
 
+impl<'a, T> DeviceViewMut<'a, T> {
+    /// A shorter-lived mutable view of the same elements (to pass the view on and use it again).
+    pub fn reborrow(&mut self) -> DeviceViewMut<'_, T> {
+        DeviceViewMut {
+            ptr: self.ptr,
+            len: self.len,
+            stream: self.stream,
+            _b: PhantomData,
+        }
+    }
+
+    /// The same elements, read-only, for the rest of the borrow.
+    pub fn into_view(self) -> DeviceView<'a, T> {
+        DeviceView {
+            ptr: self.ptr,
+            len: self.len,
+            stream: self.stream,
+            _b: PhantomData,
+        }
+    }
+}
+
 impl<'a, T: Pod> From<&'a DeviceBuffer<T>> for DeviceView<'a, T> {
     fn from(b: &'a DeviceBuffer<T>) -> Self {
         b.as_view()
@@ -320,5 +381,31 @@ impl<'a, T: Pod> From<&'a DeviceBuffer<T>> for DeviceView<'a, T> {
 impl<'a, T: Pod> From<&'a mut DeviceBuffer<T>> for DeviceViewMut<'a, T> {
     fn from(b: &'a mut DeviceBuffer<T>) -> Self {
         b.as_view_mut()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finding_16_fill_pattern_of_align_1_four_byte_type() {
+        // [u8; 4] has size 4 and alignment 1: bytemuck::cast_slice::<[u8; 4], u32> panicked.
+        let v = [1u8, 2, 3, 4];
+        assert_eq!(
+            memset_pattern(v).unwrap(),
+            MemsetPattern::D32(u32::from_ne_bytes(v))
+        );
+        assert_eq!(
+            memset_pattern([7u8, 9]).unwrap(),
+            MemsetPattern::D16(u16::from_ne_bytes([7, 9]))
+        );
+        assert_eq!(
+            memset_pattern(f32::NAN).unwrap(),
+            MemsetPattern::D32(f32::NAN.to_bits())
+        );
+        assert_eq!(memset_pattern(5u8).unwrap(), MemsetPattern::D8(5));
+        assert!(matches!(memset_pattern(1u64), Err(Error::BadShape { .. })));
+        assert!(matches!(memset_pattern(()), Err(Error::BadShape { .. })));
     }
 }

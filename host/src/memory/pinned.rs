@@ -3,10 +3,11 @@
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use cudarc::driver::{result, CudaContext};
+use cudarc::driver::{sys, CudaContext};
 
-use crate::device::Device;
-use crate::error::{CudaCall, Error, Result};
+use crate::device::{bind_context_unchecked, defer_error, Device};
+use crate::driver::core as drv;
+use crate::error::{Error, Result};
 
 /// `len` elements of `T` in page-locked host memory, zero-initialised.
 ///
@@ -27,22 +28,45 @@ unsafe impl<T: Pod + Sync> Sync for PinnedBuffer<T> {}
 const CU_MEMHOSTALLOC_PORTABLE: u32 = 0x01;
 
 impl<T: Pod> PinnedBuffer<T> {
-    /// Allocates and zero-fills `len` elements. Errors: [`Error::Empty`] for `len == 0`.
+    /// Allocates and zero-fills `len` elements (`cuMemHostAlloc`, portable, not write-combined).
+    ///
+    /// Errors: [`Error::Empty`] for `len == 0`, [`Error::ZeroSizedType`] for a `T` of size 0,
+    /// [`Error::TooLarge`] when the byte count overflows, [`Error::OutOfMemory`] (bytes asked for,
+    /// host memory available from `/proc/meminfo`), [`Error::ContextPoisoned`], [`Error::Cuda`].
     pub fn new(dev: &Device, len: usize) -> Result<Self> {
+        let size = size_of::<T>();
+        if size == 0 {
+            return Err(Error::ZeroSizedType {
+                what: "pinned host allocation",
+                ty: std::any::type_name::<T>(),
+            });
+        }
         if len == 0 {
             return Err(Error::Empty {
                 what: "pinned host allocation",
             });
         }
-        let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::TooLarge {
+        let bytes = len.checked_mul(size).ok_or(Error::TooLarge {
             what: "pinned host allocation (elements)",
             value: len as u64,
-            max: (usize::MAX / size_of::<T>()) as u64,
+            max: (usize::MAX / size) as u64,
         })?;
         dev.bind()?;
-        // SAFETY: plain allocation call; the result is checked.
-        let ptr = unsafe { result::malloc_host(bytes, CU_MEMHOSTALLOC_PORTABLE) }
-            .call("cuMemHostAlloc")? as *mut T;
+        let ptr = match drv::mem_host_alloc(bytes, CU_MEMHOSTALLOC_PORTABLE) {
+            Err(Error::Cuda { source, .. })
+                if source.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY =>
+            {
+                let (free, total) = host_meminfo();
+                return Err(Error::OutOfMemory {
+                    what: "pinned host allocation (cuMemHostAlloc)",
+                    requested: bytes as u64,
+                    free,
+                    total,
+                    source_of_figures: "host memory, /proc/meminfo MemAvailable/MemTotal",
+                });
+            }
+            r => r? as *mut T,
+        };
         // SAFETY: `ptr` points to `bytes` writable bytes; zero is a valid T (Pod).
         unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
         Ok(Self {
@@ -62,15 +86,20 @@ impl<T: Pod> PinnedBuffer<T> {
 
 impl<T: Pod> Drop for PinnedBuffer<T> {
     fn drop(&mut self) {
-        // `cuMemFreeHost` blocks while any stream sits on a stream memory wait (a Fence guard, a
-        // Signal wait): free on the reaper thread so that this thread never blocks on its own
-        // wait. No copy can still be in flight: the async copy APIs that take pinned memory are
-        // unsafe and require completion.
-        let (ptr, ctx) = (self.ptr as usize, self.ctx.clone());
+        // cuMemFreeHost synchronises with the device and blocks behind pending on-stream waits,
+        // so it runs on the reaper thread (see `super::reaper`); errors are kept for
+        // Device::take_deferred_errors.
+        let ctx = self.ctx.clone();
+        let ptr = self.ptr as usize;
         super::reaper::defer(move || {
-            if ctx.bind_to_thread().is_ok() {
-                // SAFETY: allocated by cuMemHostAlloc in `new`, freed once, unused by any copy.
-                let _ = unsafe { result::free_host(ptr as *mut std::ffi::c_void) };
+            let r = bind_context_unchecked(&ctx).and_then(|()| {
+                // SAFETY: allocated by cuMemHostAlloc in `new` and freed once; no copy can still
+                // be in flight because the async copy APIs that take pinned memory are unsafe and
+                // require completion before the memory is dropped.
+                unsafe { drv::mem_free_host(ptr as *mut std::ffi::c_void) }
+            });
+            if let Err(e) = r {
+                defer_error(&ctx, &e);
             }
         });
     }
@@ -89,4 +118,22 @@ impl<T: Pod> std::ops::DerefMut for PinnedBuffer<T> {
         // SAFETY: as in deref; &mut self gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
+}
+
+/// (MemAvailable, MemTotal) of the host in bytes, where `/proc/meminfo` has them.
+fn host_meminfo() -> (Option<u64>, Option<u64>) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .map(|kib| kib * 1024)
+    };
+    (field("MemAvailable:"), field("MemTotal:"))
 }

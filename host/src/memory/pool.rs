@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use cudarc::driver::{result, sys};
+use cudarc::driver::{sys, CudaContext};
 
 use super::DeviceBuffer;
-use crate::device::Device;
-use crate::error::{CudaCall, Error, Result};
+use crate::device::{bind_context, bind_context_unchecked, defer_error, Device};
+use crate::driver::core as drv;
+use crate::error::{Error, Result};
 use crate::stream::Stream;
 
 /// A memory pool of one device. Allocation and free are ordered on streams: an allocation made on
@@ -22,7 +23,9 @@ pub struct MemPool {
 struct PoolHandle {
     pool: sys::CUmemoryPool,
     owned: bool,
-    ctx: Arc<cudarc::driver::CudaContext>,
+    /// For the device's default pool: the release threshold it had before, put back on drop.
+    restore_threshold: Option<u64>,
+    ctx: Arc<CudaContext>,
 }
 
 // SAFETY: a CUmemoryPool handle may be used from any thread of the process (driver API objects
@@ -30,11 +33,25 @@ struct PoolHandle {
 unsafe impl Send for PoolHandle {}
 unsafe impl Sync for PoolHandle {}
 
+const THRESHOLD: sys::CUmemPool_attribute =
+    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+
 impl Drop for PoolHandle {
     fn drop(&mut self) {
-        if self.owned && self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: the pool was created by us; buffers hold an Arc to it, so none is alive.
-            let _ = unsafe { result::mem_pool::destroy(self.pool) };
+        let r = bind_context_unchecked(&self.ctx).and_then(|()| {
+            if self.owned {
+                // SAFETY: the pool was created by us and is not used after this. Buffers still
+                // allocated from it keep working: the driver releases the pool's resources once
+                // they are freed (cuMemPoolDestroy).
+                unsafe { drv::mem_pool_destroy(self.pool) }
+            } else if let Some(old) = self.restore_threshold {
+                drv::mem_pool_set_attribute_u64(self.pool, THRESHOLD, old)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = r {
+            defer_error(&self.ctx, &e);
         }
     }
 }
@@ -43,30 +60,36 @@ impl std::fmt::Debug for MemPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemPool")
             .field("owned", &self.inner.owned)
+            .field("restore_threshold", &self.inner.restore_threshold)
             .finish()
     }
 }
 
 impl MemPool {
     /// The device's default pool (`cuDeviceGetDefaultMemPool`), with its release threshold set to
-    /// `release_threshold` bytes: memory up to that amount stays in the pool across
-    /// synchronisations instead of going back to the OS, so steady-state allocations cost no
-    /// `cuMemAlloc`. `u64::MAX` keeps everything.
+    /// `release_threshold` bytes while this handle (or a clone) lives: memory up to that amount
+    /// stays in the pool across synchronisations instead of going back to the OS. `u64::MAX`
+    /// keeps everything.
     ///
-    /// Errors: [`Error::MemoryPoolsUnsupported`] where the device has no pools.
+    /// The default pool is process-wide state shared with every other user of the device
+    /// (cudaMallocAsync in other libraries, say). The threshold it had before is read here and
+    /// put back when the last clone of this handle is dropped; handles that overlap restore in
+    /// reverse order of creation only if dropped in that order. Prefer [`MemPool::new`] (a pool of
+    /// warpline's own) where a threshold is wanted; warpline itself does.
+    ///
+    /// Errors: [`Error::MemoryPoolsUnsupported`] where the device has no pools; [`Error::Cuda`].
     pub fn device_default(dev: &Device, release_threshold: u64) -> Result<Self> {
         if !dev.capabilities().memory_pools {
             return Err(Error::MemoryPoolsUnsupported);
         }
         dev.bind()?;
-        let cu_dev = dev.context().cu_device();
-        // SAFETY: valid device handle.
-        let pool = unsafe { result::device::get_default_mem_pool(cu_dev) }
-            .call("cuDeviceGetDefaultMemPool")?;
+        let pool = drv::device_get_default_mem_pool(dev.context().cu_device())?;
+        let old = drv::mem_pool_get_attribute_u64(pool, THRESHOLD)?;
         let p = Self {
             inner: Arc::new(PoolHandle {
                 pool,
                 owned: false,
+                restore_threshold: Some(old),
                 ctx: dev.context().clone(),
             }),
         };
@@ -74,7 +97,11 @@ impl MemPool {
         Ok(p)
     }
 
-    /// A new pool of device memory on `dev` with the given release threshold (bytes).
+    /// A new pool of device memory on `dev` (`cuMemPoolCreate`, device-located, pinned
+    /// allocation type) with the given release threshold (bytes). Destroyed when the last clone
+    /// is dropped (memory still allocated from it is released once freed).
+    ///
+    /// Errors: [`Error::MemoryPoolsUnsupported`]; [`Error::Cuda`].
     pub fn new(dev: &Device, release_threshold: u64) -> Result<Self> {
         if !dev.capabilities().memory_pools {
             return Err(Error::MemoryPoolsUnsupported);
@@ -86,12 +113,12 @@ impl MemPool {
         props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
         props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
         props.location.id = dev.context().ordinal() as i32;
-        // SAFETY: props is fully initialised.
-        let pool = unsafe { result::mem_pool::create(&props) }.call("cuMemPoolCreate")?;
+        let pool = drv::mem_pool_create(&props)?;
         let p = Self {
             inner: Arc::new(PoolHandle {
                 pool,
                 owned: true,
+                restore_threshold: None,
                 ctx: dev.context().clone(),
             }),
         };
@@ -99,56 +126,76 @@ impl MemPool {
         Ok(p)
     }
 
+    /// True for a pool warpline created ([`MemPool::new`]), false for the device's default pool.
+    pub fn is_owned(&self) -> bool {
+        self.inner.owned
+    }
+
     /// Sets `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (bytes kept reserved across synchronisations).
+    /// On the default pool this changes process-wide state until this handle is dropped (see
+    /// [`MemPool::device_default`]).
     pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
-        self.inner.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        let mut v = bytes;
-        // SAFETY: the attribute takes a cuuint64_t, which `v` is.
-        unsafe {
-            result::mem_pool::set_attribute(
-                self.inner.pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                &mut v as *mut u64 as *mut std::ffi::c_void,
-            )
-        }
-        .call("cuMemPoolSetAttribute")
+        bind_context(&self.inner.ctx, "cuMemPoolSetAttribute")?;
+        drv::mem_pool_set_attribute_u64(self.inner.pool, THRESHOLD, bytes)
+    }
+
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`, bytes.
+    pub fn release_threshold(&self) -> Result<u64> {
+        bind_context(&self.inner.ctx, "cuMemPoolGetAttribute")?;
+        drv::mem_pool_get_attribute_u64(self.inner.pool, THRESHOLD)
+    }
+
+    /// The release threshold of `dev`'s default pool, bytes (read only; for checking that
+    /// nothing changed it).
+    pub fn default_pool_release_threshold(dev: &Device) -> Result<u64> {
+        dev.bind()?;
+        let pool = drv::device_get_default_mem_pool(dev.context().cu_device())?;
+        drv::mem_pool_get_attribute_u64(pool, THRESHOLD)
     }
 
     /// Bytes the pool currently holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
     pub fn reserved_bytes(&self) -> Result<u64> {
-        self.inner.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        let mut v = 0u64;
-        // SAFETY: the attribute is a cuuint64_t.
-        unsafe {
-            result::mem_pool::get_attribute(
-                self.inner.pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-                &mut v as *mut u64 as *mut std::ffi::c_void,
-            )
-        }
-        .call("cuMemPoolGetAttribute")?;
-        Ok(v)
+        bind_context(&self.inner.ctx, "cuMemPoolGetAttribute")?;
+        drv::mem_pool_get_attribute_u64(
+            self.inner.pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+        )
     }
 
     /// Allocates `len` elements of `T` on `stream` (`cuMemAllocFromPoolAsync`); the buffer is bound
     /// to `stream` and freed on it when dropped. Contents are uninitialised device memory (never
     /// read by the host before a write: reading it back gives whatever bytes were there).
+    /// Pool allocations are at least 256-byte aligned.
     ///
-    /// Errors: [`Error::Empty`] for `len == 0`, [`Error::TooLarge`] beyond device memory.
+    /// Errors: [`Error::Empty`] for `len == 0`, [`Error::ZeroSizedType`] for a `T` of size 0,
+    /// [`Error::TooLarge`] beyond device memory, [`Error::WrongContext`] for a stream of another
+    /// context, [`Error::OutOfMemory`] (bytes asked for, bytes free from `cuMemGetInfo`),
+    /// [`Error::ContextPoisoned`], [`Error::Cuda`].
     pub fn alloc_async<T: Pod>(&self, stream: &Stream, len: usize) -> Result<DeviceBuffer<T>> {
+        let size = std::mem::size_of::<T>();
+        if size == 0 {
+            return Err(Error::ZeroSizedType {
+                what: "device allocation",
+                ty: std::any::type_name::<T>(),
+            });
+        }
         if len == 0 {
             return Err(Error::Empty {
                 what: "device allocation",
             });
         }
-        let bytes = len
-            .checked_mul(std::mem::size_of::<T>())
-            .ok_or(Error::TooLarge {
-                what: "device allocation (elements)",
-                value: len as u64,
-                max: (usize::MAX / std::mem::size_of::<T>()) as u64,
-            })?;
-        let total = self.inner.ctx.total_mem().call("cuDeviceTotalMem")?;
+        if stream.context_raw() != self.inner.ctx.cu_ctx() {
+            return Err(Error::WrongContext {
+                what: "MemPool::alloc_async stream",
+            });
+        }
+        let bytes = len.checked_mul(size).ok_or(Error::TooLarge {
+            what: "device allocation (elements)",
+            value: len as u64,
+            max: (usize::MAX / size) as u64,
+        })?;
+        bind_context(&self.inner.ctx, "cuMemAllocFromPoolAsync")?;
+        let total = drv::device_total_mem(self.inner.ctx.cu_device())?;
         if bytes > total {
             return Err(Error::TooLarge {
                 what: "device allocation (bytes)",
@@ -156,12 +203,23 @@ impl MemPool {
                 max: total as u64,
             });
         }
-        self.inner.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: valid pool and stream; out-pointer is a local.
-        unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.inner.pool, stream.raw()) }
-            .call("cuMemAllocFromPoolAsync")?;
-        // SAFETY: `ptr` is a fresh stream-ordered allocation of `len` T on `stream`.
+        let ptr = match drv::mem_alloc_from_pool_async(bytes, self.inner.pool, stream.raw()) {
+            Err(Error::Cuda { source, .. })
+                if source.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY =>
+            {
+                let info = drv::mem_get_info().ok();
+                return Err(Error::OutOfMemory {
+                    what: "device allocation (cuMemAllocFromPoolAsync)",
+                    requested: bytes as u64,
+                    free: info.map(|(f, _)| f as u64),
+                    total: Some(info.map_or(total, |(_, t)| t) as u64),
+                    source_of_figures: "cuMemGetInfo",
+                });
+            }
+            r => r?,
+        };
+        // SAFETY: `ptr` is a fresh stream-ordered allocation of `len` T on `stream`, whose context
+        // is the pool's (checked above).
         Ok(unsafe { DeviceBuffer::from_raw(ptr, len, stream.clone(), self.inner.ctx.clone()) })
     }
 }

@@ -325,7 +325,7 @@ impl Fence {
     /// [`Error::TooManyOpenTickets`] when every slot is held; [`Error::Cuda`].
     pub fn guard(&self, caller: &Stream) -> Result<FenceTicket> {
         let core = &self.core;
-        if caller.context_raw() == core.internal_dev.context_raw() {
+        if caller.context_raw() == core.internal_dev.raw_context() {
             return Err(Error::FenceWaitsOnItself);
         }
         let taken = core
