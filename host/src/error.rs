@@ -135,6 +135,13 @@ pub enum Error {
         major: i32,
         minor: i32,
     },
+    /// A `Lane`, `SignalRef` or `TaskId` used with a `TaskGraph` other than the one that made it.
+    #[error("{what}: {detail}; lanes, signal slots and task ids are valid only in the TaskGraph that created them")]
+    ForeignHandle { what: &'static str, detail: String },
+    /// A host callback of a task graph panicked (caught on the driver thread, never unwound
+    /// across the FFI boundary); the run's later work still ran.
+    #[error("host callback `{task}` panicked: {message}; host callbacks must not panic (the panic was caught on the driver's callback thread and the rest of the run went on)")]
+    HostCallbackPanicked { task: String, message: String },
 }
 
 /// Attaches the name of the CUDA call to a driver error.
