@@ -33,6 +33,7 @@ struct KeepInner {
     /// `Mutex` for `Sync` only: launches happen through `&mut CapturedGraph`.
     exec: Mutex<GraphExec>,
     graph: Mutex<CudaGraph>,
+    #[allow(clippy::vec_box)] // boxed: the driver holds pointers to them
     _host_calls: Vec<Box<HostCall>>,
     _kernels: Vec<Arc<LaunchFn>>,
     signals: Vec<Signal<u64>>,
@@ -204,12 +205,10 @@ impl CapturedGraph {
             unsafe { exec.launch(origin.raw()) }?;
         }
         let data = Arc::into_raw(self.keep.clone()) as *mut c_void;
+        // On error the driver did not take `data` and the launch may still run: the reference
+        // is leaked so the graph's contents are never freed under it.
         // SAFETY: release_keep consumes `data` once, never unwinds and calls no CUDA.
-        if let Err(e) = unsafe { dg::launch_host_func(origin.raw(), release_keep, data) } {
-            // The driver did not take `data`; the launch may still run: leak one reference so
-            // the graph's contents are never freed under it.
-            return Err(e);
-        }
+        unsafe { dg::launch_host_func(origin.raw(), release_keep, data) }?;
         let done = record(origin)?;
         for s in &others {
             s.cudarc().wait(&done).call("cuStreamWaitEvent")?;

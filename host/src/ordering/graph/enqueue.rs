@@ -32,6 +32,7 @@ pub(super) enum Mode<'a> {
     Direct,
     /// Stream capture: untracked signal operations (the captured graph keeps the signals), host
     /// calls kept in the list (the captured graph owns them), and signal edges become events.
+    #[allow(clippy::vec_box)] // boxed: the driver holds pointers to them
     Capture(&'a mut Vec<Box<HostCall>>),
 }
 
