@@ -183,19 +183,23 @@ fn exchange(msg: [u64; 2], recv: [u64; 2], n: u32) -> Exchange {
     ];
     for pe in 0..2 {
         let peer = 1 - pe;
-        g.wait(lanes[pe][0], format!("pe{pe} wait"), sig[pe], Cmp::Geq, 1);
+        g.wait(lanes[pe][0], format!("pe{pe} wait"), sig[pe], Cmp::Geq, 1)
+            .unwrap();
         let (src, dst) = (msg[pe], recv[pe]);
         g.kernel(lanes[pe][0], format!("pe{pe} consume"), move |c| {
             // SAFETY: msg/recv hold n u32 for the test's lifetime; the wait orders the read.
             unsafe { probe::copy_u32(c.dev, c.stream, src, dst, n) }
-        });
+        })
+        .unwrap();
         let (out, seeds) = (msg[peer], seeds.clone());
         g.kernel(lanes[pe][1], format!("pe{pe} payload"), move |c| {
             let seed = seeds[peer].load(Ordering::Relaxed);
             // SAFETY: the peer's message buffer holds n u32; its reader waits on the signal.
             unsafe { probe::busy_fill(c.dev, c.stream, out, n, seed, 100_000) }
-        });
-        g.set(lanes[pe][1], format!("pe{pe} notify"), sig[peer], 1);
+        })
+        .unwrap();
+        g.set(lanes[pe][1], format!("pe{pe} notify"), sig[peer], 1)
+            .unwrap();
     }
     Exchange { graph: g, seeds }
 }
@@ -208,7 +212,7 @@ fn message_exchange_is_reordered_so_each_notify_precedes_its_wait() {
     let pos = |label: &str| {
         plan.order()
             .iter()
-            .position(|&t| ex.graph.label(t) == label)
+            .position(|&t| ex.graph.label(t).unwrap() == label)
             .unwrap()
     };
     assert!(pos("pe1 notify") < pos("pe0 wait"), "{:?}", plan.order());
@@ -276,14 +280,14 @@ fn message_exchange_runs_200_times_as_a_task_graph() {
     let seeds = [0x1234_5678, 0x9abc_def0];
     ex.seeds[0].store(seeds[0], Ordering::Relaxed);
     ex.seeds[1].store(seeds[1], Ordering::Relaxed);
-    let captured = ex.graph.capture(&dev, &streams, &sig_refs).unwrap();
-    let launch = dev.new_stream().unwrap();
+    // Launched on the capture's own lane-0 stream, ordered with every lane stream.
+    let mut captured = ex.graph.capture(&dev, &streams, &sig_refs).unwrap();
     for run in 0..20 {
         for b in bufs.iter_mut() {
             b.fill_async(POISON).unwrap();
         }
         setup.synchronize().unwrap();
-        let r = captured.launch(&launch).unwrap();
+        let r = captured.launch().unwrap();
         synchronize_timeout(&r, BOUND, OnTimeout::Abandon)
             .unwrap_or_else(|e| panic!("replay {run}: {e}"));
         let mut got = vec![0u32; n];
@@ -347,7 +351,8 @@ fn random_acyclic_task_graphs_run_to_completion() {
                         unsafe { probe::busy_fill(c.dev, c.stream, out, 256, 7, 10_000) }
                     })
                 }
-            };
+            }
+            .unwrap();
             if let Some(&prev) = ids.last() {
                 if rng.random_bool(0.3) {
                     g.depend(prev, id).unwrap();

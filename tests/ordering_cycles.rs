@@ -1,8 +1,10 @@
 //! Property tests of `TaskGraph::check` (pure CPU, run in CI): random task graphs with explicit
 //! dependencies, per-stream order and signal set/add -> wait edges. An independent oracle
-//! (edges derived from the documented rules, cycles found by a Floyd–Warshall transitive
-//! closure) decides what the checker must say: every graph with a cycle is rejected with a cycle
-//! that really is one, every acyclic graph gets a submission order that respects every edge.
+//! (edges derived from the documented rules with brute-force value enumeration, cycles found by a
+//! Floyd–Warshall transitive closure) decides what the checker must say: every graph with a cycle
+//! is rejected with a cycle that really is one, every acyclic graph gets a submission order that
+//! respects every edge, and a wait whose value no set/add can produce is `UnmatchedWait`
+//! (finding 6 of issue 9). A simulation checks that accepted add-only graphs cannot hang.
 
 use proptest::prelude::*;
 use warpline::ordering::{Cmp, TaskGraph};
@@ -13,7 +15,7 @@ enum Kind {
     Work,
     Wait { sig: usize, cmp: Cmp, value: u64 },
     Set { sig: usize, value: u64 },
-    Add { sig: usize },
+    Add { sig: usize, value: u64 },
 }
 
 #[derive(Clone, Debug)]
@@ -38,7 +40,7 @@ fn kind(signals: usize) -> impl Strategy<Value = Kind> {
         Just(Kind::Work),
         (0..signals, cmp(), 0u64..4).prop_map(|(sig, cmp, value)| Kind::Wait { sig, cmp, value }),
         (0..signals, 0u64..4).prop_map(|(sig, value)| Kind::Set { sig, value }),
-        (0..signals).prop_map(|sig| Kind::Add { sig }),
+        (0..signals, 0u64..3).prop_map(|(sig, value)| Kind::Add { sig, value }),
     ]
 }
 
@@ -73,8 +75,9 @@ fn build(s: &Spec) -> TaskGraph {
                 Kind::Work => g.host(lane, label, || {}),
                 Kind::Wait { sig, cmp, value } => g.wait(lane, label, sigs[sig], cmp, value),
                 Kind::Set { sig, value } => g.set(lane, label, sigs[sig], value),
-                Kind::Add { sig } => g.add(lane, label, sigs[sig], 1),
+                Kind::Add { sig, value } => g.add(lane, label, sigs[sig], value),
             }
+            .unwrap()
         })
         .collect();
     for &(a, b) in &s.deps {
@@ -83,9 +86,40 @@ fn build(s: &Spec) -> TaskGraph {
     g
 }
 
-/// The oracle's edges, from the rules in docs/ordering.md; `None` if some wait has no producer
-/// and is not satisfied by the initial 0.
-fn oracle_edges(s: &Spec) -> Option<Vec<(usize, usize)>> {
+/// Runs the tasks of an add-only graph in a random greedy schedule (a task runs once it heads its
+/// lane, its dependencies ran, and, for a wait, the value holds); true if every task ran.
+fn simulate(s: &Spec, picks: &[usize]) -> bool {
+    let n = s.tasks.len();
+    let mut ran = vec![false; n];
+    let mut value = vec![0u64; s.signals];
+    let mut pick = picks.iter().cycle();
+    loop {
+        let runnable: Vec<usize> = (0..n)
+            .filter(|&t| {
+                !ran[t]
+                    && (0..t).all(|e| ran[e] || s.tasks[e].0 != s.tasks[t].0)
+                    && s.deps.iter().all(|&(a, b)| b != t || ran[a])
+                    && match s.tasks[t].1 {
+                        Kind::Wait { sig, cmp, value: v } => cmp.holds(value[sig], v),
+                        _ => true,
+                    }
+            })
+            .collect();
+        let Some(&p) = pick.next() else { return false };
+        if runnable.is_empty() {
+            return ran.iter().all(|&r| r);
+        }
+        let t = runnable[p % runnable.len()];
+        ran[t] = true;
+        match s.tasks[t].1 {
+            Kind::Add { sig, value: a } => value[sig] = value[sig].wrapping_add(a),
+            Kind::Set { sig, value: v } => value[sig] = v,
+            _ => {}
+        }
+    }
+}
+
+fn hard_edges(s: &Spec) -> Vec<(usize, usize)> {
     let mut edges = s.deps.clone();
     for lane in 0..s.lanes {
         let on: Vec<usize> = (0..s.tasks.len())
@@ -93,19 +127,77 @@ fn oracle_edges(s: &Spec) -> Option<Vec<(usize, usize)>> {
             .collect();
         edges.extend(on.windows(2).map(|w| (w[0], w[1])));
     }
+    edges
+}
+
+/// Brute force: some start (0 or a set's value) plus the sum of some subset of the adds
+/// satisfies the wait.
+fn brute_reaches(cmp: Cmp, value: u64, starts: &[u64], adds: &[u64]) -> bool {
+    starts.iter().any(|&start| {
+        (0u32..1 << adds.len()).any(|mask| {
+            let sum = (0..adds.len())
+                .filter(|i| mask & (1 << i) != 0)
+                .fold(start, |acc, i| acc.wrapping_add(adds[i]));
+            cmp.holds(sum, value)
+        })
+    })
+}
+
+/// (satisfiable, contributors) of producers `xs` for a wait `cmp value`.
+fn brute_assess(s: &Spec, xs: &[usize], cmp: Cmp, value: u64) -> (bool, Vec<usize>) {
+    let adds: Vec<u64> = xs
+        .iter()
+        .filter_map(|&p| match s.tasks[p].1 {
+            Kind::Add { value, .. } => Some(value),
+            _ => None,
+        })
+        .collect();
+    let mut starts = vec![0];
+    let mut contrib = Vec::new();
+    for &p in xs {
+        match s.tasks[p].1 {
+            Kind::Set { value: v, .. } => {
+                starts.push(v);
+                if brute_reaches(cmp, value, &[v], &adds) {
+                    contrib.push(p);
+                }
+            }
+            Kind::Add { .. } => contrib.push(p),
+            _ => {}
+        }
+    }
+    (brute_reaches(cmp, value, &starts, &adds), contrib)
+}
+
+/// The oracle's edges, from the rules in docs/ordering.md; `None` if some wait cannot reach its
+/// value from 0 with all the sets and non-zero adds of its signal.
+fn oracle_edges(s: &Spec) -> Option<Vec<(usize, usize)>> {
+    let n = s.tasks.len();
+    let hard = hard_edges(s);
+    let after = closure(n, &hard);
+    let mut edges = hard;
     for (w, (_, k)) in s.tasks.iter().enumerate() {
         if let Kind::Wait { sig, cmp, value } = *k {
-            let producers: Vec<usize> = (0..s.tasks.len())
+            let producers: Vec<usize> = (0..n)
                 .filter(|&p| match s.tasks[p].1 {
-                    Kind::Set { sig: ps, value: v } => ps == sig && cmp.holds(v, value),
-                    Kind::Add { sig: ps } => ps == sig,
+                    Kind::Set { sig: ps, .. } => ps == sig,
+                    Kind::Add { sig: ps, value } => ps == sig && value != 0,
                     _ => false,
                 })
                 .collect();
-            if producers.is_empty() && !cmp.holds(0, value) {
-                return None;
-            }
-            edges.extend(producers.into_iter().map(|p| (p, w)));
+            let before: Vec<usize> = producers
+                .iter()
+                .copied()
+                .filter(|&p| !after[w][p])
+                .collect();
+            let from = match brute_assess(s, &before, cmp, value) {
+                (true, c) => c,
+                _ => match brute_assess(s, &producers, cmp, value) {
+                    (true, c) => c,
+                    _ => return None,
+                },
+            };
+            edges.extend(from.into_iter().map(|p| (p, w)));
         }
     }
     Some(edges)
@@ -129,6 +221,37 @@ fn closure(n: usize, edges: &[(usize, usize)]) -> Vec<Vec<bool>> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Finding 6: with adds and `>=` waits only, a graph the checker accepts completes in every
+    /// schedule (no wait is left short of its value), and an `UnmatchedWait` never completes.
+    #[test]
+    fn finding_06_accepted_add_only_graphs_complete_in_every_schedule(
+        lanes in 1usize..4,
+        tasks in prop::collection::vec((0usize..3, 0usize..2, any::<bool>(), 0u64..4), 1..12),
+        deps in prop::collection::vec((0usize..12, 0usize..12), 0..4),
+        picks in prop::collection::vec(any::<usize>(), 1..8),
+    ) {
+        let tasks: Vec<(usize, Kind)> = tasks
+            .into_iter()
+            .map(|(l, sig, is_wait, v)| {
+                let k = if is_wait {
+                    Kind::Wait { sig, cmp: Cmp::Geq, value: v }
+                } else {
+                    Kind::Add { sig, value: v }
+                };
+                (l % lanes, k)
+            })
+            .collect();
+        let n = tasks.len();
+        let deps = deps.into_iter().map(|(a, b)| (a % n, b % n)).filter(|(a, b)| a < b).collect();
+        let s = Spec { lanes, signals: 2, tasks, deps };
+        match build(&s).check() {
+            Ok(_) => prop_assert!(simulate(&s, &picks), "accepted graph hangs: {s:?}"),
+            Err(Error::UnmatchedWait { .. }) => prop_assert!(!simulate(&s, &picks), "{s:?}"),
+            Err(Error::Cycle { .. }) => {}
+            Err(e) => prop_assert!(false, "unexpected error {e}"),
+        }
+    }
 
     #[test]
     fn checker_agrees_with_the_oracle(s in spec()) {
@@ -222,10 +345,10 @@ fn the_seeds_same_stream_exchange_is_rejected_naming_its_cycle() {
     let mut g = TaskGraph::new();
     let (p0, p1) = (g.lane("pe0"), g.lane("pe1"));
     let (m0, m1) = (g.signal("to_pe0"), g.signal("to_pe1"));
-    g.wait(p0, "pe0 wait", m0, Cmp::Geq, 1);
-    g.set(p0, "pe0 notify", m1, 1);
-    g.wait(p1, "pe1 wait", m1, Cmp::Geq, 1);
-    g.set(p1, "pe1 notify", m0, 1);
+    g.wait(p0, "pe0 wait", m0, Cmp::Geq, 1).unwrap();
+    g.set(p0, "pe0 notify", m1, 1).unwrap();
+    g.wait(p1, "pe1 wait", m1, Cmp::Geq, 1).unwrap();
+    g.set(p1, "pe1 notify", m0, 1).unwrap();
     match g.check() {
         Err(Error::Cycle { tasks, path }) => {
             assert_eq!(tasks.len(), 4, "{path}");

@@ -20,7 +20,8 @@ use std::ptr::null_mut;
 use cudarc::driver::sys;
 
 use crate::device::Device;
-use crate::error::{CudaCall, Error, Result};
+use crate::driver::graph::{self as dg, CaptureGuard, CudaGraph, GraphExec};
+use crate::error::{Error, Result};
 use crate::kernels::pdl::{chain_step_checked, require_pdl};
 use crate::launch::LaunchConfig;
 use crate::memory::DeviceViewMut;
@@ -29,6 +30,9 @@ use warpline_gpu::contract::pdl as contract;
 
 /// Most kernel parameters a step may have.
 pub const MAX_ARGS: usize = 16;
+
+/// Most launches a chain may hold (each is one node of a captured graph).
+pub const MAX_STEPS: usize = 1 << 20;
 
 /// One kernel parameter of a [`Chain`] step, passed by value: `U32` for 32-bit scalars, `U64`
 /// for 64-bit scalars and device pointers.
@@ -78,8 +82,7 @@ impl Step {
         for (p, a) in params.iter_mut().zip(&self.args) {
             *p = a.as_param();
         }
-        sys::cuLaunchKernelEx(&self.config, self.func, params.as_mut_ptr(), null_mut())
-            .call("cuLaunchKernelEx")
+        dg::launch_kernel_ex(&self.config, self.func, params.as_mut_ptr())
     }
 }
 
@@ -134,14 +137,16 @@ impl<'a> Chain<'a> {
     /// Appends `count` `chain_step` kernels over `x` (`x[i] += 1` each, so a run adds `count`
     /// to every element, wrapping), each `grid` CTAs of `CHAIN_STEP_THREADS` threads.
     ///
-    /// Errors: [`Error::Empty`] (empty `x`), [`Error::BadShape`] (grid 0 or above 2^31 - 1),
-    /// [`Error::WrongStream`] (`x` not on the chain's stream).
+    /// Errors: [`Error::TooLarge`] when the chain would hold more than [`MAX_STEPS`] launches
+    /// (checked before anything is reserved), [`Error::Empty`] (empty `x`), [`Error::BadShape`]
+    /// (grid 0 or above 2^31 - 1), [`Error::WrongStream`] (`x` not on the chain's stream).
     pub fn push_chain_steps(
         &mut self,
         x: DeviceViewMut<'a, u32>,
         count: usize,
         grid: u32,
     ) -> Result<()> {
+        self.check_room(count)?;
         let cfg = chain_step_checked(self.dev, &self.stream, &x, grid, self.pdl)?;
         let func = self.dev.kernel(contract::CHAIN_STEP_KERNEL)?.cu_function();
         let args = [
@@ -155,11 +160,24 @@ impl<'a> Chain<'a> {
         Ok(())
     }
 
+    /// [`Error::TooLarge`] unless `more` launches fit under [`MAX_STEPS`].
+    fn check_room(&self, more: usize) -> Result<()> {
+        let total = self.steps.len().checked_add(more);
+        match total {
+            Some(t) if t <= MAX_STEPS => Ok(()),
+            _ => Err(Error::TooLarge {
+                what: "chain launches",
+                value: u64::try_from(total.unwrap_or(usize::MAX)).unwrap_or(u64::MAX),
+                max: MAX_STEPS as u64,
+            }),
+        }
+    }
+
     /// Appends a launch of `kernel` with `cfg` (its `pdl` flag is replaced by the chain's) and
     /// `args`.
     ///
     /// Errors: [`Error::MissingKernel`], [`Error::TooLarge`] (more than [`MAX_ARGS`]
-    /// arguments), the errors of [`LaunchConfig::validate`].
+    /// arguments, or more than [`MAX_STEPS`] launches), the errors of [`LaunchConfig::validate`].
     ///
     /// # Safety
     /// `args` match the kernel's parameters in number, order and size; every memory access of
@@ -180,6 +198,7 @@ impl<'a> Chain<'a> {
                 max: MAX_ARGS as u64,
             });
         }
+        self.check_room(1)?;
         let cfg = cfg.with_pdl(self.pdl);
         cfg.validate(self.dev, kernel)?;
         let func = self.dev.kernel(kernel)?.cu_function();
@@ -210,59 +229,32 @@ impl<'a> Chain<'a> {
     /// ended and the partial graph freed on every error path.
     pub fn capture(&self) -> Result<Graph<'_>> {
         self.dev.bind()?;
-        let stream = self.stream.raw();
-        // SAFETY: a valid stream of the bound context; thread-local mode only restricts this
-        // thread's unsafe calls while capturing.
-        unsafe {
-            sys::cuStreamBeginCapture_v2(
-                stream,
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
-        }
-        .call("cuStreamBeginCapture")?;
-        let launched = self.launch_all();
-        let mut raw_graph: sys::CUgraph = null_mut();
-        // SAFETY: ends the capture begun above; the out-pointer is valid.
-        let ended =
-            unsafe { sys::cuStreamEndCapture(stream, &mut raw_graph) }.call("cuStreamEndCapture");
-        let graph = OwnedGraph(raw_graph);
-        launched?;
-        ended?;
-        let mut exec: sys::CUgraphExec = null_mut();
-        // SAFETY: `graph.0` is the valid graph just captured; flags 0.
-        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph.0, 0) }
-            .call("cuGraphInstantiateWithFlags")?;
+        let guard = CaptureGuard::begin(&self.stream, Vec::new())?;
+        // An error (or a panic) here drops `guard`, which ends the capture.
+        self.launch_all()?;
+        let graph = guard.end()?;
+        let exec = GraphExec::instantiate(&graph)?;
         Ok(Graph {
             dev: self.dev,
             stream: self.stream.clone(),
-            graph,
             exec,
+            graph,
             nodes: self.steps.len(),
             _chain: PhantomData,
         })
     }
 }
 
-/// A captured `CUgraph`, destroyed on drop.
-struct OwnedGraph(sys::CUgraph);
-
-impl Drop for OwnedGraph {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: the graph is ours and no longer used; a failure cannot be reported here.
-            let _ = unsafe { sys::cuGraphDestroy(self.0) };
-        }
-    }
-}
-
 /// An instantiated CUDA graph of a [`Chain`], replayed on the chain's stream. Borrows the chain,
 /// so the buffers its kernels use outlive it. Drop destroys the executable graph and the graph
-/// (`cuGraphExecDestroy`, `cuGraphDestroy`).
+/// (`cuGraphExecDestroy`, `cuGraphDestroy`; replays in flight complete first). Not `Sync`: one
+/// executable graph must not be launched from two threads at once.
 pub struct Graph<'c> {
     dev: &'c Device,
     stream: Stream,
-    graph: OwnedGraph,
-    exec: sys::CUgraphExec,
+    // Field order: the executable graph is destroyed before the graph it came from.
+    exec: GraphExec,
+    graph: CudaGraph,
     nodes: usize,
     _chain: PhantomData<&'c ()>,
 }
@@ -273,7 +265,7 @@ impl Graph<'_> {
         self.dev.bind()?;
         // SAFETY: a valid executable graph; its kernels' buffers outlive `self` (borrow of the
         // chain, which borrows them).
-        unsafe { sys::cuGraphLaunch(self.exec, self.stream.raw()) }.call("cuGraphLaunch")
+        unsafe { self.exec.launch(self.stream.raw()) }
     }
 
     /// Kernel nodes captured (one per chain step).
@@ -288,24 +280,28 @@ impl Graph<'_> {
         let mut count = 0usize;
         // SAFETY: null arrays ask for the count only.
         unsafe {
-            sys::cuGraphGetEdges_v2(self.graph.0, null_mut(), null_mut(), null_mut(), &mut count)
-        }
-        .call("cuGraphGetEdges")?;
+            dg::graph_get_edges(
+                self.graph.raw(),
+                null_mut(),
+                null_mut(),
+                null_mut(),
+                &mut count,
+            )
+        }?;
         let mut from = vec![null_mut(); count];
         let mut to = vec![null_mut(); count];
         // SAFETY: zero is a valid edge-data value; arrays of `count` entries.
         let mut data: Vec<sys::CUgraphEdgeData> = vec![unsafe { std::mem::zeroed() }; count];
         // SAFETY: three arrays of `count` entries each.
         unsafe {
-            sys::cuGraphGetEdges_v2(
-                self.graph.0,
+            dg::graph_get_edges(
+                self.graph.raw(),
                 from.as_mut_ptr(),
                 to.as_mut_ptr(),
                 data.as_mut_ptr(),
                 &mut count,
             )
-        }
-        .call("cuGraphGetEdges")?;
+        }?;
         let programmatic = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
         Ok(data[..count]
             .iter()
@@ -316,11 +312,16 @@ impl Graph<'_> {
 
 impl Drop for Graph<'_> {
     fn drop(&mut self) {
-        if self.dev.bind().is_ok() {
-            // SAFETY: the executable graph is ours; the stream-ordered replays that use it keep
-            // their own reference in the driver. A failure cannot be reported from drop.
-            let _ = unsafe { sys::cuGraphExecDestroy(self.exec) };
-        }
-        // `self.graph` is destroyed by its own Drop after this.
+        // Bind the context for the handles' own drops (executable graph first, then the graph);
+        // replays in flight complete first (cuGraphExecDestroy). Failures cannot be reported.
+        let _ = self.dev.bind();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn finding_09_chain_graph_is_not_sync() {
+        crate::driver::graph::tests::assert_not_sync!(super::Graph<'static>);
     }
 }

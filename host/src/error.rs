@@ -187,6 +187,13 @@ pub enum Error {
     /// Every slot of a fence is held by an open (or forgotten) ticket.
     #[error("Fence::guard: all {slots} slots are held by open tickets; submit or drop tickets first, or make the fence with Fence::with_capacity and more slots")]
     TooManyOpenTickets { slots: usize },
+    /// A `Lane`, `SignalRef` or `TaskId` used with a `TaskGraph` other than the one that made it.
+    #[error("{what}: {detail}; lanes, signal slots and task ids are valid only in the TaskGraph that created them")]
+    ForeignHandle { what: &'static str, detail: String },
+    /// A host callback of a task graph panicked (caught on the driver thread, never unwound
+    /// across the FFI boundary); the run's later work still ran.
+    #[error("host callback `{task}` panicked: {message}; host callbacks must not panic (the panic was caught on the driver's callback thread and the rest of the run went on)")]
+    HostCallbackPanicked { task: String, message: String },
 }
 
 /// Attaches the name of the CUDA call to a driver error. Sticky errors (see [`is_sticky`]) become

@@ -1,1 +1,269 @@
-//! Driver wrappers: see [`super`]. Each function wraps one `cu*` call.
+//! Driver wrappers: see [`super`]. Each function wraps one `cu*` call: CUDA graphs (stream
+//! capture, instantiate, launch, destroy, edges), host callbacks (`cuLaunchHostFunc`), and the
+//! one RAII owner of each graph handle ([`CudaGraph`], [`GraphExec`]) plus the capture guard
+//! ([`CaptureGuard`]) that `chain.rs` and `ordering/graph` share.
+
+use std::ffi::c_void;
+use std::ptr::null_mut;
+
+use cudarc::driver::sys;
+
+use crate::error::{CudaCall, Result};
+
+/// `cuStreamBeginCapture_v2` in `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL` mode.
+///
+/// # Safety
+/// `stream` is a live stream of the current context.
+pub(crate) unsafe fn stream_begin_capture(stream: sys::CUstream) -> Result<()> {
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    sys::cuStreamBeginCapture_v2(stream, mode).call("cuStreamBeginCapture_v2")
+}
+
+/// `cuStreamEndCapture`: ends the capture begun on `stream` and returns the captured graph
+/// (null when the capture was invalidated; the caller owns a non-null one).
+///
+/// # Safety
+/// `stream` is a live stream of the current context that is capturing.
+pub(crate) unsafe fn stream_end_capture(stream: sys::CUstream) -> (sys::CUgraph, Result<()>) {
+    let mut graph: sys::CUgraph = null_mut();
+    let r = sys::cuStreamEndCapture(stream, &mut graph).call("cuStreamEndCapture");
+    (graph, r)
+}
+
+/// `cuStreamIsCapturing`: true while `stream` is capturing (active or invalidated capture).
+///
+/// # Safety
+/// `stream` is a live stream of the current context.
+pub(crate) unsafe fn stream_is_capturing(stream: sys::CUstream) -> Result<bool> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    sys::cuStreamIsCapturing(stream, &mut status).call("cuStreamIsCapturing")?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// `cuGraphInstantiateWithFlags` with flags 0.
+///
+/// # Safety
+/// `graph` is a live graph of the current context.
+pub(crate) unsafe fn graph_instantiate(graph: sys::CUgraph) -> Result<sys::CUgraphExec> {
+    let mut exec: sys::CUgraphExec = null_mut();
+    sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0).call("cuGraphInstantiateWithFlags")?;
+    Ok(exec)
+}
+
+/// `cuGraphLaunch`.
+///
+/// # Safety
+/// `exec` and `stream` are live handles of the current context; no other thread uses `exec`
+/// concurrently; everything the graph's nodes touch stays alive until the launch completes.
+pub(crate) unsafe fn graph_launch(exec: sys::CUgraphExec, stream: sys::CUstream) -> Result<()> {
+    sys::cuGraphLaunch(exec, stream).call("cuGraphLaunch")
+}
+
+/// `cuGraphExecDestroy`.
+///
+/// # Safety
+/// `exec` is a live executable graph, not used afterwards.
+pub(crate) unsafe fn graph_exec_destroy(exec: sys::CUgraphExec) -> Result<()> {
+    sys::cuGraphExecDestroy(exec).call("cuGraphExecDestroy")
+}
+
+/// `cuGraphDestroy`.
+///
+/// # Safety
+/// `graph` is a live graph, not used afterwards.
+pub(crate) unsafe fn graph_destroy(graph: sys::CUgraph) -> Result<()> {
+    sys::cuGraphDestroy(graph).call("cuGraphDestroy")
+}
+
+/// `cuGraphGetEdges_v2`: with null arrays, only the count; otherwise fills up to `*count` edges.
+///
+/// # Safety
+/// `graph` is live; each non-null array holds at least `*count` entries.
+pub(crate) unsafe fn graph_get_edges(
+    graph: sys::CUgraph,
+    from: *mut sys::CUgraphNode,
+    to: *mut sys::CUgraphNode,
+    data: *mut sys::CUgraphEdgeData,
+    count: &mut usize,
+) -> Result<()> {
+    sys::cuGraphGetEdges_v2(graph, from, to, data, count).call("cuGraphGetEdges_v2")
+}
+
+/// `cuLaunchHostFunc`: `f(data)` runs on a driver thread once the stream's earlier work is done.
+///
+/// # Safety
+/// `stream` is live; `data` stays valid until `f` has run (or, on error, was never handed over);
+/// `f` never unwinds and makes no CUDA call.
+pub(crate) unsafe fn launch_host_func(
+    stream: sys::CUstream,
+    f: unsafe extern "C" fn(*mut c_void),
+    data: *mut c_void,
+) -> Result<()> {
+    sys::cuLaunchHostFunc(stream, Some(f), data).call("cuLaunchHostFunc")
+}
+
+/// `cuLaunchKernelEx` (used by chain steps, which are captured into graphs).
+///
+/// # Safety
+/// `config`, `func` and `params` form a valid launch: parameters matching the kernel, every
+/// memory access in live allocations; the context is current.
+pub(crate) unsafe fn launch_kernel_ex(
+    config: &sys::CUlaunchConfig,
+    func: sys::CUfunction,
+    params: *mut *mut c_void,
+) -> Result<()> {
+    sys::cuLaunchKernelEx(config, func, params, null_mut()).call("cuLaunchKernelEx")
+}
+
+/// An owned `CUgraph`, destroyed on drop (`cuGraphDestroy`). `Send`, not `Sync`: CUDA graph
+/// objects are not internally synchronised.
+pub(crate) struct CudaGraph(sys::CUgraph);
+
+// SAFETY: a graph handle may be used from any thread, one at a time (no `Sync`).
+unsafe impl Send for CudaGraph {}
+
+impl CudaGraph {
+    pub(crate) fn raw(&self) -> sys::CUgraph {
+        self.0
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: the graph is ours and used by no one else; failures cannot be reported.
+            let _ = unsafe { graph_destroy(self.0) };
+        }
+    }
+}
+
+/// An owned `CUgraphExec`, destroyed on drop (`cuGraphExecDestroy`; a launch in flight completes
+/// first, per the CUDA documentation, but what its nodes touch must still be kept alive by the
+/// owner). `Send`, not `Sync`: launches of one executable graph must not race.
+pub(crate) struct GraphExec(sys::CUgraphExec);
+
+// SAFETY: an executable graph may be used from any thread, one at a time (no `Sync`).
+unsafe impl Send for GraphExec {}
+
+impl GraphExec {
+    /// Instantiates `graph` (`cuGraphInstantiateWithFlags`).
+    pub(crate) fn instantiate(graph: &CudaGraph) -> Result<Self> {
+        // SAFETY: a live graph owned by `graph`.
+        unsafe { graph_instantiate(graph.raw()) }.map(GraphExec)
+    }
+
+    /// `cuGraphLaunch` on `stream`. `&self` is enough: the type is not `Sync`, so launches
+    /// through it never race across threads.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of the graph's context; everything the nodes touch stays alive
+    /// until the launch completes.
+    pub(crate) unsafe fn launch(&self, stream: sys::CUstream) -> Result<()> {
+        graph_launch(self.0, stream)
+    }
+}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: ours, not used afterwards; failures cannot be reported.
+            let _ = unsafe { graph_exec_destroy(self.0) };
+        }
+    }
+}
+
+/// A stream capture in progress. [`CaptureGuard::end`] ends it and returns the graph; dropping
+/// the guard instead (an error path or a panic unwinding through the capture) joins the forked
+/// streams back, ends the capture and destroys the partial graph, so no stream is left in capture
+/// mode (where stream-ordered frees fail).
+pub(crate) struct CaptureGuard {
+    origin: crate::stream::Stream,
+    forked: Vec<crate::stream::Stream>,
+    active: bool,
+}
+
+impl CaptureGuard {
+    /// Begins a thread-local capture on `origin`; `forked` are the streams the capture will fork
+    /// to (joined back on every path).
+    pub(crate) fn begin(
+        origin: &crate::stream::Stream,
+        forked: Vec<crate::stream::Stream>,
+    ) -> Result<Self> {
+        // SAFETY: a live stream; the caller bound its context.
+        if unsafe { stream_is_capturing(origin.raw()) }? {
+            return Err(crate::error::Error::BadShape {
+                what: "stream capture",
+                detail: "the stream is already capturing; allowed: a stream outside any capture"
+                    .into(),
+            });
+        }
+        // SAFETY: as above.
+        unsafe { stream_begin_capture(origin.raw()) }?;
+        Ok(Self {
+            origin: origin.clone(),
+            forked,
+            active: true,
+        })
+    }
+
+    fn join_forked(&self) -> Result<()> {
+        for s in &self.forked {
+            self.origin
+                .cudarc()
+                .join(s.cudarc())
+                .call("cuStreamWaitEvent")?;
+        }
+        Ok(())
+    }
+
+    /// Joins the forked streams and ends the capture: the captured graph.
+    pub(crate) fn end(mut self) -> Result<CudaGraph> {
+        let joined = self.join_forked();
+        self.active = false;
+        // SAFETY: the capture begun in `begin` on a live stream.
+        let (graph, ended) = unsafe { stream_end_capture(self.origin.raw()) };
+        let graph = CudaGraph(graph);
+        joined?;
+        ended?;
+        Ok(graph)
+    }
+}
+
+impl Drop for CaptureGuard {
+    fn drop(&mut self) {
+        if self.active {
+            let _ = self.join_forked();
+            // SAFETY: the capture begun in `begin`; the partial graph (if any) is destroyed.
+            let (graph, _) = unsafe { stream_end_capture(self.origin.raw()) };
+            drop(CudaGraph(graph));
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    /// Compile-time "does not implement Sync" (the `static_assertions::assert_not_impl_any`
+    /// trick): with `T: Sync` both impls apply and the call is ambiguous, so it fails to compile.
+    macro_rules! assert_not_sync {
+        ($t:ty) => {{
+            trait AmbiguousIfSync<A> {
+                fn some_item() {}
+            }
+            impl<T: ?Sized> AmbiguousIfSync<()> for T {}
+            #[allow(dead_code)]
+            struct Invalid;
+            impl<T: ?Sized + Sync> AmbiguousIfSync<Invalid> for T {}
+            let _ = <$t as AmbiguousIfSync<_>>::some_item;
+        }};
+    }
+    pub(crate) use assert_not_sync;
+
+    #[test]
+    fn finding_09_graph_handles_are_send_but_not_sync() {
+        fn send<T: Send>() {}
+        send::<super::GraphExec>();
+        send::<super::CudaGraph>();
+        assert_not_sync!(super::GraphExec);
+        assert_not_sync!(super::CudaGraph);
+    }
+}

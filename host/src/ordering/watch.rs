@@ -3,13 +3,12 @@
 //! hang. Host-side polling only (`cuStreamQuery`, `cuEventQuery`), which never blocks behind GPU
 //! work.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{sys, CudaEvent};
-
-use super::graph::{GraphRun, Release};
-use super::signal::{Cmp, Releasable};
+use super::graph::GraphRun;
+use super::registry;
+use super::types::{PendingOp, Release};
+use crate::driver::memops;
 use crate::error::{CudaCall, Error, Result};
 use crate::stream::Stream;
 
@@ -46,41 +45,6 @@ impl<'a> From<&'a GraphRun> for Watched<'a> {
     }
 }
 
-/// An operation that had not completed when the bound passed.
-pub(crate) struct PendingOp {
-    pub what: String,
-    pub release: Option<Release>,
-}
-
-/// A signal wait enqueued by [`super::Signal::wait_until`], until it is seen complete.
-struct StreamWait {
-    /// Held so the handle cannot be reused by a new stream while the entry exists.
-    stream: Stream,
-    what: String,
-    release: Release,
-    done: CudaEvent,
-}
-
-static STREAM_WAITS: Mutex<Vec<StreamWait>> = Mutex::new(Vec::new());
-
-pub(crate) fn register_stream_wait(
-    stream: &Stream,
-    what: String,
-    signal: Arc<dyn Releasable>,
-    cmp: Cmp,
-    value: u64,
-    done: CudaEvent,
-) {
-    let mut waits = STREAM_WAITS.lock().unwrap_or_else(|e| e.into_inner());
-    waits.retain(|w| !matches!(w.done.try_is_complete(), Ok(true)));
-    waits.push(StreamWait {
-        stream: stream.clone(),
-        what,
-        release: Release { signal, cmp, value },
-        done,
-    });
-}
-
 impl Watched<'_> {
     fn describe(&self) -> String {
         match self {
@@ -91,14 +55,8 @@ impl Watched<'_> {
 
     fn is_complete(&self) -> Result<bool> {
         match self {
-            Watched::Stream(s) => {
-                // SAFETY: a live stream handle.
-                match unsafe { sys::cuStreamQuery(s.raw()) } {
-                    sys::CUresult::CUDA_SUCCESS => Ok(true),
-                    sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-                    e => e.call("cuStreamQuery").map(|_| false),
-                }
-            }
+            // SAFETY: a live stream handle (borrowed for the call).
+            Watched::Stream(s) => unsafe { memops::stream_query(s.raw()) },
             Watched::Run(r) => r.is_complete(),
         }
     }
@@ -107,16 +65,7 @@ impl Watched<'_> {
         match self {
             Watched::Run(r) => r.pending(),
             Watched::Stream(s) => {
-                let waits = STREAM_WAITS.lock().unwrap_or_else(|e| e.into_inner());
-                let mut out = Vec::new();
-                for w in waits.iter().filter(|w| w.stream == **s) {
-                    if !w.done.try_is_complete().call("cuEventQuery")? {
-                        out.push(PendingOp {
-                            what: format!("{} never fired", w.what),
-                            release: Some(w.release.clone()),
-                        });
-                    }
-                }
+                let mut out = registry::pending_on(s)?;
                 if out.is_empty() {
                     out.push(PendingOp {
                         what: "work queued on the stream (no warpline signal wait is pending)"
@@ -128,24 +77,38 @@ impl Watched<'_> {
             }
         }
     }
+
+    fn take_panic(&self) -> Option<Error> {
+        match self {
+            Watched::Run(r) => r.take_panic(),
+            Watched::Stream(_) => None,
+        }
+    }
 }
 
-/// Polls `done` with a short back-off until it is true or `deadline` passes.
-fn poll_until(deadline: Instant, mut done: impl FnMut() -> Result<bool>) -> Result<bool> {
+/// `now + bound`, or `None` (no deadline) when that is past what `Instant` can represent
+/// (`Duration::MAX`, say).
+fn deadline_after(now: Instant, bound: Duration) -> Option<Instant> {
+    now.checked_add(bound)
+}
+
+/// Polls `done` with a short back-off until it is true or `deadline` (if any) passes.
+fn poll_until(deadline: Option<Instant>, mut done: impl FnMut() -> Result<bool>) -> Result<bool> {
     let mut sleep = Duration::from_micros(20);
     loop {
         if done()? {
             return Ok(true);
         }
         let now = Instant::now();
-        if now >= deadline {
-            return Ok(false);
-        }
-        std::thread::sleep(sleep.min(deadline - now));
+        let nap = match deadline {
+            Some(d) if now >= d => return Ok(false),
+            Some(d) => sleep.min(d - now),
+            None => sleep,
+        };
+        std::thread::sleep(nap);
         sleep = (sleep * 2).min(Duration::from_millis(2));
     }
 }
-
 /// Fresh streams tried in turn when releasing: CUDA maps streams onto a limited set of hardware
 /// queues; a release written into the queue of the blocked wait would never run, so each attempt
 /// uses a new stream (likely another queue).
@@ -153,10 +116,13 @@ const RELEASE_ATTEMPTS: u32 = 4;
 
 /// Waits until `target` (a [`Stream`] or a [`GraphRun`]) has completed, or `bound` has passed.
 ///
-/// On time: `Ok(())`. After `bound`: [`Error::Timeout`] listing the pending operations (signal
+/// `bound` may be [`Duration::MAX`] (or anything past what [`Instant`] can represent): no
+/// deadline. On time: `Ok(())`, or [`Error::HostCallbackPanicked`] when a host callback of the run
+/// panicked (caught on the driver thread). After `bound`: [`Error::Timeout`] listing the pending operations (signal
 /// waits that never fired first; for a stream, the waits enqueued by [`super::Signal::wait_until`]
 /// on it), after applying `on_timeout` ([`OnTimeout::Release`]: pending waits are released by
-/// writing their signals from fresh streams and the call waits up to `bound` again for the work to
+/// writing their signals from fresh streams (waits registered without a release, such as a
+/// fence's, are listed but never written) and the call waits up to `bound` again for the work to
 /// drain; [`OnTimeout::Abandon`]: nothing is touched). Also [`Error::Cuda`] for an asynchronous
 /// error reported by `cuStreamQuery` / `cuEventQuery`.
 pub fn synchronize_timeout<'a>(
@@ -165,9 +131,12 @@ pub fn synchronize_timeout<'a>(
     on_timeout: OnTimeout,
 ) -> Result<()> {
     let target = target.into();
-    let deadline = Instant::now() + bound;
+    let deadline = deadline_after(Instant::now(), bound);
     if poll_until(deadline, || target.is_complete())? {
-        return Ok(());
+        return match target.take_panic() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        };
     }
     let pending = target.pending()?;
     let mut released = false;
@@ -200,9 +169,42 @@ fn release(target: &Watched<'_>, pending: &[PendingOp], bound: Duration) -> Resu
         for (r, v) in &writes {
             r.signal.write_on(&rescue, *v)?;
         }
-        if poll_until(Instant::now() + per_attempt, || target.is_complete())? {
+        if poll_until(deadline_after(Instant::now(), per_attempt), || {
+            target.is_complete()
+        })? {
             return Ok(true);
         }
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finding_16_duration_max_means_no_deadline() {
+        let now = Instant::now();
+        assert_eq!(deadline_after(now, Duration::MAX), None);
+        assert_eq!(
+            deadline_after(now, Duration::from_millis(5)),
+            Some(now + Duration::from_millis(5))
+        );
+        // With no deadline, polling ends when the work does (not by overflowing).
+        let mut calls = 0;
+        let done = poll_until(None, || {
+            calls += 1;
+            Ok(calls == 3)
+        })
+        .unwrap();
+        assert!(done && calls == 3);
+        // A passed deadline gives up after one query.
+        let mut calls = 0;
+        let done = poll_until(Some(now), || {
+            calls += 1;
+            Ok(false)
+        })
+        .unwrap();
+        assert!(!done && calls == 1);
+    }
 }

@@ -1,0 +1,285 @@
+//! Direct runs of a [`TaskGraph`] and the submission shared with capture: signal resets, the fork
+//! of the lanes, every task in plan order with events for cross-lane edges, and host callbacks
+//! behind an `extern "C"` trampoline that never unwinds.
+
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{sys, CudaEvent};
+
+use super::run::{GraphRun, RunState, RunTask};
+use super::{HostTask, Op, TaskContext, TaskGraph};
+use crate::device::Device;
+use crate::driver::{graph as dg, memops};
+use crate::error::{CudaCall, Error, Result};
+use crate::ordering::check::{EdgeKind, Plan};
+use crate::ordering::signal::Signal;
+use crate::stream::Stream;
+
+/// Panics caught in host callbacks: (task label, message).
+pub(crate) type PanicLog = Arc<Mutex<Vec<(String, String)>>>;
+
+/// What one `cuLaunchHostFunc` hands to the driver.
+pub(crate) struct HostCall {
+    task: Arc<HostTask>,
+    panics: PanicLog,
+}
+
+/// How the tasks are submitted.
+pub(super) enum Mode<'a> {
+    /// A direct run: signal operations are tracked, each host call is owned by its callback.
+    Direct,
+    /// Stream capture: untracked signal operations (the captured graph keeps the signals), host
+    /// calls kept in the list (the captured graph owns them), and signal edges become events.
+    #[allow(clippy::vec_box)] // boxed: the driver holds pointers to them
+    Capture(&'a mut Vec<Box<HostCall>>),
+}
+
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Runs the callback, catching a panic and recording it in the call's log.
+fn call_host(call: &HostCall) {
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        let mut f = call.task.f.lock().unwrap_or_else(|e| e.into_inner());
+        (*f)()
+    }));
+    if let Err(payload) = r {
+        let msg = panic_message(&*payload);
+        // A payload whose Drop panics must not unwind here either.
+        if let Err(p) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+            std::mem::forget(p);
+        }
+        let mut log = call.panics.lock().unwrap_or_else(|e| e.into_inner());
+        log.push((call.task.label.clone(), msg));
+    }
+}
+
+/// Trampoline for direct runs: consumes the `Box<HostCall>`; the box is dropped on the reaper
+/// thread (its closure may own things whose Drop calls CUDA, which a host callback must not).
+unsafe extern "C" fn run_owned(data: *mut c_void) {
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `data` came from Box::into_raw in `launch_host` and is consumed exactly once.
+        let call = unsafe { Box::from_raw(data as *mut HostCall) };
+        call_host(&call);
+        crate::memory::reaper::defer(move || drop(call));
+    }));
+    if let Err(p) = r {
+        std::mem::forget(p);
+    }
+}
+
+/// Trampoline for captured graphs: the `HostCall` is owned by the captured graph, which outlives
+/// every launch.
+unsafe extern "C" fn run_kept(data: *mut c_void) {
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: points into a Box kept by the CapturedGraph until its last launch completed.
+        let call = unsafe { &*(data as *const HostCall) };
+        call_host(call);
+    }));
+    if let Err(p) = r {
+        std::mem::forget(p);
+    }
+}
+
+fn launch_host(
+    stream: &Stream,
+    task: &Arc<HostTask>,
+    panics: &PanicLog,
+    mode: &mut Mode<'_>,
+) -> Result<()> {
+    let call = Box::new(HostCall {
+        task: task.clone(),
+        panics: panics.clone(),
+    });
+    match mode {
+        Mode::Direct => {
+            let data = Box::into_raw(call) as *mut c_void;
+            // SAFETY: run_owned consumes `data` once and never unwinds.
+            let r = unsafe { dg::launch_host_func(stream.raw(), run_owned, data) };
+            if r.is_err() {
+                // SAFETY: the driver did not take `data`.
+                drop(unsafe { Box::from_raw(data as *mut HostCall) });
+            }
+            r
+        }
+        Mode::Capture(keep) => {
+            let data = &*call as *const HostCall as *mut c_void;
+            keep.push(call);
+            // SAFETY: `data` stays valid while the CapturedGraph (which keeps the box) may run.
+            unsafe { dg::launch_host_func(stream.raw(), run_kept, data) }
+        }
+    }
+}
+
+pub(super) fn record(s: &Stream) -> Result<CudaEvent> {
+    s.cudarc()
+        .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+        .call("cuEventRecord")
+}
+
+/// The streams other than `streams[0]`, each once.
+pub(super) fn distinct_others(streams: &[Stream]) -> Vec<Stream> {
+    let mut out: Vec<Stream> = Vec::new();
+    for s in &streams[1..] {
+        if *s != streams[0] && !out.contains(s) {
+            out.push(s.clone());
+        }
+    }
+    out
+}
+
+impl TaskGraph {
+    /// Checks the graph, then enqueues one run: resets the bound signals to 0 on `streams[0]`
+    /// after every lane's earlier work (runs never overlap), submits the tasks in
+    /// [`Plan::order`] with an event for each explicit dependency across streams, and records an
+    /// event after every task (for [`crate::ordering::synchronize_timeout`], which also reports a
+    /// panicking host callback). Returns at once.
+    ///
+    /// `streams[i]` is lane `i`, `signals[j]` signal slot `j`; they must not be used by other work
+    /// while the run is pending. Errors: [`Error::Cycle`], [`Error::UnmatchedWait`],
+    /// [`Error::LengthMismatch`] for wrong bindings, errors of kernel closures, [`Error::Cuda`].
+    pub fn enqueue(
+        &self,
+        dev: &Device,
+        streams: &[Stream],
+        signals: &[&Signal<u64>],
+    ) -> Result<GraphRun> {
+        let plan = self.check()?;
+        self.check_bindings(streams, signals)?;
+        dev.bind()?;
+        let origin = &streams[0];
+        let others = distinct_others(streams);
+        for s in &others {
+            origin.cudarc().join(s.cudarc()).call("cuStreamWaitEvent")?;
+        }
+        let panics = PanicLog::default();
+        let done = self.submit(dev, &plan, streams, signals, &panics, Mode::Direct)?;
+        let mut tails = Vec::new();
+        for s in std::iter::once(origin).chain(others.iter()) {
+            tails.push(record(s)?);
+        }
+        let tasks = self
+            .tasks
+            .iter()
+            .zip(done)
+            .map(|(t, ev)| RunTask {
+                what: self.describe(t, signals),
+                release: self.release_of(t, signals),
+                done: ev,
+            })
+            .collect();
+        Ok(GraphRun::new(
+            format!("task graph run ({} tasks)", self.tasks.len()),
+            RunState::Direct { tasks, tails },
+            panics,
+            streams.to_vec(),
+        ))
+    }
+
+    /// Resets the signals, forks the lanes from `streams[0]` and submits every task in plan order.
+    /// Returns the event recorded after each task.
+    pub(super) fn submit(
+        &self,
+        dev: &Device,
+        plan: &Plan,
+        streams: &[Stream],
+        signals: &[&Signal<u64>],
+        panics: &PanicLog,
+        mut mode: Mode<'_>,
+    ) -> Result<Vec<CudaEvent>> {
+        let capturing = matches!(mode, Mode::Capture(_));
+        let origin = &streams[0];
+        for s in signals {
+            if capturing {
+                // SAFETY: the captured graph keeps the signal; the caller ordered `origin` after
+                // its zeroing before the capture began.
+                unsafe { s.write_untracked(origin, 0) }?
+            } else {
+                s.enqueue_write(origin, 0)?
+            }
+        }
+        let fork = record(origin)?;
+        for s in distinct_others(streams) {
+            s.cudarc().wait(&fork).call("cuStreamWaitEvent")?;
+        }
+        let mut incoming: Vec<Vec<usize>> = vec![Vec::new(); self.tasks.len()];
+        for e in plan.edges() {
+            if e.kind == EdgeKind::Dependency || (capturing && e.kind == EdgeKind::Signal) {
+                incoming[e.to.index()].push(e.from.index());
+            }
+        }
+        let mut done: Vec<Option<CudaEvent>> = (0..self.tasks.len()).map(|_| None).collect();
+        for &id in plan.order() {
+            let task = &self.tasks[id.index()];
+            let stream = &streams[task.lane];
+            for &from in &incoming[id.index()] {
+                if streams[self.tasks[from].lane] != *stream {
+                    let ev = done[from].as_ref().ok_or_else(|| Error::BadShape {
+                        what: "task graph plan",
+                        detail: format!("task {from} is not submitted before its successor"),
+                    })?;
+                    stream.cudarc().wait(ev).call("cuStreamWaitEvent")?;
+                }
+            }
+            match &task.op {
+                Op::Kernel(f) => f(&TaskContext {
+                    dev,
+                    stream,
+                    graph: self.id,
+                    signals,
+                })?,
+                // SAFETY: TaskGraph::copy's contract: live, non-overlapping allocations.
+                Op::Copy { dst, src, bytes } => {
+                    unsafe { memops::memcpy_dtod_async(*dst, *src, *bytes, stream.raw()) }?
+                }
+                Op::Wait { signal, cmp, value } => {
+                    let s = signals[*signal];
+                    if capturing {
+                        // SAFETY: as for the resets above.
+                        unsafe { s.wait_untracked(stream, *cmp, *value) }?
+                    } else {
+                        s.enqueue_wait(stream, *cmp, *value)?
+                    }
+                }
+                Op::Set { signal, value } => {
+                    let s = signals[*signal];
+                    if capturing {
+                        // SAFETY: as for the resets above.
+                        unsafe { s.write_untracked(stream, *value) }?
+                    } else {
+                        s.enqueue_write(stream, *value)?
+                    }
+                }
+                Op::Add { signal, value } => {
+                    let s = signals[*signal];
+                    if capturing {
+                        // SAFETY: as for the resets above.
+                        unsafe { s.add_untracked(dev, stream, *value) }?
+                    } else {
+                        s.add(dev, stream, *value)?
+                    }
+                }
+                Op::Host(f) => launch_host(stream, f, panics, &mut mode)?,
+            }
+            done[id.index()] = Some(record(stream)?);
+        }
+        done.into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                e.ok_or_else(|| Error::BadShape {
+                    what: "task graph plan",
+                    detail: format!("task {i} is missing from the submission order"),
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,241 @@
+//! `TaskGraph`: kernels, copies, signal waits/sets/adds and host callbacks on logical streams
+//! ("lanes") with explicit dependencies, checked for cycles and unsatisfiable waits (including the
+//! signal edges CUDA cannot see) before anything is enqueued, then enqueued producer-first with
+//! events for cross-stream dependencies, or captured into a CUDA graph in which every edge is
+//! CUDA-visible.
+//!
+//! Seams: [`build`] (adding lanes, signals, tasks, dependencies), this file (the graph, handles,
+//! the check), [`enqueue`] (direct runs and the submission shared with capture, host callbacks),
+//! [`capture`] (CUDA graph capture and [`CapturedGraph`]), [`run`] ([`GraphRun`]).
+
+mod build;
+mod capture;
+mod enqueue;
+mod run;
+
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::check::{self, Plan, Shape, TaskId, TaskView};
+use super::signal::Signal;
+use super::types::{Cmp, Release};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::stream::Stream;
+
+pub use capture::CapturedGraph;
+pub use run::GraphRun;
+
+/// A logical stream of a [`TaskGraph`]; bound to a real [`Stream`] when the graph runs. Valid
+/// only in the graph that made it ([`Error::ForeignHandle`] otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lane {
+    graph: u64,
+    index: usize,
+}
+
+/// A logical signal of a [`TaskGraph`]; bound to a real [`Signal`] when the graph runs. Valid
+/// only in the graph that made it ([`Error::ForeignHandle`] otherwise).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SignalRef {
+    graph: u64,
+    index: usize,
+}
+
+/// What a kernel task's closure gets: the device, its stream, and the bound signals.
+pub struct TaskContext<'a> {
+    /// The device.
+    pub dev: &'a Device,
+    /// The stream the task's lane is bound to: enqueue on this one only.
+    pub stream: &'a Stream,
+    graph: u64,
+    signals: &'a [&'a Signal<u64>],
+}
+
+impl TaskContext<'_> {
+    /// The signal bound to `s` (for kernels that use signals device-side).
+    /// Errors: [`Error::ForeignHandle`] for a slot of another graph.
+    pub fn signal(&self, s: SignalRef) -> Result<&Signal<u64>> {
+        if s.graph != self.graph {
+            return Err(foreign(
+                "TaskContext::signal",
+                "signal slot",
+                s.graph,
+                self.graph,
+            ));
+        }
+        Ok(self.signals[s.index])
+    }
+}
+
+type LaunchFn = dyn Fn(&TaskContext<'_>) -> Result<()> + Send + Sync;
+
+/// A host callback task's closure and label (for panic reports).
+pub(crate) struct HostTask {
+    label: String,
+    f: Mutex<Box<dyn FnMut() + Send>>,
+}
+
+enum Op {
+    Kernel(Arc<LaunchFn>),
+    Copy { dst: u64, src: u64, bytes: usize },
+    Wait { signal: usize, cmp: Cmp, value: u64 },
+    Set { signal: usize, value: u64 },
+    Add { signal: usize, value: u64 },
+    Host(Arc<HostTask>),
+}
+
+struct Task {
+    lane: usize,
+    label: String,
+    op: Op,
+}
+
+static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
+
+fn foreign(what: &'static str, kind: &str, got: u64, this: u64) -> Error {
+    Error::ForeignHandle {
+        what,
+        detail: format!("the {kind} belongs to task graph #{got}, not to this one (#{this})"),
+    }
+}
+
+/// Tasks on lanes with explicit dependencies. Build it without a GPU; [`TaskGraph::check`] is pure
+/// CPU code. Signals start every run at 0 (the run resets them), so set/wait values are per run.
+///
+/// Rules enforced (`docs/ordering.md`): the full graph (explicit dependencies, each lane's order,
+/// every signal set/add -> each wait it can help satisfy) must be acyclic ([`Error::Cycle`] names
+/// a cycle); every wait's value must be reachable from 0 by the sets and adds that are not ordered
+/// after it ([`Error::UnmatchedWait`]); tasks are submitted in a topological order of the full
+/// graph, so every signal's producer is enqueued before its waiter and no FIFO merging of streams
+/// that CUDA may choose can close a cycle. Kernels that spin on signals device-side hold SMs: give
+/// them an explicit dependency on their producer.
+pub struct TaskGraph {
+    id: u64,
+    lanes: Vec<String>,
+    signals: Vec<String>,
+    tasks: Vec<Task>,
+    deps: Vec<(usize, usize)>,
+    keep: Vec<Arc<dyn Any + Send + Sync>>,
+}
+
+impl Default for TaskGraph {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TaskGraph {
+    /// An empty graph with a process-unique id (stamped into its lanes, signal slots and tasks).
+    pub fn new() -> Self {
+        Self {
+            id: NEXT_GRAPH.fetch_add(1, Ordering::Relaxed),
+            lanes: Vec::new(),
+            signals: Vec::new(),
+            tasks: Vec::new(),
+            deps: Vec::new(),
+            keep: Vec::new(),
+        }
+    }
+
+    /// Number of tasks.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// True without tasks.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Label of task `t`. Errors: [`Error::ForeignHandle`] for a task of another graph.
+    pub fn label(&self, t: TaskId) -> Result<&str> {
+        Ok(&self.tasks[self.task_index("TaskGraph::label", t)?].label)
+    }
+
+    fn lane_index(&self, what: &'static str, l: Lane) -> Result<usize> {
+        if l.graph != self.id {
+            return Err(foreign(what, "lane", l.graph, self.id));
+        }
+        Ok(l.index)
+    }
+
+    fn signal_index(&self, what: &'static str, s: SignalRef) -> Result<usize> {
+        if s.graph != self.id {
+            return Err(foreign(what, "signal slot", s.graph, self.id));
+        }
+        Ok(s.index)
+    }
+
+    fn task_index(&self, what: &'static str, t: TaskId) -> Result<usize> {
+        if t.graph != self.id {
+            return Err(foreign(what, "task id", t.graph, self.id));
+        }
+        Ok(t.index)
+    }
+
+    /// Pure-CPU check: builds the full graph and returns the submission order.
+    /// Errors: [`Error::Cycle`], [`Error::UnmatchedWait`].
+    pub fn check(&self) -> Result<Plan> {
+        let views: Vec<TaskView<'_>> = self
+            .tasks
+            .iter()
+            .map(|t| TaskView {
+                lane: t.lane,
+                label: &t.label,
+                shape: match t.op {
+                    Op::Wait { signal, cmp, value } => Shape::Wait { signal, cmp, value },
+                    Op::Set { signal, value } => Shape::Set { signal, value },
+                    Op::Add { signal, value } => Shape::Add { signal, value },
+                    _ => Shape::Work,
+                },
+            })
+            .collect();
+        check::plan(self.id, &views, &self.deps, &self.lanes, &self.signals)
+    }
+
+    fn check_bindings(&self, streams: &[Stream], signals: &[&Signal<u64>]) -> Result<()> {
+        if streams.len() != self.lanes.len() || signals.len() != self.signals.len() {
+            return Err(Error::LengthMismatch {
+                what: "task graph bindings",
+                detail: format!(
+                    "{} streams for {} lanes and {} signals for {} signal slots; one each is needed",
+                    streams.len(),
+                    self.lanes.len(),
+                    signals.len(),
+                    self.signals.len()
+                ),
+            });
+        }
+        if streams.is_empty() {
+            return Err(Error::Empty {
+                what: "task graph lanes",
+            });
+        }
+        Ok(())
+    }
+
+    fn describe(&self, t: &Task, signals: &[&Signal<u64>]) -> String {
+        let lane = &self.lanes[t.lane];
+        match &t.op {
+            Op::Wait { signal, cmp, value } => format!(
+                "signal wait `{}` on stream `{lane}`: `{}` {cmp} {value} never fired",
+                t.label,
+                signals[*signal].label()
+            ),
+            _ => format!("task `{}` on stream `{lane}`", t.label),
+        }
+    }
+
+    fn release_of(&self, t: &Task, signals: &[&Signal<u64>]) -> Option<Release> {
+        match t.op {
+            Op::Wait { signal, cmp, value } => Some(Release {
+                signal: Arc::new(signals[signal].clone()),
+                cmp,
+                value,
+            }),
+            _ => None,
+        }
+    }
+}
