@@ -27,3 +27,132 @@ fn ws_vector_add_uses_cp_async_and_mbarriers() {
         assert!(body.contains(needle), "ws_vector_add lacks `{needle}`");
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Finding 12 (device part): PDL consumers read nothing the primary may write before the wait.
+// ------------------------------------------------------------------------------------------------
+
+/// Registers of a PTX `operand` list (`%rd8`, `[%rd12+4]`, `{%r1, %r2}` ...).
+fn registers(operands: &str) -> Vec<&str> {
+    operands
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '%' || c == '_'))
+        .filter(|t| t.starts_with('%'))
+        .collect()
+}
+
+/// The loads (any `ld` but `ld.param`, and `cp.async`/`prefetch` reads) in `body` textually before
+/// the first `marker` whose address is derived from the kernel parameter `param` (the register
+/// `ld.param` loads it into, and every register an instruction computes from a derived one).
+/// Textual order is the order of the straight-line prologue the PTX emits before the marker.
+fn param_loads_before(body: &str, param: &str, marker: &str) -> Vec<String> {
+    let end = body
+        .find(marker)
+        .unwrap_or_else(|| panic!("`{marker}` not found in:\n{body}"));
+    let mut derived: Vec<String> = Vec::new();
+    let mut loads = Vec::new();
+    for line in body[..end].lines() {
+        let inst = line.trim().trim_end_matches(';');
+        if inst.is_empty() || inst.starts_with("//") || inst.starts_with('.') {
+            continue;
+        }
+        // Drop a predicate guard (`@%p1 ...`).
+        let inst = if inst.starts_with('@') {
+            inst.split_once(char::is_whitespace)
+                .map_or("", |x| x.1)
+                .trim()
+        } else {
+            inst
+        };
+        let Some((op, operands)) = inst.split_once(char::is_whitespace) else {
+            continue;
+        };
+        if op.starts_with("ld.param") {
+            if operands.contains(&format!("[{param}]")) {
+                derived.extend(registers(operands).first().map(|r| r.to_string()));
+            }
+            continue;
+        }
+        let regs = registers(operands);
+        let reads_derived = regs.iter().skip(1).any(|r| derived.iter().any(|d| d == r));
+        let is_load =
+            op.starts_with("ld.") || op.starts_with("cp.async") || op.starts_with("prefetch");
+        if is_load {
+            // The address is the bracketed operand.
+            let addr = operands.split('[').nth(1).unwrap_or("");
+            if registers(addr)
+                .iter()
+                .any(|r| derived.iter().any(|d| d == r))
+            {
+                loads.push(inst.to_string());
+            }
+        } else if reads_derived {
+            if let Some(dst) = regs.first() {
+                derived.push(dst.to_string());
+            }
+        }
+    }
+    loads
+}
+
+#[test]
+fn finding_12_param_load_checker_sees_a_load_hoisted_above_the_wait() {
+    // The old pdl_consumer prologue, as rustc emitted it: scale[first] loaded before the wait.
+    let old = "\
+        ld.param.b64 	%rd8, [pdl_consumer_param_1];
+        cvta.to.global.u64 	%rd2, %rd8;
+        mul.wide.u32 	%rd10, %r3, %r2;
+        shl.b64 	%rd11, %rd10, 2;
+        add.s64 	%rd12, %rd2, %rd11;
+        @%p1 ld.global.b32 	%r5, [%rd12];
+        griddepcontrol.wait;";
+    let found = param_loads_before(old, "pdl_consumer_param_1", "griddepcontrol.wait");
+    assert_eq!(found, ["ld.global.b32 \t%r5, [%rd12]"]);
+    assert!(param_loads_before(old, "pdl_consumer_param_0", "griddepcontrol.wait").is_empty());
+}
+
+#[test]
+fn finding_12_pdl_consumer_reads_no_global_memory_before_griddepcontrol_wait() {
+    let body = entry_body(warpline_gpu::contract::pdl::CONSUMER_KERNEL);
+    // Parameters: 0 buf (the producer's output), 1 scale (any previous kernel may write it),
+    // 2 out, 3 n.
+    for param in ["pdl_consumer_param_0", "pdl_consumer_param_1"] {
+        let early = param_loads_before(body, param, "griddepcontrol.wait");
+        assert!(
+            early.is_empty(),
+            "pdl_consumer loads from {param} before griddepcontrol.wait: {early:?}\n{body}"
+        );
+    }
+    let prologue = &body[..body.find("griddepcontrol.wait").unwrap()];
+    assert!(
+        !prologue.contains("ld.global")
+            && !prologue.contains("ld.b32")
+            && !prologue.contains("ld.f32"),
+        "pdl_consumer reads memory before griddepcontrol.wait:\n{prologue}"
+    );
+    // ... and it does read both after the wait.
+    let after = &body[body.find("griddepcontrol.wait").unwrap()..];
+    assert!(after.matches("ld.global").count() >= 2, "{after}");
+}
+
+#[test]
+fn finding_12_every_pdl_kernel_that_waits_reads_its_dependent_inputs_after_the_wait() {
+    use warpline_gpu::contract::pdl;
+    // (kernel, parameters the previous kernel on the stream may write)
+    for (kernel, params) in [
+        (pdl::PRODUCER_KERNEL, &["param_0", "param_1"][..]),
+        (pdl::CONSUMER_KERNEL, &["param_0", "param_1"][..]),
+        (pdl::CHAIN_STEP_KERNEL, &["param_0"][..]),
+        // secondary_gemm: A (= the primary's C) only; B is read before the wait by contract.
+        (pdl::SECONDARY_GEMM_KERNEL, &["param_0"][..]),
+    ] {
+        let body = entry_body(kernel);
+        for p in params {
+            let param = format!("{kernel}_{p}");
+            let early = param_loads_before(body, &param, "griddepcontrol.wait");
+            assert!(
+                early.is_empty(),
+                "{kernel} reads {param} before the wait: {early:?}"
+            );
+        }
+    }
+}

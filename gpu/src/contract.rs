@@ -199,7 +199,8 @@ pub mod pdl {
     pub const PRODUCER_KERNEL: &str = "pdl_producer";
     /// Test-only producer that triggers *before* its stores (negative control).
     pub const EARLY_TRIGGER_KERNEL: &str = "pdl_producer_early_trigger";
-    /// Consumer of the pair: loads `scale` (independent), waits, `out[i] = buf[i] * scale[i]`.
+    /// Consumer of the pair: waits, then `out[i] = buf[i] * scale[i]` (no global read before the
+    /// wait: the previous kernel may write `scale` as well as `buf`).
     pub const CONSUMER_KERNEL: &str = "pdl_consumer";
     /// Test-only consumer that reads `buf` *without* waiting (negative control).
     pub const CONSUMER_NO_WAIT_KERNEL: &str = "pdl_consumer_no_wait";

@@ -6,6 +6,10 @@
 //! - for the host as an ordinary rlib that exposes [`contract`] only, so the host launchers and the
 //!   kernels read the same tile sizes, warp roles and shared-memory layout.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
+// Device code is linted on its own build (`cargo xtask clippy-ptx`, part of `cargo xtask test`):
+// every unsafe operation in its own documented block, every public item documented.
+#![deny(unsafe_op_in_unsafe_fn, missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 #![cfg_attr(
     target_arch = "nvptx64",
     feature(abi_ptx, stdarch_nvptx, asm_experimental_arch)
@@ -22,5 +26,6 @@ mod kernels;
 #[panic_handler]
 fn panic(_: &core::panic::PanicInfo) -> ! {
     // A device panic traps the kernel; the host sees CUDA_ERROR_LAUNCH_FAILED.
+    // SAFETY: `trap` aborts the kernel; it has no preconditions.
     unsafe { core::arch::nvptx::trap() }
 }

@@ -49,3 +49,119 @@ fn bad_arguments_are_rejected_with_a_message() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--b"));
 }
+
+// ------------------------------------------------------------------------------------------------
+// Finding 17 (issue 9): flags are checked before the device is opened (exit 2, a message naming
+// the flag and what is allowed), sizes against memory before allocating, .npy errors say what is
+// wrong. These run the same with and without a GPU.
+// ------------------------------------------------------------------------------------------------
+
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let out = warpline().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    (out.status.code(), stderr)
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("warpline-cli-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn finding_17_pipeline_batch_elems_zero_with_input_files_is_bad_usage_not_a_division_by_zero() {
+    let d = temp_dir("be0");
+    let (a, b) = (d.join("a.npy"), d.join("b.npy"));
+    let data: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+    warpline::npy::write_f32(&a, &[1000], &data).unwrap();
+    warpline::npy::write_f32(&b, &[1000], &data).unwrap();
+    let (code, stderr) = run(&[
+        "pipeline",
+        "--a",
+        a.to_str().unwrap(),
+        "--b",
+        b.to_str().unwrap(),
+        "--batch-elems",
+        "0",
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("bad usage"), "{stderr}");
+    assert!(stderr.contains("--batch-elems 0"), "{stderr}");
+    assert!(stderr.contains("at least 1"), "{stderr}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn finding_17_gemm_huge_tiles_is_refused_naming_bytes_needed_and_available() {
+    // 10^9 tiles: A, B, C read-back, kept C (4 x 4 bytes) + f64 reference (8 bytes) per float.
+    let (code, stderr) = run(&["gemm", "--tiles", "1000000000"]);
+    let needed = 1_000_000_000u64 * 16384 * 24;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--tiles 1000000000"), "{stderr}");
+    assert!(stderr.contains(&format!("{needed} bytes")), "{stderr}");
+    assert!(stderr.contains("host memory"), "{stderr}");
+    assert!(stderr.contains("available"), "{stderr}");
+    // Beyond what the kernel's u32 tile count allows: refused by range, not by memory.
+    let (code, stderr) = run(&["gemm", "--tiles", "99999999999"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("between 1 and"), "{stderr}");
+}
+
+#[test]
+fn finding_17_bad_flags_are_reported_before_the_device_is_opened() {
+    for (args, flag) in [
+        (&["pipeline", "--streams", "0"][..], "--streams 0"),
+        (&["pipeline", "--streams", "33"][..], "--streams 33"),
+        (&["pipeline", "--batches", "0"][..], "--batches 0"),
+        (&["pipeline", "--batch-elems", "0"][..], "--batch-elems 0"),
+        (
+            &[
+                "pipeline",
+                "--batches",
+                "4294967296",
+                "--batch-elems",
+                "4294967296",
+            ][..],
+            "overflows",
+        ),
+        (&["gemm", "--cluster", "3"][..], "--cluster 3"),
+        (&["gemm", "--tiles", "0"][..], "--tiles 0"),
+        (&["gemm", "--streams", "0"][..], "--streams 0"),
+        (&["gemm", "--reps", "0"][..], "--reps 0"),
+    ] {
+        let (code, stderr) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("bad usage"), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        assert!(!stderr.contains("no GPU"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn finding_17_truncated_npy_input_is_reported_as_truncated_before_the_device() {
+    let d = temp_dir("trunc");
+    let a = d.join("a.npy");
+    let data: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+    warpline::npy::write_f32(&a, &[1000], &data).unwrap();
+    let len = std::fs::metadata(&a).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&a)
+        .unwrap()
+        .set_len(len - 400)
+        .unwrap();
+    let (code, stderr) = run(&[
+        "pipeline",
+        "--a",
+        a.to_str().unwrap(),
+        "--b",
+        a.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("truncated"), "{stderr}");
+    assert!(stderr.contains("4000 bytes"), "{stderr}");
+    assert!(stderr.contains("3600 bytes"), "{stderr}");
+    assert!(!stderr.contains("dtype"), "{stderr}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

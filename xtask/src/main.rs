@@ -1,4 +1,4 @@
-//! warpline's project commands: `cargo xtask setup | build-ptx | test | gpu-bundle`.
+//! warpline's project commands: `cargo xtask setup | build-ptx | clippy-ptx | test | gpu-bundle`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -17,8 +17,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what building PTX needs (Debian rustc-web, cargo-web, rust-web-src; ptxas from the
-    /// PyPI package nvidia-cuda-nvcc). Idempotent.
+    /// Install what building and linting PTX needs (Debian rustc-web, cargo-web, rust-web-src,
+    /// rust-web-clippy; ptxas from the PyPI package nvidia-cuda-nvcc). Idempotent.
     Setup,
     /// Build `gpu/` for nvptx64-nvidia-cuda (sm_90, PTX ISA 8.0) into target/ptx/warpline_gpu.ptx
     /// and, where ptxas is present, assemble it for sm_90 and print each kernel's resources.
@@ -27,8 +27,12 @@ enum Cmd {
         #[arg(long)]
         require_ptxas: bool,
     },
-    /// The project's test command: build-ptx (ptxas required), cargo fmt --check, clippy with
-    /// -D warnings, cargo test --workspace.
+    /// Lint the device crate on its own nvptx64 build with the device toolchain's clippy
+    /// (rust-web-clippy), `-D warnings`; gpu/src/lib.rs denies unsafe_op_in_unsafe_fn,
+    /// missing_docs, clippy::undocumented_unsafe_blocks and clippy::missing_safety_doc.
+    ClippyPtx,
+    /// The project's test command: build-ptx (ptxas required), clippy-ptx, cargo fmt --check,
+    /// clippy with -D warnings, cargo test --workspace.
     Test,
     /// Release test binaries, the CLI and bench binaries, stripped, with the PTX and run.sh, in
     /// target/gpu-bundle: runs on a GPU host that has no Rust toolchain.
@@ -42,6 +46,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Setup => setup(),
         Cmd::BuildPtx { require_ptxas } => build_ptx(require_ptxas),
+        Cmd::ClippyPtx => clippy_ptx(),
         Cmd::Test => test(),
         Cmd::GpuBundle => gpu_bundle(),
     };
@@ -72,6 +77,14 @@ fn ptx_path() -> PathBuf {
 const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 const DEBIAN_CARGO: &str = "/usr/bin/cargo";
 const DEBIAN_RUST_SRC: &str = "/usr/lib/rustlib/src/rust/library/core";
+/// Debian's clippy for the same rustc (package rust-web-clippy).
+const DEBIAN_CARGO_CLIPPY: &str = "/usr/bin/cargo-clippy";
+const DEBIAN_CLIPPY_DRIVER: &str = "/usr/bin/clippy-driver";
+/// Code generation flags of the device build (sm_90, PTX ISA 8.0; the "linker" is a no-op: the
+/// PTX is the post-LTO assembly).
+const DEVICE_RUSTFLAGS: &str = "-C target-cpu=sm_90 -C target-feature=+ptx80 -C linker=/bin/true";
+/// Debian packages of the device toolchain.
+const DEVICE_PACKAGES: [&str; 4] = ["rustc-web", "cargo-web", "rust-web-src", "rust-web-clippy"];
 
 fn run(cmd: &mut Command) -> Result<()> {
     let shown = format!("{cmd:?}");
@@ -86,15 +99,21 @@ fn run(cmd: &mut Command) -> Result<()> {
 }
 
 fn setup() -> Result<()> {
-    let have_rustc = Path::new(DEBIAN_RUSTC).exists()
-        && Path::new(DEBIAN_CARGO).exists()
-        && Path::new(DEBIAN_RUST_SRC).exists();
+    let have_rustc = [
+        DEBIAN_RUSTC,
+        DEBIAN_CARGO,
+        DEBIAN_RUST_SRC,
+        DEBIAN_CARGO_CLIPPY,
+        DEBIAN_CLIPPY_DRIVER,
+    ]
+    .iter()
+    .all(|p| Path::new(p).exists());
     if have_rustc {
         println!(
-            "setup: device toolchain already there ({DEBIAN_RUSTC}, {DEBIAN_CARGO}, rust-web-src)"
+            "setup: device toolchain already there ({DEBIAN_RUSTC}, {DEBIAN_CARGO}, rust-web-src, {DEBIAN_CARGO_CLIPPY})"
         );
     } else {
-        println!("setup: installing Debian rustc-web cargo-web rust-web-src");
+        println!("setup: installing Debian {}", DEVICE_PACKAGES.join(" "));
         let sudo = !is_root();
         let apt = |args: &[&str]| {
             let mut c = if sudo {
@@ -109,14 +128,9 @@ fn setup() -> Result<()> {
             run(&mut c)
         };
         apt(&["update", "-qq"])?;
-        apt(&[
-            "install",
-            "-y",
-            "-qq",
-            "rustc-web",
-            "cargo-web",
-            "rust-web-src",
-        ])?;
+        let mut args = vec!["install", "-y", "-qq"];
+        args.extend(DEVICE_PACKAGES);
+        apt(&args)?;
     }
     match ptxas::find() {
         Some(p) => println!("setup: ptxas already there ({})", p.display()),
@@ -154,15 +168,23 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn build_ptx(require_ptxas: bool) -> Result<()> {
+/// A command of the device toolchain (`program`: Debian's cargo or cargo-clippy) for the nvptx64
+/// build of `gpu/`, with the variables of this (rustup) process cleared so that the device build
+/// is the same from xtask, CI and a shell.
+fn device_cargo(program: &str, rustflags: &str) -> Result<Command> {
     if !Path::new(DEBIAN_RUSTC).exists() || !Path::new(DEBIAN_RUST_SRC).exists() {
         return Err(format!(
             "the device toolchain is missing ({DEBIAN_RUSTC} with rust-web-src); run `cargo xtask setup`"
         ));
     }
+    if !Path::new(program).exists() {
+        return Err(format!(
+            "{program} is missing (Debian packages {}); run `cargo xtask setup`",
+            DEVICE_PACKAGES.join(" ")
+        ));
+    }
     let root = root();
-    let target_dir = root.join("target/nvptx");
-    let mut cmd = Command::new(DEBIAN_CARGO);
+    let mut cmd = Command::new(program);
     // Start from a clean slate: this process runs under rustup's cargo, whose variables must not
     // leak into the device build (toolchain pin, wrappers, flags, target dir).
     for var in [
@@ -179,21 +201,43 @@ fn build_ptx(require_ptxas: bool) -> Result<()> {
     ] {
         cmd.env_remove(var);
     }
+    // cargo-clippy runs `$CARGO` and finds clippy-driver next to itself; rustup's proxies
+    // (~/.cargo/bin) must not come first on PATH.
+    let path = std::env::var("PATH").unwrap_or_default();
+    let path: Vec<&str> = path
+        .split(':')
+        .filter(|d| !d.ends_with("/.cargo/bin"))
+        .collect();
     cmd.current_dir(&root)
+        .env("PATH", format!("/usr/bin:{}", path.join(":")))
+        .env("CARGO", DEBIAN_CARGO)
         .env("RUSTC", DEBIAN_RUSTC)
         .env("RUSTC_BOOTSTRAP", "1")
-        .env(
-            "RUSTFLAGS",
-            "-C target-cpu=sm_90 -C target-feature=+ptx80 -C linker=/bin/true --emit=asm -A warnings",
-        )
+        .env("RUSTFLAGS", rustflags)
         .env("CARGO_PROFILE_RELEASE_LTO", "fat")
         .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
         .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
         .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
-        .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
-        .args(["build", "--release", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core", "-p", "warpline-gpu"])
-        .arg("--target-dir")
-        .arg(&target_dir);
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "false");
+    Ok(cmd)
+}
+
+/// The cargo arguments (after the subcommand) of the device build.
+const DEVICE_ARGS: [&str; 7] = [
+    "--release",
+    "--target",
+    "nvptx64-nvidia-cuda",
+    "-Zbuild-std=core",
+    "-p",
+    "warpline-gpu",
+    "--target-dir",
+];
+
+fn build_ptx(require_ptxas: bool) -> Result<()> {
+    let target_dir = root().join("target/nvptx");
+    // Warnings are shown (not allowed away); `clippy-ptx` denies them.
+    let mut cmd = device_cargo(DEBIAN_CARGO, &format!("{DEVICE_RUSTFLAGS} --emit=asm"))?;
+    cmd.arg("build").args(DEVICE_ARGS).arg(&target_dir);
     println!("build-ptx: building gpu/ for nvptx64-nvidia-cuda (sm_90, PTX ISA 8.0)");
     run(&mut cmd)?;
     let built = target_dir.join("nvptx64-nvidia-cuda/release/deps/warpline_gpu.s");
@@ -219,12 +263,27 @@ fn build_ptx(require_ptxas: bool) -> Result<()> {
     Ok(())
 }
 
+/// Clippy over the nvptx64 build of `gpu/` (the device code is cfg'd out of the host build, so the
+/// workspace clippy never sees it), every warning an error. Its own target directory, as the
+/// flags differ from build-ptx's.
+fn clippy_ptx() -> Result<()> {
+    let target_dir = root().join("target/nvptx-clippy");
+    let mut cmd = device_cargo(DEBIAN_CARGO_CLIPPY, DEVICE_RUSTFLAGS)?;
+    cmd.arg("clippy")
+        .args(DEVICE_ARGS)
+        .arg(&target_dir)
+        .args(["--", "-D", "warnings"]);
+    println!("clippy-ptx: clippy on gpu/ for nvptx64-nvidia-cuda, -D warnings");
+    run(&mut cmd)
+}
+
 fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
 fn test() -> Result<()> {
     build_ptx(true)?;
+    clippy_ptx()?;
     let root = root();
     println!("test: cargo fmt --check");
     run(cargo()

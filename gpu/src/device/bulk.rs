@@ -15,8 +15,11 @@ use super::mbarrier::Mbarrier;
 /// touched by others until `bar`'s phase completes.
 #[inline(always)]
 pub unsafe fn load(dst: u32, src: *const u8, bytes: u32, bar: Mbarrier) {
-    asm!("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{b}];",
-        d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, b = in(reg32) bar.addr(), options(nostack));
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{b}];",
+            d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, b = in(reg32) bar.addr(), options(nostack));
+    }
 }
 
 /// `cp.async.bulk.global.shared::cta.bulk_group`: copies `bytes` from shared `src` to global `dst`.
@@ -25,8 +28,11 @@ pub unsafe fn load(dst: u32, src: *const u8, bytes: u32, bar: Mbarrier) {
 /// As [`load`]; `src` must not be overwritten before [`wait_group_read`] says it was read.
 #[inline(always)]
 pub unsafe fn store(dst: *mut u8, src: u32, bytes: u32) {
-    asm!("cp.async.bulk.global.shared::cta.bulk_group [{d}], [{s}], {n};",
-        d = in(reg64) dst, s = in(reg32) src, n = in(reg32) bytes, options(nostack));
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("cp.async.bulk.global.shared::cta.bulk_group [{d}], [{s}], {n};",
+            d = in(reg64) dst, s = in(reg32) src, n = in(reg32) bytes, options(nostack));
+    }
 }
 
 /// `cp.async.bulk.commit_group`: closes this thread's current bulk group.
@@ -70,7 +76,10 @@ pub fn fence_proxy_async_shared() {
 /// its barrier at `bar` (published to the cluster before the copy is issued).
 #[inline(always)]
 pub unsafe fn load_multicast(dst: u32, src: *const u8, bytes: u32, bar: Mbarrier, cta_mask: u16) {
-    asm!("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{s}], {n}, [{b}], {m};",
-        d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, b = in(reg32) bar.addr(),
-        m = in(reg16) cta_mask, options(nostack));
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{s}], {n}, [{b}], {m};",
+            d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, b = in(reg32) bar.addr(),
+            m = in(reg16) cta_mask, options(nostack));
+    }
 }

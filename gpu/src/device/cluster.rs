@@ -62,56 +62,92 @@ pub fn map_shared_rank(addr: u32, rank: u32) -> u32 {
 /// `ld.shared::cluster.f32` from a `.shared::cluster` address (see [`map_shared_rank`]).
 ///
 /// # Safety
-/// `addr` lies in a live CTA's shared memory of this cluster, 4-byte aligned, not raced on.
+/// `addr` is a `.shared::cluster` address (from [`map_shared_rank`]) of 4 bytes, 4-byte aligned,
+/// inside the shared memory of a CTA of this cluster that has not exited and does not exit before
+/// the load completes; no thread writes those bytes concurrently (order the writer's stores
+/// before this load, e.g. with a cluster barrier).
 #[inline(always)]
 pub unsafe fn load_f32(addr: u32) -> f32 {
     let v: f32;
-    asm!("ld.shared::cluster.f32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack));
+    // SAFETY: the caller's contract above.
+    unsafe {
+        asm!("ld.shared::cluster.f32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack));
+    }
     v
 }
 
 /// `ld.shared::cluster.v4.f32`: 16 bytes from a `.shared::cluster` address.
 ///
 /// # Safety
-/// As [`load_f32`], 16-byte aligned.
+/// As [`load_f32`], for 16 bytes, 16-byte aligned.
 #[inline(always)]
 pub unsafe fn load_v4(addr: u32) -> [f32; 4] {
     let (x, y, z, w): (f32, f32, f32, f32);
-    asm!("ld.shared::cluster.v4.f32 {{{x}, {y}, {z}, {w}}}, [{a}];",
-        x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w, a = in(reg32) addr,
-        options(nostack));
+    // SAFETY: the caller's contract above.
+    unsafe {
+        asm!("ld.shared::cluster.v4.f32 {{{x}, {y}, {z}, {w}}}, [{a}];",
+            x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w, a = in(reg32) addr,
+            options(nostack));
+    }
     [x, y, z, w]
 }
 
-/// `barrier.cluster.arrive.release`: this thread's earlier memory operations are released to the
-/// cluster; pair with [`wait_acquire`]. Every thread of every CTA of the cluster must arrive.
+/// `barrier.cluster.arrive.release.aligned` (PTX ISA 8.0 §9.7.13.4): this thread's earlier memory
+/// operations are released to the cluster; pair with [`wait_acquire`].
+///
+/// # Safety
+/// `.aligned`: every thread of the warp executes this same instruction convergently (no
+/// divergence since the warp last reconverged, e.g. after a spin loop: reconverge with
+/// [`super::warp::sync_warp`] first). Every non-exited thread of every CTA of the cluster arrives
+/// once per cluster phase, each followed by [`wait_acquire`] before it arrives again; otherwise
+/// the waiters hang or the behaviour is undefined.
 #[inline(always)]
-pub fn arrive_release() {
-    // SAFETY: no operands.
+pub unsafe fn arrive_release() {
+    // SAFETY: no operands; convergence and participation are the caller's contract.
     unsafe { asm!("barrier.cluster.arrive.release.aligned;", options(nostack)) };
 }
 
-/// `barrier.cluster.wait.acquire`: waits until all threads of the cluster arrived.
+/// `barrier.cluster.wait.acquire.aligned` (PTX ISA 8.0 §9.7.13.4): waits until every thread of the
+/// cluster arrived in the current phase; acquires what they released.
+///
+/// # Safety
+/// As [`arrive_release`] (warp-convergent, `.aligned`); this thread arrived in the current phase
+/// and has not waited on it yet.
 #[inline(always)]
-pub fn wait_acquire() {
-    // SAFETY: no operands.
+pub unsafe fn wait_acquire() {
+    // SAFETY: no operands; the caller's contract as above.
     unsafe { asm!("barrier.cluster.wait.acquire.aligned;", options(nostack)) };
 }
 
-/// Cluster-wide barrier: [`arrive_release`] then [`wait_acquire`].
+/// Cluster-wide barrier (`cluster.sync()` of CUDA): [`arrive_release`] then [`wait_acquire`].
+///
+/// # Safety
+/// Every non-exited thread of every CTA of the cluster calls it, each warp convergently (see
+/// [`arrive_release`]).
 #[inline(always)]
-pub fn sync_cluster() {
-    arrive_release();
-    wait_acquire();
+pub unsafe fn sync_cluster() {
+    // SAFETY: forwarded to the caller's contract.
+    unsafe {
+        arrive_release();
+        wait_acquire();
+    }
 }
 
-/// `mbarrier.arrive.release.cluster.shared::cluster`: one arrival on a barrier in another CTA of
-/// the cluster (`remote` from [`map_shared_rank`]), releasing this thread's earlier memory
-/// operations (including its DSMEM reads) at cluster scope, e.g. "done reading this stage".
+/// `mbarrier.arrive.release.cluster.shared::cluster.b64` (PTX ISA 8.0 §9.7.13.15.13): one arrival on
+/// a barrier in a CTA of the cluster (`remote` from [`map_shared_rank`]), releasing this thread's
+/// earlier memory operations (including its DSMEM reads) at cluster scope, e.g. "done reading
+/// this stage".
+///
+/// # Safety
+/// `remote` is the `.shared::cluster` address ([`map_shared_rank`] of a local barrier address) of
+/// an mbarrier of a CTA of this cluster that has been initialised and whose initialisation was
+/// published to this thread (`fence_init` then a cluster barrier); that CTA has not exited and
+/// does not exit before the arrival is performed (e.g. a cluster barrier before any CTA exits);
+/// the arrival is one of the counts given at its `init` for the current phase
+/// (see [`super::mbarrier::Mbarrier::at`]).
 #[inline(always)]
-pub fn remote_arrive(remote: u32) {
-    // SAFETY: `remote` is a .shared::cluster address of an initialised mbarrier (caller's contract
-    // through the pipeline types that hand it out).
+pub unsafe fn remote_arrive(remote: u32) {
+    // SAFETY: the caller's contract above.
     unsafe {
         asm!("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [{a}];", a = in(reg32) remote,
             options(nostack))

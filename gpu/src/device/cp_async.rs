@@ -13,8 +13,11 @@ use super::mbarrier::Mbarrier;
 /// is known complete (wait_group or an mbarrier).
 #[inline(always)]
 pub unsafe fn copy_16(dst: u32, src: *const f32) {
-    asm!("cp.async.cg.shared.global [{d}], [{s}], 16;", d = in(reg32) dst, s = in(reg64) src,
-        options(nostack));
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("cp.async.cg.shared.global [{d}], [{s}], 16;", d = in(reg32) dst, s = in(reg64) src,
+            options(nostack));
+    }
 }
 
 /// `cp.async.ca.shared.global` of 4 bytes (for ragged tails).
@@ -23,8 +26,11 @@ pub unsafe fn copy_16(dst: u32, src: *const f32) {
 /// As [`copy_16`], with 4-byte alignment and size.
 #[inline(always)]
 pub unsafe fn copy_4(dst: u32, src: *const f32) {
-    asm!("cp.async.ca.shared.global [{d}], [{s}], 4;", d = in(reg32) dst, s = in(reg64) src,
-        options(nostack));
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("cp.async.ca.shared.global [{d}], [{s}], 4;", d = in(reg32) dst, s = in(reg64) src,
+            options(nostack));
+    }
 }
 
 /// `cp.async.commit_group`: closes the group of this thread's copies issued since the last commit.
@@ -48,12 +54,20 @@ pub fn wait_all() {
     unsafe { asm!("cp.async.wait_all;", options(nostack)) };
 }
 
-/// `cp.async.mbarrier.arrive.noinc`: the barrier receives one arrival from this thread once all of
-/// this thread's earlier `cp.async` copies have completed. `noinc`: the arrival is one of the counts
-/// given at `mbarrier.init`, so count one per calling thread.
+/// `cp.async.mbarrier.arrive.noinc.shared::cta.b64` (PTX ISA 8.0 §9.7.9.25.3.1): the barrier
+/// receives one arrival from this thread once all of this thread's earlier `cp.async` copies have
+/// completed. `noinc`: the arrival is one of the counts given at `mbarrier.init`, so count one per
+/// calling thread.
+///
+/// # Safety
+/// The arrival is one of the counts `bar` expects in its current phase (the arrival protocol of
+/// [`Mbarrier::at`]; the pending count is not incremented, so an arrival nobody counted
+/// completes the phase early or over-arrives, which is undefined behaviour). `bar` stays a live
+/// barrier of this CTA until the copies complete.
 #[inline(always)]
-pub fn arrive_on(bar: Mbarrier) {
-    // SAFETY: the barrier is initialised (see `Mbarrier`).
+pub unsafe fn arrive_on(bar: Mbarrier) {
+    // SAFETY: an initialised barrier of this CTA (the token's contract) and a counted arrival
+    // (the caller's contract above).
     unsafe {
         asm!("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [{a}];", a = in(reg32) bar.addr(),
             options(nostack))
@@ -68,6 +82,9 @@ pub fn arrive_on(bar: Mbarrier) {
 /// As [`copy_16`]; `src` must be a valid global address even when `src_bytes` is 0.
 #[inline(always)]
 pub unsafe fn copy_16_zfill(dst: u32, src: *const f32, src_bytes: u32) {
-    asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};", d = in(reg32) dst, s = in(reg64) src,
-        n = in(reg32) src_bytes, options(nostack));
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("cp.async.cg.shared.global [{d}], [{s}], 16, {n};", d = in(reg32) dst, s = in(reg64) src,
+            n = in(reg32) src_bytes, options(nostack));
+    }
 }

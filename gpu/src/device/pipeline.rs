@@ -1,7 +1,7 @@
 //! A fixed-depth producer/consumer pipeline over shared-memory stages, after CUTLASS's
 //! `PipelineAsync` (sm90_pipeline.hpp): per stage a "full" mbarrier (producer -> consumer) and an
 //! "empty" mbarrier (consumer -> producer), and a [`PipelineState`] of stage index plus phase bit
-//! that flips each time the stage index wraps.
+//! that flips each time the stage index wraps (mbarrier phases: PTX ISA 8.0 §9.7.13.15).
 //!
 //! Protocol, for each item: the producer `producer_acquire`s (waits until the consumers released
 //! the stage), fills it, `producer_commit`s; the consumer `consumer_wait`s, reads,
@@ -14,20 +14,33 @@ use super::mbarrier::Mbarrier;
 use crate::contract::MBARRIER_BYTES;
 
 /// Position of one role in the pipeline: which stage it is at and the parity of that stage's
-/// current phase.
+/// current phase. Invariant: `stage() < STAGES`, `phase()` is 0 or 1; only [`Self::advance`]
+/// moves it, so a state always names a stage of its pipeline.
 #[derive(Clone, Copy)]
 pub struct PipelineState<const STAGES: u32> {
-    /// Stage index, `0..STAGES`.
-    pub stage: u32,
-    /// Phase parity of the barriers of `stage` that this role waits for next.
-    pub phase: u32,
+    stage: u32,
+    phase: u32,
 }
 
 impl<const STAGES: u32> PipelineState<STAGES> {
-    /// Stage 0, phase 0: the start for producers and consumers alike.
+    /// Stage 0, phase 0: the start for producers and consumers alike. `STAGES` must be at least 1
+    /// (checked at compile time).
     #[inline(always)]
     pub const fn new() -> Self {
+        const { assert!(STAGES >= 1, "a pipeline needs at least one stage") };
         Self { stage: 0, phase: 0 }
+    }
+
+    /// Stage index, `0..STAGES`.
+    #[inline(always)]
+    pub const fn stage(self) -> u32 {
+        self.stage
+    }
+
+    /// Phase parity (0 or 1) of the barriers of [`Self::stage`] that this role waits for next.
+    #[inline(always)]
+    pub const fn phase(self) -> u32 {
+        self.phase
     }
 
     /// Moves to the next stage; flips the phase when the stage index wraps.
@@ -47,8 +60,8 @@ impl<const STAGES: u32> Default for PipelineState<STAGES> {
     }
 }
 
-/// `STAGES` full barriers followed by `STAGES` empty barriers, `2 * STAGES * 8` bytes of shared
-/// memory starting at an 8-byte aligned shared-window address.
+/// `STAGES` full barriers followed by `STAGES` empty barriers, [`Self::BYTES`] = `2 * STAGES * 8`
+/// bytes of shared memory starting at an 8-byte aligned shared-window address.
 #[derive(Clone, Copy)]
 pub struct Pipeline<const STAGES: u32> {
     base: u32,
@@ -59,8 +72,20 @@ impl<const STAGES: u32> Pipeline<STAGES> {
     pub const BYTES: u32 = 2 * STAGES * MBARRIER_BYTES as u32;
 
     /// The pipeline whose barriers start at shared-window address `base`.
+    ///
+    /// # Safety
+    /// For as long as the returned pipeline (or a copy) is used:
+    /// - `base` is 8-byte aligned and `base..base + Self::BYTES` lies inside this CTA's shared
+    ///   memory, used for nothing but these barriers;
+    /// - every operation other than [`Self::init`] happens after one thread ran [`Self::init`] and
+    ///   published it ([`super::mbarrier::fence_init`], then a CTA or cluster barrier);
+    /// - the roles keep to the protocol the counts given to `init` describe: per stage and phase,
+    ///   exactly `producer_arrivals` producer commits and `consumer_arrivals` consumer releases
+    ///   (local or remote), each role walking the stages in order with its own
+    ///   [`PipelineState`] (see [`Mbarrier::at`]: more arrivals than the count is undefined
+    ///   behaviour).
     #[inline(always)]
-    pub const fn at(base: u32) -> Self {
+    pub const unsafe fn at(base: u32) -> Self {
         Self { base }
     }
 
@@ -68,59 +93,77 @@ impl<const STAGES: u32> Pipeline<STAGES> {
     /// empty barrier `consumer_arrivals`.
     ///
     /// # Safety
-    /// Called by one thread, before any use, followed by [`super::mbarrier::fence_init`] and a CTA
-    /// barrier.
+    /// As [`Mbarrier::init`] for every barrier of the pipeline: both counts in `1..2^20`, called by
+    /// one thread while no other thread uses the pipeline, followed by
+    /// [`super::mbarrier::fence_init`] and a CTA (or cluster) barrier before any other use.
     #[inline(always)]
     pub unsafe fn init(self, producer_arrivals: u32, consumer_arrivals: u32) {
         let mut s = 0;
         while s < STAGES {
-            self.full(s).init(producer_arrivals);
-            self.empty(s).init(consumer_arrivals);
+            // SAFETY: the barriers of stage s lie inside the pipeline's region (contract of `at`);
+            // the caller upholds `Mbarrier::init`'s contract.
+            unsafe {
+                self.barrier(s).init(producer_arrivals);
+                self.barrier(STAGES + s).init(consumer_arrivals);
+            }
             s += 1;
         }
     }
 
-    /// The "stage is filled" barrier of `stage`.
+    /// Barrier `i` (`i < 2 * STAGES`) of the pipeline's region.
     #[inline(always)]
-    pub const fn full(self, stage: u32) -> Mbarrier {
-        Mbarrier::at(self.base + stage * MBARRIER_BYTES as u32)
+    const fn barrier(self, i: u32) -> Mbarrier {
+        // SAFETY: callers pass i < 2 * STAGES, so the barrier lies inside the region that the
+        // contract of `Pipeline::at` vouches for (aligned, initialised before use, protocol kept).
+        unsafe { Mbarrier::at(self.base + i * MBARRIER_BYTES as u32) }
     }
 
-    /// The "stage is free" barrier of `stage`.
+    /// The "stage is filled" barrier of `state`'s stage.
     #[inline(always)]
-    pub const fn empty(self, stage: u32) -> Mbarrier {
-        Mbarrier::at(self.base + (STAGES + stage) * MBARRIER_BYTES as u32)
+    pub const fn full(self, state: PipelineState<STAGES>) -> Mbarrier {
+        self.barrier(state.stage)
     }
 
-    /// Producer: waits until the consumers released `state.stage` (passes at once the first time
+    /// The "stage is free" barrier of `state`'s stage.
+    #[inline(always)]
+    pub const fn empty(self, state: PipelineState<STAGES>) -> Mbarrier {
+        self.barrier(STAGES + state.stage)
+    }
+
+    /// Producer: waits until the consumers released `state`'s stage (passes at once the first time
     /// round: the fresh barrier's "previous" phase, parity 1, counts as complete).
     #[inline(always)]
     pub fn producer_acquire(self, state: PipelineState<STAGES>) {
-        self.empty(state.stage).wait_parity(state.phase ^ 1);
+        self.empty(state).wait_parity(state.phase ^ 1);
     }
 
-    /// Producer: this thread's writes to `state.stage` are done (one arrival per producer thread).
+    /// Producer: this thread's writes to `state`'s stage are done (one arrival per producer
+    /// thread).
     #[inline(always)]
     pub fn producer_commit(self, state: PipelineState<STAGES>) {
-        self.full(state.stage).arrive();
+        self.full(state).arrive();
     }
 
-    /// Producer: this thread's `cp.async` copies into `state.stage` count as its commit once they
-    /// complete (one arrival per producer thread, without blocking it).
+    /// Producer: this thread's `cp.async` copies into `state`'s stage count as its commit once they
+    /// complete (one arrival per producer thread, without blocking it; PTX ISA §9.7.9.25.3.1,
+    /// `cp.async.mbarrier.arrive.noinc`).
     #[inline(always)]
     pub fn producer_commit_cp_async(self, state: PipelineState<STAGES>) {
-        cp_async::arrive_on(self.full(state.stage));
+        // SAFETY: the full barrier is an initialised barrier of this CTA whose init count includes
+        // one arrival per producer thread and phase (contract of `Pipeline::at`); this is this
+        // thread's one commit of the phase.
+        unsafe { cp_async::arrive_on(self.full(state)) };
     }
 
-    /// Consumer: waits until `state.stage` is filled.
+    /// Consumer: waits until `state`'s stage is filled.
     #[inline(always)]
     pub fn consumer_wait(self, state: PipelineState<STAGES>) {
-        self.full(state.stage).wait_parity(state.phase);
+        self.full(state).wait_parity(state.phase);
     }
 
-    /// Consumer: this thread is done reading `state.stage` (one arrival per consumer thread).
+    /// Consumer: this thread is done reading `state`'s stage (one arrival per consumer thread).
     #[inline(always)]
     pub fn consumer_release(self, state: PipelineState<STAGES>) {
-        self.empty(state.stage).arrive();
+        self.empty(state).arrive();
     }
 }

@@ -25,10 +25,13 @@ use core::arch::asm;
 /// `sig` is an 8-byte aligned pointer into live global memory.
 #[inline(always)]
 pub unsafe fn signal_load(sig: *const u64) -> u64 {
-    let v: u64;
-    asm!("ld.acquire.gpu.global.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) sig,
-        options(nostack));
-    v
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        let v: u64;
+        asm!("ld.acquire.gpu.global.u64 {v}, [{p}];", v = out(reg64) v, p = in(reg64) sig,
+            options(nostack));
+        v
+    }
 }
 
 /// `st.release.gpu.global.u64`: sets the signal to `value`, as a release.
@@ -37,8 +40,11 @@ pub unsafe fn signal_load(sig: *const u64) -> u64 {
 /// `sig` is an 8-byte aligned pointer into live global memory.
 #[inline(always)]
 pub unsafe fn signal_set(sig: *mut u64, value: u64) {
-    asm!("st.release.gpu.global.u64 [{p}], {v};", p = in(reg64) sig, v = in(reg64) value,
-        options(nostack));
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("st.release.gpu.global.u64 [{p}], {v};", p = in(reg64) sig, v = in(reg64) value,
+            options(nostack));
+    }
 }
 
 /// `atom.release.gpu.global.add.u64`: adds `value` to the signal as a release; returns the old
@@ -48,10 +54,13 @@ pub unsafe fn signal_set(sig: *mut u64, value: u64) {
 /// `sig` is an 8-byte aligned pointer into live global memory.
 #[inline(always)]
 pub unsafe fn signal_add(sig: *mut u64, value: u64) -> u64 {
-    let old: u64;
-    asm!("atom.release.gpu.global.add.u64 {o}, [{p}], {v};", o = out(reg64) old,
-        p = in(reg64) sig, v = in(reg64) value, options(nostack));
-    old
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        let old: u64;
+        asm!("atom.release.gpu.global.add.u64 {o}, [{p}], {v};", o = out(reg64) old,
+            p = in(reg64) sig, v = in(reg64) value, options(nostack));
+        old
+    }
 }
 
 /// `nanosleep.u32`: suspends the thread for about `ns` nanoseconds (at most 1 ms), so spinning
@@ -78,14 +87,17 @@ pub fn global_timer_ns() -> u64 {
 /// As [`signal_load`].
 #[inline(always)]
 pub unsafe fn signal_wait_geq(sig: *const u64, value: u64) -> u64 {
-    let mut backoff = 32;
-    loop {
-        let v = signal_load(sig);
-        if v >= value {
-            return v;
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        let mut backoff = 32;
+        loop {
+            let v = signal_load(sig);
+            if v >= value {
+                return v;
+            }
+            nanosleep(backoff);
+            backoff = core::cmp::min(backoff * 2, 1024);
         }
-        nanosleep(backoff);
-        backoff = core::cmp::min(backoff * 2, 1024);
     }
 }
 
@@ -95,9 +107,12 @@ pub unsafe fn signal_wait_geq(sig: *const u64, value: u64) -> u64 {
 /// As [`signal_load`].
 #[inline(always)]
 pub unsafe fn signal_wait_eq(sig: *const u64, value: u64) {
-    let mut backoff = 32;
-    while signal_load(sig) != value {
-        nanosleep(backoff);
-        backoff = core::cmp::min(backoff * 2, 1024);
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        let mut backoff = 32;
+        while signal_load(sig) != value {
+            nanosleep(backoff);
+            backoff = core::cmp::min(backoff * 2, 1024);
+        }
     }
 }

@@ -64,9 +64,12 @@ impl Shared<f32> {
     /// See [`Shared`].
     #[inline(always)]
     pub unsafe fn load(self) -> f32 {
-        let v: f32;
-        asm!("ld.shared.f32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) self.addr, options(nostack));
-        v
+        // SAFETY: the caller upholds this function's `# Safety` contract.
+        unsafe {
+            let v: f32;
+            asm!("ld.shared.f32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) self.addr, options(nostack));
+            v
+        }
     }
     /// `st.shared.f32`.
     ///
@@ -74,7 +77,10 @@ impl Shared<f32> {
     /// See [`Shared`].
     #[inline(always)]
     pub unsafe fn store(self, v: f32) {
-        asm!("st.shared.f32 [{a}], {v};", v = in(reg32) v, a = in(reg32) self.addr, options(nostack));
+        // SAFETY: the caller upholds this function's `# Safety` contract.
+        unsafe {
+            asm!("st.shared.f32 [{a}], {v};", v = in(reg32) v, a = in(reg32) self.addr, options(nostack));
+        }
     }
     /// `ld.shared.v4.f32` of the 16-byte vector at this address (16-byte aligned).
     ///
@@ -82,11 +88,14 @@ impl Shared<f32> {
     /// See [`Shared`].
     #[inline(always)]
     pub unsafe fn load_v4(self) -> [f32; 4] {
-        let (x, y, z, w): (f32, f32, f32, f32);
-        asm!("ld.shared.v4.f32 {{{x}, {y}, {z}, {w}}}, [{a}];",
-            x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w,
-            a = in(reg32) self.addr, options(nostack));
-        [x, y, z, w]
+        // SAFETY: the caller upholds this function's `# Safety` contract.
+        unsafe {
+            let (x, y, z, w): (f32, f32, f32, f32);
+            asm!("ld.shared.v4.f32 {{{x}, {y}, {z}, {w}}}, [{a}];",
+                x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w,
+                a = in(reg32) self.addr, options(nostack));
+            [x, y, z, w]
+        }
     }
     /// `st.shared.v4.f32` of a 16-byte vector at this address (16-byte aligned).
     ///
@@ -94,9 +103,12 @@ impl Shared<f32> {
     /// See [`Shared`].
     #[inline(always)]
     pub unsafe fn store_v4(self, v: [f32; 4]) {
-        asm!("st.shared.v4.f32 [{a}], {{{x}, {y}, {z}, {w}}};",
-            x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
-            a = in(reg32) self.addr, options(nostack));
+        // SAFETY: the caller upholds this function's `# Safety` contract.
+        unsafe {
+            asm!("st.shared.v4.f32 [{a}], {{{x}, {y}, {z}, {w}}};",
+                x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
+                a = in(reg32) self.addr, options(nostack));
+        }
     }
 }
 
@@ -106,9 +118,12 @@ impl Shared<f32> {
 /// `dst` is a 16-byte aligned global address of 4 writable floats.
 #[inline(always)]
 pub unsafe fn store_global_v4(dst: *mut f32, v: [f32; 4]) {
-    asm!("st.global.v4.f32 [{p}], {{{x}, {y}, {z}, {w}}};",
-        x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
-        p = in(reg64) dst, options(nostack));
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("st.global.v4.f32 [{p}], {{{x}, {y}, {z}, {w}}};",
+            x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
+            p = in(reg64) dst, options(nostack));
+    }
 }
 
 /// `st.global.f32`.
@@ -117,5 +132,8 @@ pub unsafe fn store_global_v4(dst: *mut f32, v: [f32; 4]) {
 /// `dst` is a 4-byte aligned global address of a writable float.
 #[inline(always)]
 pub unsafe fn store_global(dst: *mut f32, v: f32) {
-    asm!("st.global.f32 [{p}], {v};", v = in(reg32) v, p = in(reg64) dst, options(nostack));
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("st.global.f32 [{p}], {v};", v = in(reg32) v, p = in(reg64) dst, options(nostack));
+    }
 }

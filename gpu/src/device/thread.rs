@@ -31,9 +31,17 @@ pub fn grid_dim_x() -> u32 {
     unsafe { nvptx::_grid_dim_x() as u32 }
 }
 
-/// `__syncthreads()` (`bar.sync 0`): every thread of the CTA must reach it.
+/// `__syncthreads()` (`bar.sync 0`, i.e. `barrier.sync.aligned 0`, PTX ISA 8.0 §9.7.13.1): waits
+/// until every thread of the CTA arrived; orders their earlier shared and global memory accesses
+/// before everyone's later ones (CTA scope).
+///
+/// # Safety
+/// `.aligned`: every non-exited thread of the CTA executes this same barrier, and each warp
+/// executes it convergently (all its active threads together, not from divergent branches or
+/// spin loops that have not reconverged; [`super::warp::sync_warp`] reconverges a warp).
+/// Otherwise the CTA hangs or the behaviour is undefined.
 #[inline(always)]
-pub fn sync_threads() {
-    // SAFETY: a CTA barrier; callers keep it out of divergent code.
+pub unsafe fn sync_threads() {
+    // SAFETY: the caller's contract above (every thread of the CTA, warp-convergent).
     unsafe { nvptx::_syncthreads() }
 }

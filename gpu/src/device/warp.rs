@@ -20,9 +20,15 @@ pub fn warp_id() -> u32 {
     thread_idx_x() / WARP_SIZE
 }
 
-/// `__syncwarp()` for a full warp (`bar.warp.sync 0xffffffff`).
+/// `__syncwarp()` for a full warp (`bar.warp.sync 0xffffffff`, PTX ISA 8.0 §9.7.13.2): waits
+/// until all 32 lanes of the warp reach it (reconverging them) and orders their memory accesses.
+///
+/// # Safety
+/// All 32 lanes of the warp are active (none exited) and each executes a `bar.warp.sync` with the
+/// full mask (PTX ISA: every thread of `membermask` must execute it, otherwise the behaviour is
+/// undefined); on sm_70+ the lanes need not arrive convergently, this call reconverges them.
 #[inline(always)]
-pub fn sync_warp() {
-    // SAFETY: all 32 lanes call it together.
+pub unsafe fn sync_warp() {
+    // SAFETY: the caller's contract above (all 32 lanes, full mask).
     unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
 }

@@ -65,10 +65,18 @@ struct Smem<const N: u32, const S: u32> {
 }
 
 impl<const N: u32, const S: u32> Smem<N, S> {
-    fn new() -> Self {
+    /// The layout of `contract::gemm` over this CTA's dynamic shared memory.
+    ///
+    /// # Safety
+    /// The launch gave `smem_bytes(N)` bytes of dynamic shared memory; one thread initialises the
+    /// pipeline and publishes it (cluster barrier) before any other use; the roles keep to the
+    /// counts given to `init` (see [`Pipeline::at`]).
+    unsafe fn new() -> Self {
         let base = dynamic_smem_base();
         Self {
-            pipe: Pipeline::at(base + BARRIERS_OFFSET as u32),
+            // SAFETY: BARRIERS_OFFSET.. (8-byte aligned) holds only the 2 x S barriers inside
+            // smem_bytes(N); initialisation and protocol are the caller's contract above.
+            pipe: unsafe { Pipeline::at(base + BARRIERS_OFFSET as u32) },
             buffers: base + BUFFERS_OFFSET as u32,
         }
     }
@@ -96,8 +104,12 @@ struct Place {
 /// Loader role (one warp): per stage, arm the full barrier with the bytes this CTA receives, bulk
 /// copy this CTA's A rows (one 128-byte copy per row), and on the leader the B chunk, multicast
 /// to the cluster.
+///
+/// # Safety
+/// The launch contract of [`cluster_tile_gemm`]; called by the loader warp (all 32 lanes) after
+/// every CTA of the cluster initialised and published its barriers.
 #[inline(always)]
-fn loader<const N: u32, const S: u32>(
+unsafe fn loader<const N: u32, const S: u32>(
     s: Smem<N, S>,
     p: Place,
     lane: u32,
@@ -117,11 +129,12 @@ fn loader<const N: u32, const S: u32>(
         let mut chunk = 0;
         while chunk < CHUNKS_PER_TILE as u32 {
             s.pipe.producer_acquire(st);
-            let full = s.pipe.full(st.stage);
+            let full = s.pipe.full(st);
             if lane == 0 {
                 full.arrive_expect_tx(tx);
             }
-            sync_warp();
+            // SAFETY: all 32 lanes of the loader warp run this loop the same number of times.
+            unsafe { sync_warp() };
             let k0 = chunk as usize * K_CHUNK;
             // SAFETY: the stage is free in every CTA of the cluster (empty barrier, counting all
             // CTAs' compute warps); sources lie inside tile `tile < tiles` of A and B (host checked
@@ -131,13 +144,13 @@ fn loader<const N: u32, const S: u32>(
                 let mut r = lane;
                 while r < rows {
                     let src = a.add(tile_off + (band_start + r) as usize * TILE + k0);
-                    let dst = s.a(st.stage).add(r * A_PITCH as u32);
+                    let dst = s.a(st.stage()).add(r * A_PITCH as u32);
                     bulk::load(dst.addr(), src as *const u8, A_ROW_CHUNK_BYTES as u32, full);
                     r += WARP_SIZE;
                 }
                 if lane == 0 && p.rank == 0 {
                     let src = b.add(tile_off + k0 * TILE) as *const u8;
-                    let dst = s.b(st.stage).addr();
+                    let dst = s.b(st.stage()).addr();
                     if p.clustered && N > 1 {
                         bulk::load_multicast(dst, src, B_STAGE_BYTES as u32, full, mask);
                     } else {
@@ -179,14 +192,15 @@ unsafe fn mma_step<const ROW_STEP: u32>(
 ) {
     let mut af = [[0f32; 4]; 8];
     for (i, f) in af.iter_mut().enumerate() {
-        *f = a.add(ROW_STEP * i as u32 * A_PITCH as u32 + kk).load_v4();
+        // SAFETY: inside the filled stage (contract above), 16-byte aligned (pitch 272 bytes).
+        *f = unsafe { a.add(ROW_STEP * i as u32 * A_PITCH as u32 + kk).load_v4() };
     }
     for j in 0..4 {
         let brow = b.add((kk + j as u32) * TILE_U);
-        let b0 = brow.load_v4();
-        let b1 = brow.add(64).load_v4();
-        for i in 0..8 {
-            let x = af[i][j];
+        // SAFETY: inside the filled stage (contract above), 16-byte aligned.
+        let (b0, b1) = unsafe { (brow.load_v4(), brow.add(64).load_v4()) };
+        for (i, row) in af.iter().enumerate() {
+            let x = row[j];
             for q in 0..4 {
                 acc[i][q] = fma(x, b0[q], acc[i][q]);
                 acc[i][4 + q] = fma(x, b1[q], acc[i][4 + q]);
@@ -221,13 +235,21 @@ unsafe fn mma_chunk<const ROW_STEP: u32>(acc: &mut [[f32; 8]; 8], a: Shared<f32>
 /// of every CTA of the cluster (release at cluster scope covers this thread's reads). Every thread
 /// arrives itself rather than one lane per warp after `bar.warp.sync`: compute-sanitizer's
 /// racecheck only credits a thread's own arrival for its reads.
+///
+/// # Safety
+/// When `p.clustered`, the launch is a cluster of `N` CTAs that all initialised and published
+/// their barriers and stay resident until the kernel's final cluster barrier.
 #[inline(always)]
-fn release<const N: u32, const S: u32>(s: Smem<N, S>, p: Place, st: PipelineState<S>) {
-    let empty = s.pipe.empty(st.stage);
+unsafe fn release<const N: u32, const S: u32>(s: Smem<N, S>, p: Place, st: PipelineState<S>) {
+    let empty = s.pipe.empty(st);
     if p.clustered {
         let mut r = 0;
         while r < N {
-            cluster::remote_arrive(cluster::map_shared_rank(empty.addr(), r));
+            // SAFETY: CTA r < N of this cluster has its empty barrier at the same offset,
+            // initialised and published (cluster barrier at the start of `run`), and stays
+            // resident until the cluster barrier at the end of `run` (contract above); its init
+            // count is one arrival per compute thread of the cluster and phase.
+            unsafe { cluster::remote_arrive(cluster::map_shared_rank(empty.addr(), r)) };
             r += 1;
         }
     } else {
@@ -237,8 +259,11 @@ fn release<const N: u32, const S: u32>(s: Smem<N, S>, p: Place, st: PipelineStat
 
 /// Compute role, 8x8 register block per thread: accumulate over the tile's k-chunks, then store
 /// the block to C with 16-byte stores. `ROW_STEP` = row groups of the CTA = `16 / N`.
+///
+/// # Safety
+/// The launch contract of [`cluster_tile_gemm`] (as [`release`]); called by a compute warp.
 #[inline(always)]
-fn compute<const N: u32, const S: u32, const ROW_STEP: u32>(
+unsafe fn compute<const N: u32, const S: u32, const ROW_STEP: u32>(
     s: Smem<N, S>,
     p: Place,
     warp: u32,
@@ -260,11 +285,12 @@ fn compute<const N: u32, const S: u32, const ROW_STEP: u32>(
             unsafe {
                 mma_chunk::<ROW_STEP>(
                     &mut acc,
-                    s.a(st.stage).add(group * A_PITCH as u32),
-                    s.b(st.stage).add(col),
+                    s.a(st.stage()).add(group * A_PITCH as u32),
+                    s.b(st.stage()).add(col),
                 );
             }
-            release(s, p, st);
+            // SAFETY: the contract above.
+            unsafe { release(s, p, st) };
             st.advance();
             chunk += 1;
         }
@@ -286,37 +312,55 @@ fn compute<const N: u32, const S: u32, const ROW_STEP: u32>(
 /// One CTA of a cluster of `N` (`S = stages(N)`, `ROW_STEP = 16 / N`): initialise the barriers
 /// (empty count: `compute_warps(N) x 32 x N` = 256 arrivals, one per compute thread of the cluster), sync,
 /// split into the roles (the loader warp first).
+///
+/// # Safety
+/// The launch contract of [`cluster_tile_gemm`] for cluster size `N` (or of [`tile_gemm`] when
+/// `!p.clustered`, `N = 1`): block size `threads_per_cta(N)`, `smem_bytes(N)` dynamic shared
+/// memory, every thread of the CTA calls this.
 #[inline(always)]
-fn run<const N: u32, const S: u32, const ROW_STEP: u32>(
+unsafe fn run<const N: u32, const S: u32, const ROW_STEP: u32>(
     p: Place,
     a: *const f32,
     b: *const f32,
     c: *mut f32,
 ) {
-    let s = Smem::<N, S>::new();
+    // SAFETY: shared memory sized by the launch contract; thread 0 initialises the pipeline and
+    // publishes it below before any role uses it; the counts match the roles (1 expect_tx arrival
+    // per stage phase; one release per compute thread of the cluster).
+    let s = unsafe { Smem::<N, S>::new() };
     if thread_idx_x() == 0 {
         // SAFETY: one thread, before any use, then fence_init and a CTA/cluster barrier.
         unsafe { s.pipe.init(1, compute_warps(N) * WARP_SIZE * N) };
         fence_init();
     }
-    if p.clustered {
-        // Every CTA's barriers exist before any multicast or remote arrive targets them.
-        cluster::sync_cluster();
-    } else {
-        sync_threads();
+    // SAFETY: every thread of the CTA (and of the cluster) gets here, warps converged (only
+    // thread 0's branch above, no loop).
+    unsafe {
+        if p.clustered {
+            // Every CTA's barriers exist before any multicast or remote arrive targets them.
+            cluster::sync_cluster();
+        } else {
+            sync_threads();
+        }
     }
     let tid = thread_idx_x();
-    if tid < LOADER_THREADS {
-        loader(s, p, tid, a, b);
-    } else {
-        let warp = (tid - LOADER_THREADS) / WARP_SIZE;
-        let lane = tid % WARP_SIZE;
-        compute::<N, S, ROW_STEP>(s, p, warp, lane, c);
+    // SAFETY: the launch contract; barriers initialised and published above; the loader is one
+    // whole warp, the compute roles whole warps (block size threads_per_cta(N)).
+    unsafe {
+        if tid < LOADER_THREADS {
+            loader(s, p, tid, a, b);
+        } else {
+            let warp = (tid - LOADER_THREADS) / WARP_SIZE;
+            let lane = tid % WARP_SIZE;
+            compute::<N, S, ROW_STEP>(s, p, warp, lane, c);
+        }
     }
-    sync_warp();
+    // SAFETY: every lane of every warp reaches this point (no lane exits early).
+    unsafe { sync_warp() };
     if p.clustered {
         // No CTA exits while a peer may still arrive on its barriers.
-        cluster::sync_cluster();
+        // SAFETY: every thread of the cluster, warps reconverged by sync_warp.
+        unsafe { cluster::sync_cluster() };
     }
 }
 
@@ -339,7 +383,8 @@ pub unsafe extern "ptx-kernel" fn cluster_tile_gemm(
 ) {
     let size = cluster::cluster_size();
     if !matches!(size, 1 | 2 | 4 | 8) || block_dim_x() != threads_per_cta(size) {
-        core::arch::nvptx::trap();
+        // SAFETY: `trap` aborts the kernel; no preconditions.
+        unsafe { core::arch::nvptx::trap() };
     }
     let p = Place {
         clustered: true,
@@ -348,12 +393,15 @@ pub unsafe extern "ptx-kernel" fn cluster_tile_gemm(
         tile_stride: cluster::cluster_count_x(),
         tiles,
     };
-    match size {
-        1 => run::<1, { stages(1) as u32 }, 16>(p, a, b, c),
-        2 => run::<2, { stages(2) as u32 }, 8>(p, a, b, c),
-        4 => run::<4, { stages(4) as u32 }, 4>(p, a, b, c),
-        // 8; other sizes trapped above.
-        _ => run::<8, { stages(8) as u32 }, 2>(p, a, b, c),
+    // SAFETY: the launch contract above, cluster size and block size checked.
+    unsafe {
+        match size {
+            1 => run::<1, { stages(1) as u32 }, 16>(p, a, b, c),
+            2 => run::<2, { stages(2) as u32 }, 8>(p, a, b, c),
+            4 => run::<4, { stages(4) as u32 }, 4>(p, a, b, c),
+            // 8; other sizes trapped above.
+            _ => run::<8, { stages(8) as u32 }, 2>(p, a, b, c),
+        }
     }
 }
 
@@ -361,12 +409,16 @@ pub unsafe extern "ptx-kernel" fn cluster_tile_gemm(
 /// itself (same roles, stages and register tile as [`cluster_tile_gemm`] with a cluster of 1).
 ///
 /// Launch: `THREADS_PER_CTA` threads, `SMEM_BYTES` dynamic shared memory, any grid `(G,1,1)`
-/// (persistent). Pointers as for [`cluster_tile_gemm`].
+/// (persistent). Pointers as for [`cluster_tile_gemm`]. Another block size traps.
 ///
 /// # Safety
 /// The launch contract above.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn tile_gemm(a: *const f32, b: *const f32, c: *mut f32, tiles: u32) {
+    if block_dim_x() != threads_per_cta(1) {
+        // SAFETY: `trap` aborts the kernel; no preconditions.
+        unsafe { core::arch::nvptx::trap() };
+    }
     let p = Place {
         clustered: false,
         rank: 0,
@@ -374,5 +426,6 @@ pub unsafe extern "ptx-kernel" fn tile_gemm(a: *const f32, b: *const f32, c: *mu
         tile_stride: grid_dim_x(),
         tiles,
     };
-    run::<1, { stages(1) as u32 }, 16>(p, a, b, c);
+    // SAFETY: the launch contract above (that of a cluster of 1 without cluster barriers).
+    unsafe { run::<1, { stages(1) as u32 }, 16>(p, a, b, c) };
 }

@@ -18,7 +18,8 @@ fn is_first_thread() -> bool {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn ws_signal_set(sig: *mut u64, value: u64) {
     if is_first_thread() {
-        signal_set(sig, value);
+        // SAFETY: the contract above.
+        unsafe { signal_set(sig, value) };
     }
 }
 
@@ -29,7 +30,8 @@ pub unsafe extern "ptx-kernel" fn ws_signal_set(sig: *mut u64, value: u64) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn ws_signal_add(sig: *mut u64, value: u64) {
     if is_first_thread() {
-        signal_add(sig, value);
+        // SAFETY: the contract above.
+        unsafe { signal_add(sig, value) };
     }
 }
 
@@ -41,9 +43,12 @@ pub unsafe extern "ptx-kernel" fn ws_signal_add(sig: *mut u64, value: u64) {
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn ws_signal_wait(sig: *const u64, value: u64) {
     if thread_idx_x() == 0 {
-        signal_wait_geq(sig, value);
+        // SAFETY: the contract above.
+        unsafe { signal_wait_geq(sig, value) };
     }
-    sync_threads();
+    // SAFETY: every thread of the CTA reaches it; thread 0's spin loop ends before it, and the
+    // warp reconverges at the end of the `if` (no other lane loops).
+    unsafe { sync_threads() };
 }
 
 /// Heavy work with a known result: every thread spins for `spin_ns` nanoseconds of
@@ -58,7 +63,8 @@ pub unsafe extern "ptx-kernel" fn ws_busy_fill(out: *mut u32, n: u32, seed: u32,
     let stride = grid_dim_x() * block_dim_x();
     let mut i = block_idx_x() * block_dim_x() + thread_idx_x();
     while i < n {
-        *out.add(i as usize) = crate::contract::signal::pattern(seed, i);
+        // SAFETY: i < n, `out` holds n u32 (contract above); one writer per index.
+        unsafe { *out.add(i as usize) = crate::contract::signal::pattern(seed, i) };
         i += stride;
     }
 }
@@ -72,7 +78,8 @@ pub unsafe extern "ptx-kernel" fn ws_copy_u32(src: *const u32, dst: *mut u32, n:
     let stride = grid_dim_x() * block_dim_x();
     let mut i = block_idx_x() * block_dim_x() + thread_idx_x();
     while i < n {
-        *dst.add(i as usize) = *src.add(i as usize);
+        // SAFETY: i < n, both hold n u32 and do not overlap (contract above).
+        unsafe { *dst.add(i as usize) = *src.add(i as usize) };
         i += stride;
     }
 }
@@ -85,6 +92,8 @@ pub unsafe extern "ptx-kernel" fn ws_copy_u32(src: *const u32, dst: *mut u32, n:
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn ws_record_arrival(counter: *mut u32, slot: *mut u32) {
     if is_first_thread() {
-        *slot = core::sync::atomic::AtomicU32::from_ptr(counter).fetch_add(1, Relaxed);
+        // SAFETY: both live and 4-byte aligned (contract above); `counter` is only accessed
+        // atomically while kernels run.
+        unsafe { *slot = core::sync::atomic::AtomicU32::from_ptr(counter).fetch_add(1, Relaxed) };
     }
 }

@@ -19,7 +19,7 @@ use crate::device::cp_async;
 use crate::device::mbarrier::fence_init;
 use crate::device::pipeline::{Pipeline, PipelineState};
 use crate::device::smem::{dynamic_smem_base, store_global, store_global_v4, Shared};
-use crate::device::thread::{block_idx_x, grid_dim_x, sync_threads, thread_idx_x};
+use crate::device::thread::{block_dim_x, block_idx_x, grid_dim_x, sync_threads, thread_idx_x};
 
 type Pipe = Pipeline<{ STAGES as u32 }>;
 type State = PipelineState<{ STAGES as u32 }>;
@@ -98,29 +98,36 @@ fn for_each_owned(
 /// (`cp.async.mbarrier.arrive.noinc` would let the hardware do the commit, but compute-sanitizer's
 /// racecheck does not model it and reports every tile as a race; explicit groups keep the kernel
 /// checkable at the same speed.)
-fn loader(s: Smem, tiles: Tiles, t: u32, a: *const f32, b: *const f32) {
+///
+/// # Safety
+/// The launch contract of [`ws_vector_add`]; called by the loader warps after the pipelines were
+/// initialised and published.
+unsafe fn loader(s: Smem, tiles: Tiles, t: u32, a: *const f32, b: *const f32) {
     let mut st = State::new();
     let mut pending: Option<State> = None;
     tiles.for_each(|start, len| {
         s.lc.producer_acquire(st);
-        // SAFETY: the stage is free (acquired); offsets stay inside the tile's buffers and the
-        // global tile (len elements from start < n); host validated 16-byte alignment of a and b.
-        unsafe {
-            let (ga, gb) = (a.add(start as usize), b.add(start as usize));
-            for_each_owned(
-                len,
-                t,
-                LOADER_THREADS,
-                |i| {
-                    cp_async::copy_16(s.a(st.stage).add(i).addr(), ga.add(i as usize));
-                    cp_async::copy_16(s.b(st.stage).add(i).addr(), gb.add(i as usize));
-                },
-                |i| {
-                    cp_async::copy_4(s.a(st.stage).add(i).addr(), ga.add(i as usize));
-                    cp_async::copy_4(s.b(st.stage).add(i).addr(), gb.add(i as usize));
-                },
-            );
-        }
+        let stage = st.stage();
+        // SAFETY: start < n, so the tile's first elements are inside `a` and `b` (launch contract).
+        let (ga, gb) = unsafe { (a.add(start as usize), b.add(start as usize)) };
+        // SAFETY (both closures): the stage is free (acquired); offsets stay inside the tile's
+        // buffers and the global tile (len elements from start < n); the host validated 16-byte
+        // alignment of a and b.
+        for_each_owned(
+            len,
+            t,
+            LOADER_THREADS,
+            // SAFETY: see above (i + 4 <= len for the vector form).
+            |i| unsafe {
+                cp_async::copy_16(s.a(stage).add(i).addr(), ga.add(i as usize));
+                cp_async::copy_16(s.b(stage).add(i).addr(), gb.add(i as usize));
+            },
+            // SAFETY: see above (i < len).
+            |i| unsafe {
+                cp_async::copy_4(s.a(stage).add(i).addr(), ga.add(i as usize));
+                cp_async::copy_4(s.b(stage).add(i).addr(), gb.add(i as usize));
+            },
+        );
         cp_async::commit_group();
         if let Some(prev) = pending {
             cp_async::wait_group::<1>();
@@ -141,29 +148,28 @@ fn compute(s: Smem, tiles: Tiles, t: u32) {
     tiles.for_each(|_, len| {
         s.lc.consumer_wait(st);
         s.cs.producer_acquire(st);
-        // SAFETY: A and B of the stage are filled (consumer_wait) and C is free (producer_acquire);
-        // offsets stay inside the stage's buffers and are 16-byte aligned for the vector forms.
-        unsafe {
-            for_each_owned(
-                len,
-                t,
-                COMPUTE_THREADS,
-                |i| {
-                    let x = s.a(st.stage).add(i).load_v4();
-                    let y = s.b(st.stage).add(i).load_v4();
-                    s.c(st.stage).add(i).store_v4([
-                        x[0] + y[0],
-                        x[1] + y[1],
-                        x[2] + y[2],
-                        x[3] + y[3],
-                    ]);
-                },
-                |i| {
-                    let v = s.a(st.stage).add(i).load() + s.b(st.stage).add(i).load();
-                    s.c(st.stage).add(i).store(v);
-                },
-            );
-        }
+        let stage = st.stage();
+        // SAFETY (both closures): A and B of the stage are filled (consumer_wait) and C is free
+        // (producer_acquire); offsets stay inside the stage's buffers and are 16-byte aligned for
+        // the vector forms; each element is touched by one thread.
+        for_each_owned(
+            len,
+            t,
+            COMPUTE_THREADS,
+            // SAFETY: see above.
+            |i| unsafe {
+                let x = s.a(stage).add(i).load_v4();
+                let y = s.b(stage).add(i).load_v4();
+                s.c(stage)
+                    .add(i)
+                    .store_v4([x[0] + y[0], x[1] + y[1], x[2] + y[2], x[3] + y[3]]);
+            },
+            // SAFETY: see above.
+            |i| unsafe {
+                let v = s.a(stage).add(i).load() + s.b(stage).add(i).load();
+                s.c(stage).add(i).store(v);
+            },
+        );
         s.lc.consumer_release(st);
         s.cs.producer_commit(st);
         st.advance();
@@ -171,22 +177,28 @@ fn compute(s: Smem, tiles: Tiles, t: u32) {
 }
 
 /// Storer role: shared C -> global C with 16-byte stores; releases C to the compute role.
-fn storer(s: Smem, tiles: Tiles, t: u32, c: *mut f32) {
+///
+/// # Safety
+/// The launch contract of [`ws_vector_add`]; called by the storer warps after the pipelines were
+/// initialised and published.
+unsafe fn storer(s: Smem, tiles: Tiles, t: u32, c: *mut f32) {
     let mut st = State::new();
     tiles.for_each(|start, len| {
         s.cs.consumer_wait(st);
-        // SAFETY: C of the stage is filled (consumer_wait); global offsets stay inside the tile and
-        // c is 16-byte aligned (validated by the host).
-        unsafe {
-            let gc = c.add(start as usize);
-            for_each_owned(
-                len,
-                t,
-                STORER_THREADS,
-                |i| store_global_v4(gc.add(i as usize), s.c(st.stage).add(i).load_v4()),
-                |i| store_global(gc.add(i as usize), s.c(st.stage).add(i).load()),
-            );
-        }
+        let stage = st.stage();
+        // SAFETY: start < n, so the tile's first element is inside `c` (launch contract).
+        let gc = unsafe { c.add(start as usize) };
+        // SAFETY (both closures): C of the stage is filled (consumer_wait); global offsets stay
+        // inside the tile and c is 16-byte aligned (validated by the host).
+        for_each_owned(
+            len,
+            t,
+            STORER_THREADS,
+            // SAFETY: see above.
+            |i| unsafe { store_global_v4(gc.add(i as usize), s.c(stage).add(i).load_v4()) },
+            // SAFETY: see above.
+            |i| unsafe { store_global(gc.add(i as usize), s.c(stage).add(i).load()) },
+        );
         s.cs.consumer_release(st);
         st.advance();
     });
@@ -196,32 +208,50 @@ fn storer(s: Smem, tiles: Tiles, t: u32, c: *mut f32) {
 ///
 /// Launch: `THREADS_PER_CTA` threads, `SMEM_BYTES` dynamic shared memory, any grid size >= 1
 /// (persistent; `CTAS_PER_SM x SMs` fills the device). `a`, `b`, `c`: 16-byte aligned device
-/// pointers of at least `n` floats; `c` must not overlap `a` or `b`.
+/// pointers of at least `n` floats; `c` must not overlap `a` or `b`. Another block size traps.
 ///
 /// # Safety
 /// The launch contract above.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn ws_vector_add(a: *const f32, b: *const f32, c: *mut f32, n: u64) {
+    if block_dim_x() != THREADS_PER_CTA {
+        // The roles and the barriers' arrival counts assume exactly THREADS_PER_CTA threads.
+        // SAFETY: `trap` aborts the kernel; no preconditions.
+        unsafe { core::arch::nvptx::trap() };
+    }
     let base = dynamic_smem_base();
-    let s = Smem {
-        lc: Pipe::at(base + LC_BARRIERS_OFFSET as u32),
-        cs: Pipe::at(base + CS_BARRIERS_OFFSET as u32),
-        buffers: base + BUFFERS_OFFSET as u32,
+    // SAFETY: the launch gives SMEM_BYTES of dynamic shared memory; the two barrier regions
+    // (8-byte aligned, disjoint from the buffers) hold the barriers only; thread 0 initialises
+    // them below before the CTA barrier; each role arrives once per thread and stage phase, which
+    // is what the init counts say.
+    let s = unsafe {
+        Smem {
+            lc: Pipe::at(base + LC_BARRIERS_OFFSET as u32),
+            cs: Pipe::at(base + CS_BARRIERS_OFFSET as u32),
+            buffers: base + BUFFERS_OFFSET as u32,
+        }
     };
     if thread_idx_x() == 0 {
-        s.lc.init(LOADER_THREADS, COMPUTE_THREADS);
-        s.cs.init(COMPUTE_THREADS, STORER_THREADS);
+        // SAFETY: one thread, before any use; published by fence_init and the CTA barrier.
+        unsafe {
+            s.lc.init(LOADER_THREADS, COMPUTE_THREADS);
+            s.cs.init(COMPUTE_THREADS, STORER_THREADS);
+        }
         fence_init();
     }
-    sync_threads();
+    // SAFETY: every thread of the CTA, converged (only thread 0's branch above, no loop).
+    unsafe { sync_threads() };
 
     let tiles = Tiles { n };
     let tid = thread_idx_x();
-    if tid < LOADER_THREADS {
-        loader(s, tiles, tid, a, b);
-    } else if tid < LOADER_THREADS + COMPUTE_THREADS {
-        compute(s, tiles, tid - LOADER_THREADS);
-    } else {
-        storer(s, tiles, tid - LOADER_THREADS - COMPUTE_THREADS, c);
+    // SAFETY: the launch contract; pipelines initialised and published above.
+    unsafe {
+        if tid < LOADER_THREADS {
+            loader(s, tiles, tid, a, b);
+        } else if tid < LOADER_THREADS + COMPUTE_THREADS {
+            compute(s, tiles, tid - LOADER_THREADS);
+        } else {
+            storer(s, tiles, tid - LOADER_THREADS - COMPUTE_THREADS, c);
+        }
     }
 }

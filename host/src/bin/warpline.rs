@@ -60,24 +60,120 @@ struct PipelineArgs {
     compare_one_stream: bool,
 }
 
+/// Why a command failed: bad flags (exit 2, like clap's own usage errors, reported before the
+/// device is opened) or an error of the run (exit 2 when there is no GPU, 1 otherwise).
+#[derive(Debug)]
+enum CliError {
+    /// A flag value that is not allowed: what was given and what is allowed.
+    Usage(String),
+    /// An error of warpline (device, files, memory, verification).
+    Run(Error),
+}
+
+impl From<Error> for CliError {
+    fn from(e: Error) -> Self {
+        CliError::Run(e)
+    }
+}
+
+type CliResult<T = ()> = std::result::Result<T, CliError>;
+
+fn usage(msg: impl Into<String>) -> CliError {
+    CliError::Usage(msg.into())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Pipeline(args) => pipeline(args),
-        Cmd::Info => info(),
+        Cmd::Info => info().map_err(CliError::from),
         Cmd::Gemm(args) => gemm(args),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ (Error::NoDriver | Error::NoDevice { .. })) => {
+        Err(CliError::Usage(msg)) => {
+            eprintln!("warpline: bad usage: {msg}");
+            eprintln!("(see `warpline --help`)");
+            ExitCode::from(2)
+        }
+        Err(CliError::Run(e @ (Error::NoDriver | Error::NoDevice { .. }))) => {
             eprintln!("warpline: no GPU: {e}");
             ExitCode::from(2)
         }
-        Err(e) => {
+        Err(CliError::Run(e)) => {
             eprintln!("warpline: error: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Most streams a pipeline takes ([`warpline::pipeline::MAX_STREAMS`]).
+const MAX_STREAMS: usize = warpline::pipeline::MAX_STREAMS;
+
+/// `--streams` is in `1..=MAX_STREAMS`.
+fn check_streams(flag: &str, streams: usize) -> CliResult {
+    if (1..=MAX_STREAMS).contains(&streams) {
+        Ok(())
+    } else {
+        Err(usage(format!(
+            "{flag} {streams}: the number of streams must be between 1 and {MAX_STREAMS}"
+        )))
+    }
+}
+
+/// `count x bytes_each` summed over `parts`, with checked arithmetic; `None` on overflow.
+fn bytes_of(parts: &[(usize, usize)]) -> Option<u64> {
+    parts.iter().try_fold(0u64, |acc, &(count, each)| {
+        acc.checked_add((count as u64).checked_mul(each as u64)?)
+    })
+}
+
+/// Bytes of memory the kernel says are available to new allocations (`MemAvailable` of
+/// /proc/meminfo), if it says.
+fn host_available_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Checks that `needed` bytes of host memory (`None`: more than 2^64) for `what` can be had.
+fn check_host_memory(what: &str, needed: Option<u64>) -> CliResult {
+    let Some(needed) = needed else {
+        return Err(usage(format!(
+            "{what} needs more than 2^64 bytes of host memory"
+        )));
+    };
+    match host_available_bytes() {
+        Some(avail) if needed > avail => Err(usage(format!(
+            "{what} needs {needed} bytes ({:.1} GiB) of host memory; this machine has {avail} bytes ({:.1} GiB) available",
+            gib(needed),
+            gib(avail)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Checks that `needed` bytes of device memory for `what` are free on `dev` (cuMemGetInfo).
+fn check_device_memory(dev: &Device, what: &str, needed: u64) -> CliResult {
+    let (free, total) = dev.context().mem_get_info().map_err(|source| Error::Cuda {
+        call: "cuMemGetInfo",
+        source,
+    })?;
+    if needed > free as u64 {
+        return Err(usage(format!(
+            "{what} needs {needed} bytes ({:.1} GiB) of device memory; {} has {free} bytes ({:.1} GiB) free of {total} ({:.1} GiB)",
+            gib(needed),
+            dev.capabilities().name,
+            gib(free as u64),
+            gib(total as u64)
+        )));
+    }
+    Ok(())
+}
+
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64
 }
 
 fn info() -> Result<()> {
@@ -112,21 +208,48 @@ fn fill_random(dst: &mut [f32], pb: &ProgressBar) {
     }
 }
 
-fn pipeline(args: PipelineArgs) -> Result<()> {
-    let dev = Device::open(0)?;
-    let caps = dev.capabilities();
-    println!(
-        "device: {} (sm_{}{}, {} SMs, {} copy engines)",
-        caps.name,
-        caps.compute_capability.0,
-        caps.compute_capability.1,
-        caps.sm_count,
-        caps.async_engines
-    );
+/// The pipeline's flags, checked before anything is opened or allocated; returns the input
+/// length when the inputs are random (`batches x batch-elems`).
+fn check_pipeline_args(args: &PipelineArgs) -> CliResult<Option<usize>> {
+    check_streams("--streams", args.streams)?;
     if args.batches == 0 {
-        return Err(Error::Empty { what: "--batches" });
+        return Err(usage("--batches 0: at least 1 batch is needed"));
     }
-    let (a, b) = match (&args.a, &args.b) {
+    if args.batch_elems == Some(0) {
+        return Err(usage("--batch-elems 0: a batch needs at least 1 element"));
+    }
+    if args.a.is_some() {
+        return Ok(None);
+    }
+    let be = args.batch_elems.unwrap_or(1 << 24);
+    let n = be.checked_mul(args.batches).ok_or_else(|| {
+        usage(format!(
+            "--batches {} x --batch-elems {be} overflows the address space",
+            args.batches
+        ))
+    })?;
+    Ok(Some(n))
+}
+
+/// Host bytes of a pipeline run over `n` elements: pinned A, B, C (f32).
+fn pipeline_host_bytes(n: usize) -> Option<u64> {
+    bytes_of(&[(3 * 4, n)])
+}
+
+fn pipeline(args: PipelineArgs) -> CliResult {
+    let random_n = check_pipeline_args(&args)?;
+    if let Some(n) = random_n {
+        check_host_memory(
+            &format!(
+                "--batches {} x --batch-elems {} (pinned A, B and C: 3 x {n} floats)",
+                args.batches,
+                args.batch_elems.unwrap_or(1 << 24)
+            ),
+            pipeline_host_bytes(n),
+        )?;
+    }
+    // Inputs from files are read (and checked) before the device is opened, too.
+    let files = match (&args.a, &args.b) {
         (Some(pa), Some(pb)) => {
             let a = npy::read_f32_1d(pa)?;
             let b = npy::read_f32_1d(pb)?;
@@ -140,28 +263,37 @@ fn pipeline(args: PipelineArgs) -> Result<()> {
                         pb.display(),
                         b.len()
                     ),
-                });
+                }
+                .into());
             }
             if a.is_empty() {
-                return Err(Error::Empty { what: "--a" });
+                return Err(Error::Empty { what: "--a" }.into());
             }
-            (
-                PinnedBuffer::from_slice(&dev, &a)?,
-                PinnedBuffer::from_slice(&dev, &b)?,
-            )
+            check_host_memory(
+                "--a/--b (pinned copies of A and B, and C)",
+                pipeline_host_bytes(a.len()),
+            )?;
+            Some((a, b))
         }
-        _ => {
-            let be = args.batch_elems.unwrap_or(1 << 24);
-            let n = be
-                .checked_mul(args.batches)
-                .filter(|&n| n > 0)
-                .ok_or(Error::BadShape {
-                    what: "--batches x --batch-elems",
-                    detail: format!(
-                        "{} x {be} must be at least 1 and fit in memory",
-                        args.batches
-                    ),
-                })?;
+        _ => None,
+    };
+    let dev = Device::open(0)?;
+    let caps = dev.capabilities();
+    println!(
+        "device: {} (sm_{}{}, {} SMs, {} copy engines)",
+        caps.name,
+        caps.compute_capability.0,
+        caps.compute_capability.1,
+        caps.sm_count,
+        caps.async_engines
+    );
+    let (a, b) = match (files, random_n) {
+        (Some((a, b)), _) => (
+            PinnedBuffer::from_slice(&dev, &a)?,
+            PinnedBuffer::from_slice(&dev, &b)?,
+        ),
+        (None, n) => {
+            let n = n.expect("checked: random inputs without --a/--b");
             let mut a = PinnedBuffer::<f32>::new(&dev, n)?;
             let mut b = PinnedBuffer::<f32>::new(&dev, n)?;
             let pb = bar(2 * n.div_ceil(1 << 20) as u64, "inputs");
@@ -172,7 +304,18 @@ fn pipeline(args: PipelineArgs) -> Result<()> {
         }
     };
     let n = a.len();
+    // Both at least 1 (checked above), so no division by zero.
     let batch_elems = args.batch_elems.unwrap_or_else(|| n.div_ceil(args.batches));
+    // Device memory: up to one batch in flight per stream, A, B and C of each, plus the
+    // bandwidth probe's 256 MiB buffer.
+    let in_flight = args.streams.min(n.div_ceil(batch_elems));
+    let device_bytes = bytes_of(&[(in_flight * 3 * 4, batch_elems.min(n)), (1, 256 << 20)])
+        .ok_or_else(|| usage("--batch-elems x --streams overflows"))?;
+    check_device_memory(
+        &dev,
+        &format!("{in_flight} batches in flight (A, B, C of {batch_elems} floats each)"),
+        device_bytes,
+    )?;
     let mut c = PinnedBuffer::<f32>::new(&dev, n)?;
 
     let h2d = bandwidth::pinned_h2d_gbps(&dev, 256 << 20, 5)?;
@@ -301,22 +444,77 @@ struct GemmArgs {
     no_verify: bool,
 }
 
-fn gemm(args: GemmArgs) -> Result<()> {
+/// Host bytes of a GEMM run over `n` floats of A (and of B and C): A, B, a C read-back per kernel
+/// and the kept C (f32), the f64 reference unless `--no-verify`, pinned A, B, C with `--streams`.
+fn gemm_host_bytes(n: usize, verify: bool, streams: bool) -> Option<u64> {
+    bytes_of(&[
+        (4 * 4, n),
+        (if verify { 8 } else { 0 }, n),
+        (if streams { 3 * 4 } else { 0 }, n),
+    ])
+}
+
+/// The GEMM's flags, checked before anything is opened or allocated.
+fn check_gemm_args(args: &GemmArgs) -> CliResult {
+    use warpline_gpu::contract::gemm::{CLUSTER_SIZES, MAX_TILES, TILE_ELEMS};
+    if !CLUSTER_SIZES.contains(&args.cluster) {
+        return Err(usage(format!(
+            "--cluster {}: cluster_tile_gemm supports clusters of {CLUSTER_SIZES:?} CTAs",
+            args.cluster
+        )));
+    }
+    if let Some(s) = args.streams {
+        check_streams("--streams", s)?;
+    }
+    if args.reps == 0 {
+        return Err(usage("--reps 0: at least 1 timed repetition is needed"));
+    }
+    if args.a.is_none() {
+        if args.tiles == 0 || args.tiles > MAX_TILES {
+            return Err(usage(format!(
+                "--tiles {}: the number of 128x128 tiles must be between 1 and {MAX_TILES}",
+                args.tiles
+            )));
+        }
+        let n = args.tiles * TILE_ELEMS; // <= MAX_TILES x 16384 < 2^46
+        check_host_memory(
+            &format!("--tiles {}", args.tiles),
+            gemm_host_bytes(n, !args.no_verify, args.streams.is_some()),
+        )?;
+    }
+    Ok(())
+}
+
+fn gemm(args: GemmArgs) -> CliResult {
     use warpline::kernels;
     use warpline_gpu::contract::gemm::TILE_ELEMS;
 
+    check_gemm_args(&args)?;
+    let files = match (&args.a, &args.b) {
+        (Some(pa), Some(pb)) => {
+            let (a, b) = (npy::read_f32(pa)?.1, npy::read_f32(pb)?.1);
+            check_host_memory(
+                "--a/--b",
+                gemm_host_bytes(a.len(), !args.no_verify, args.streams.is_some()),
+            )?;
+            Some((a, b))
+        }
+        _ => None,
+    };
     let dev = Device::open(0)?;
     let caps = dev.capabilities();
     println!("device: {} ({} SMs)", caps.name, caps.sm_count);
     kernels::check_gemm_cluster_size(args.cluster)?;
-    let (a, b) = match (&args.a, &args.b) {
-        (Some(pa), Some(pb)) => (npy::read_f32(pa)?.1, npy::read_f32(pb)?.1),
-        _ => {
-            let n = args.tiles.checked_mul(TILE_ELEMS).ok_or(Error::TooLarge {
-                what: "--tiles",
-                value: args.tiles as u64,
-                max: (usize::MAX / TILE_ELEMS) as u64,
-            })?;
+    let (a, b) = match files {
+        Some(ab) => ab,
+        None => {
+            let n = args.tiles * TILE_ELEMS; // checked in check_gemm_args
+                                             // A, B and C on the device, checked before the host allocates and fills the inputs.
+            check_device_memory(
+                &dev,
+                &format!("--tiles {} (A, B and C: 3 x {n} floats)", args.tiles),
+                3 * 4 * n as u64,
+            )?;
             let pb = bar(2 * n.div_ceil(1 << 20) as u64, "inputs");
             let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
             fill_random(&mut a, &pb);
@@ -329,10 +527,16 @@ fn gemm(args: GemmArgs) -> Result<()> {
         return Err(Error::BadShape {
             what: "--a",
             detail: format!("{} floats is not a whole number of 128x128 tiles", a.len()),
-        });
+        }
+        .into());
     }
     let tiles = a.len() / TILE_ELEMS;
     kernels::check_gemm_shapes(tiles, a.len(), b.len(), a.len())?;
+    check_device_memory(
+        &dev,
+        &format!("{tiles} tiles (A, B and C: 3 x {} floats)", a.len()),
+        3 * 4 * a.len() as u64,
+    )?;
 
     let stream = dev.new_stream()?;
     let pool = warpline::MemPool::device_default(&dev, 0)?;
