@@ -154,10 +154,11 @@ pub fn pdl_consumer(
 }
 
 /// Queues the pair, producer then consumer on `stream`: `buf = 2 inp + 1`, then
-/// `out = buf * scale`, the consumer launched with the PDL attribute when `pdl` (it loads
-/// `scale` in its prologue, before `griddepcontrol.wait`, and `buf` after it).
+/// `out = buf * scale`, the consumer launched with the PDL attribute when `pdl` (it reads both
+/// `buf` and `scale` after its `griddepcontrol.wait`).
 ///
-/// `scale` is read before the wait, so it must not be written by the producer: the producer
+/// `scale` is also kept disjoint from the producer's output (defence in depth, should a later
+/// kernel version read it in its prologue): the producer
 /// writes only `buf`, a mutable view that the borrow checker keeps apart from `scale`, and the
 /// launcher checks the address ranges as well ([`Error::BadShape`] on overlap).
 ///
@@ -183,7 +184,7 @@ pub fn pdl_pair(
         return Err(Error::BadShape {
             what: "pdl_pair",
             detail: format!(
-                "scale [{:#x}, {:#x}) overlaps the producer's output buf [{:#x}, {:#x}); the consumer reads scale before its griddepcontrol.wait, so it must not be written by the producer",
+                "scale [{:#x}, {:#x}) overlaps the producer's output buf [{:#x}, {:#x}); scale must not be written by the producer",
                 s.start, s.end, b.start, b.end
             ),
         });
@@ -193,8 +194,8 @@ pub fn pdl_pair(
     pdl_producer(dev, stream, inp, buf.reborrow(), grid, false)?;
     let buf_view = buf.into_view();
     // SAFETY: the previous kernel on `stream` is the producer just queued, which writes only
-    // `buf`; the consumer reads `scale` (checked disjoint from `buf`) before its wait and `buf`
-    // after it.
+    // `buf`; the consumer reads `buf` and `scale` (checked disjoint from `buf`) only after its
+    // wait.
     unsafe {
         pdl_consumer_variant(
             dev,
