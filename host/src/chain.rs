@@ -82,7 +82,8 @@ impl Step {
         for (p, a) in params.iter_mut().zip(&self.args) {
             *p = a.as_param();
         }
-        dg::launch_kernel_ex(&self.config, self.func, params.as_mut_ptr())
+        let n = self.args.len();
+        crate::driver::core::launch_kernel_ex(&self.config, self.func, &mut params[..n])
     }
 }
 

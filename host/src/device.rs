@@ -492,6 +492,12 @@ impl Device {
         &self.ptx
     }
 
+    /// Free and total device memory, bytes (`cuMemGetInfo`, in this device's context).
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        bind_context(&self.ctx, "cuCtxSetCurrent")?;
+        drv::mem_get_info()
+    }
+
     /// The GPU's ordinal (`cuDeviceGet` index).
     pub fn ordinal(&self) -> usize {
         self.ctx.ordinal()

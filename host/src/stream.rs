@@ -94,6 +94,19 @@ impl Stream {
         Ok(ev)
     }
 
+    /// Records an event without timing (`CU_EVENT_DISABLE_TIMING`: cheaper) at this point of the
+    /// stream, to learn when the work before it has completed.
+    pub(crate) fn record_marker(&self) -> Result<Event> {
+        bind_context(self.ctx(), "cuEventRecord")?;
+        let ev = Event {
+            raw: drv::event_create_with(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?,
+            ctx: self.ctx().clone(),
+        };
+        LIVE_EVENTS.fetch_add(1, Ordering::Relaxed);
+        drv::event_record(ev.raw, self.raw())?;
+        Ok(ev)
+    }
+
     /// Records `event` again at this point of the stream (reuses its driver event).
     pub fn record_into(&self, event: &mut Event) -> Result<()> {
         bind_context(self.ctx(), "cuEventRecord")?;

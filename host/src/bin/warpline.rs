@@ -156,10 +156,7 @@ fn check_host_memory(what: &str, needed: Option<u64>) -> CliResult {
 
 /// Checks that `needed` bytes of device memory for `what` are free on `dev` (cuMemGetInfo).
 fn check_device_memory(dev: &Device, what: &str, needed: u64) -> CliResult {
-    let (free, total) = dev.context().mem_get_info().map_err(|source| Error::Cuda {
-        call: "cuMemGetInfo",
-        source,
-    })?;
+    let (free, total) = dev.memory_info()?;
     if needed > free as u64 {
         return Err(usage(format!(
             "{what} needs {needed} bytes ({:.1} GiB) of device memory; {} has {free} bytes ({:.1} GiB) free of {total} ({:.1} GiB)",

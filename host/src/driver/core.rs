@@ -139,10 +139,14 @@ pub(crate) fn stream_wait_event(s: sys::CUstream, e: sys::CUevent) -> Result<()>
 
 /// `cuEventCreate` with `CU_EVENT_DEFAULT` (timing enabled).
 pub(crate) fn event_create() -> Result<sys::CUevent> {
+    event_create_with(sys::CUevent_flags::CU_EVENT_DEFAULT)
+}
+
+/// `cuEventCreate` with `flags`.
+pub(crate) fn event_create_with(flags: sys::CUevent_flags) -> Result<sys::CUevent> {
     let mut e: sys::CUevent = std::ptr::null_mut();
     // SAFETY: valid out-pointer; flags are a valid value.
-    unsafe { sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DEFAULT as u32) }
-        .call("cuEventCreate")?;
+    unsafe { sys::cuEventCreate(&mut e, flags as u32) }.call("cuEventCreate")?;
     Ok(e)
 }
 

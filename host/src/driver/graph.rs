@@ -102,19 +102,6 @@ pub(crate) unsafe fn launch_host_func(
     sys::cuLaunchHostFunc(stream, Some(f), data).call("cuLaunchHostFunc")
 }
 
-/// `cuLaunchKernelEx` (used by chain steps, which are captured into graphs).
-///
-/// # Safety
-/// `config`, `func` and `params` form a valid launch: parameters matching the kernel, every
-/// memory access in live allocations; the context is current.
-pub(crate) unsafe fn launch_kernel_ex(
-    config: &sys::CUlaunchConfig,
-    func: sys::CUfunction,
-    params: *mut *mut c_void,
-) -> Result<()> {
-    sys::cuLaunchKernelEx(config, func, params, null_mut()).call("cuLaunchKernelEx")
-}
-
 /// An owned `CUgraph`, destroyed on drop (`cuGraphDestroy`). `Send`, not `Sync`: CUDA graph
 /// objects are not internally synchronised.
 pub(crate) struct CudaGraph(sys::CUgraph);

@@ -43,6 +43,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cudarc::driver::CudaContext;
+
+use super::registry;
+use super::types::{Cmp, Releasable, Release};
 use crate::device::Device;
 use crate::driver::hostmem;
 use crate::error::{Error, Result};
@@ -146,7 +150,7 @@ struct Core {
     table: Mutex<SlotTable>,
     /// Events recorded after each caller wait that had not completed at the last look: the
     /// arena must outlive every wait that reads it.
-    waits: Mutex<Vec<Event>>,
+    waits: Mutex<Vec<Arc<Event>>>,
 }
 
 impl Core {
@@ -346,23 +350,58 @@ impl Fence {
             core.table().released(slot);
             return Err(e);
         }
-        let marker = caller.record();
+        let marker = caller.record_marker();
         let ticket = FenceTicket {
             core: core.clone(),
             slot,
             generation,
             open: true,
         };
-        let marker = marker?;
-        let mut waits = core.waits.lock().unwrap_or_else(|e| e.into_inner());
-        waits.retain(|w| !matches!(w.is_complete(), Ok(true)));
-        waits.push(marker);
+        let marker = Arc::new(marker?);
+        {
+            let mut waits = core.waits.lock().unwrap_or_else(|e| e.into_inner());
+            waits.retain(|w| !matches!(w.is_complete(), Ok(true)));
+            waits.push(marker.clone());
+        }
+        // The watchdog may release this one wait (and nothing else) by storing its generation.
+        let release = Release {
+            signal: Arc::new(SlotRelease {
+                core: core.clone(),
+                slot,
+            }),
+            cmp: Cmp::Geq,
+            value: generation,
+        };
+        let what = format!("fence wait (slot {slot}, generation {generation}: its ticket was neither submitted nor dropped)");
+        registry::register_stream_wait(caller, what, Some(release), marker);
         Ok(ticket)
     }
 
     /// Tickets currently open (taken and neither submitted nor dropped), forgotten ones included.
     pub fn open_tickets(&self) -> usize {
         self.core.table().held()
+    }
+}
+
+/// One fence slot as the watchdog sees it: released by a host store of the waiter's own
+/// generation, which lets through that wait alone (finding 7: the old shared flag released every
+/// lower epoch too).
+struct SlotRelease {
+    core: Arc<Core>,
+    slot: usize,
+}
+
+impl Releasable for SlotRelease {
+    fn write_on(&self, _stream: &Stream, value: u64) -> Result<()> {
+        self.core.store_from_host(self.slot, value);
+        Ok(())
+    }
+    fn context(&self) -> &Arc<CudaContext> {
+        self.core.internal_dev.context()
+    }
+    fn store_from_host(&self, value: u64) -> bool {
+        self.core.store_from_host(self.slot, value);
+        true
     }
 }
 

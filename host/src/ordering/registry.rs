@@ -11,16 +11,16 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
-use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::driver::CudaStream;
 
 use super::types::{PendingOp, Release};
-use crate::error::{CudaCall, Result};
-use crate::stream::Stream;
+use crate::error::Result;
+use crate::stream::{Event, Stream};
 
 struct Entry {
     what: String,
     release: Option<Release>,
-    done: CudaEvent,
+    done: Arc<Event>,
 }
 
 struct Queue {
@@ -37,7 +37,7 @@ impl Queue {
 
     fn prune(&mut self) {
         while let Some(e) = self.entries.front() {
-            if matches!(e.done.try_is_complete(), Ok(false)) {
+            if matches!(e.done.is_complete(), Ok(false)) {
                 break;
             }
             self.entries.pop_front();
@@ -69,7 +69,7 @@ pub(crate) fn register_stream_wait(
     stream: &Stream,
     what: String,
     release: Option<Release>,
-    done: CudaEvent,
+    done: Arc<Event>,
 ) {
     let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     let queue = reg.queues.entry(key(stream)).or_insert_with(|| Queue {
@@ -109,7 +109,7 @@ pub(crate) fn pending_on(stream: &Stream) -> Result<Vec<PendingOp>> {
         if q.belongs_to(stream) {
             q.prune();
             for e in &q.entries {
-                if !e.done.try_is_complete().call("cuEventQuery")? {
+                if !e.done.is_complete()? {
                     out.push(PendingOp {
                         what: format!("{} never fired", e.what),
                         release: e.release.clone(),

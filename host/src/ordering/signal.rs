@@ -179,7 +179,7 @@ impl<T: SignalWord> Drop for SignalInner<T> {
                     return; // completion unknown: leak rather than free under a user
                 }
             }
-            if ctx.bind_to_thread().is_ok() {
+            if crate::device::bind_context_unchecked(&ctx).is_ok() {
                 // SAFETY: the word came from mem_alloc; every tracked use has completed.
                 let _ = unsafe { memops::mem_free(ptr) };
             }
@@ -266,20 +266,6 @@ impl<T: SignalWord> Signal<T> {
         self.wait_registered(stream, cmp, value, what, Some(release))
     }
 
-    /// Like [`Signal::wait_until`], but the watchdog reports the wait as `what` and never
-    /// releases it (for waits on memory shared with other waiters, such as a fence's flag:
-    /// finding 7 of issue 9).
-    #[allow(dead_code)] // for the fence, which the lead rewrites
-    pub(crate) fn wait_until_unreleasable(
-        &self,
-        stream: &Stream,
-        cmp: Cmp,
-        value: T,
-        what: String,
-    ) -> Result<()> {
-        self.wait_registered(stream, cmp, value, what, None)
-    }
-
     fn wait_registered(
         &self,
         stream: &Stream,
@@ -289,10 +275,7 @@ impl<T: SignalWord> Signal<T> {
         release: Option<Release>,
     ) -> Result<()> {
         self.enqueue_wait(stream, cmp, value)?;
-        let done = stream
-            .cudarc()
-            .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .call("cuEventRecord")?;
+        let done = Arc::new(stream.record_marker()?);
         registry::register_stream_wait(stream, what, release, done);
         Ok(())
     }
@@ -309,7 +292,7 @@ impl<T: SignalWord> Signal<T> {
     /// anything. Errors: [`Error::Cuda`].
     pub fn read(&self) -> Result<T> {
         let mut v = T::zeroed();
-        self.inner.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        crate::device::bind_context(&self.inner.ctx, "cuCtxSetCurrent")?;
         // SAFETY: the word is a live allocation of one T; `v` is a valid T-sized destination.
         unsafe {
             memops::memcpy_dtoh((&mut v as *mut T).cast(), self.device_ptr(), size_of::<T>())
@@ -382,7 +365,7 @@ impl<T: SignalWord> Signal<T> {
     }
 
     fn enqueue<R>(&self, stream: &Stream, op: impl FnOnce() -> Result<R>) -> Result<R> {
-        self.inner.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        crate::device::bind_context(&self.inner.ctx, "cuCtxSetCurrent")?;
         self.order_after_init(stream)?;
         let r = op()?;
         self.track(stream)?;

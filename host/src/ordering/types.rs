@@ -71,7 +71,13 @@ impl std::fmt::Display for Cmp {
 pub(crate) trait Releasable: Send + Sync {
     /// Enqueues a write of `value` on `stream` (which becomes one of the signal's users).
     fn write_on(&self, stream: &Stream, value: u64) -> Result<()>;
+    /// The context whose streams may write it.
     fn context(&self) -> &Arc<CudaContext>;
+    /// Stores `value` from the host when the word is host memory the CPU may write (a fence
+    /// slot), which needs no hardware queue; returns false when a stream write is needed.
+    fn store_from_host(&self, _value: u64) -> bool {
+        false
+    }
 }
 
 /// How [`crate::ordering::OnTimeout::Release`] may release a pending wait: write a value that

@@ -159,14 +159,25 @@ fn release(target: &Watched<'_>, pending: &[PendingOp], bound: Duration) -> Resu
         .filter_map(|p| p.release.as_ref())
         .filter_map(|r| r.cmp.satisfying_value(r.value).map(|v| (r, v)))
         .collect();
-    let Some((first, _)) = writes.first() else {
+    if writes.is_empty() {
         return Ok(false);
+    }
+    // Words the host can store (fence slots) need no stream, hence no hardware queue.
+    let stream_writes: Vec<(&Release, u64)> = writes
+        .into_iter()
+        .filter(|(r, v)| !r.signal.store_from_host(*v))
+        .collect();
+    let Some((first, _)) = stream_writes.first() else {
+        return poll_until(deadline_after(Instant::now(), bound), || {
+            target.is_complete()
+        });
     };
     let ctx = first.signal.context().clone();
     let per_attempt = bound / RELEASE_ATTEMPTS;
     for _ in 0..RELEASE_ATTEMPTS {
+        crate::device::bind_context(&ctx, "cuStreamCreate")?;
         let rescue = Stream::new(ctx.new_stream().call("cuStreamCreate")?);
-        for (r, v) in &writes {
+        for (r, v) in &stream_writes {
             r.signal.write_on(&rescue, *v)?;
         }
         if poll_until(deadline_after(Instant::now(), per_attempt), || {

@@ -44,7 +44,7 @@ impl Drop for Keep {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
             crate::memory::reaper::defer(move || {
-                let _ = inner.ctx.bind_to_thread();
+                let _ = crate::device::bind_context_unchecked(&inner.ctx);
                 // Executable graph, graph, host calls, closures, signals, keep-alive objects.
                 drop(inner);
             });
@@ -189,7 +189,7 @@ impl CapturedGraph {
             .inner
             .as_ref()
             .expect("Keep is full until dropped");
-        inner.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        crate::device::bind_context(&inner.ctx, "cuCtxSetCurrent")?;
         let origin = &self.streams[0];
         let others = distinct_others(&self.streams);
         for s in &others {
@@ -238,7 +238,7 @@ impl CapturedGraph {
             .inner
             .as_ref()
             .expect("Keep is full until dropped");
-        inner.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        crate::device::bind_context(&inner.ctx, "cuCtxSetCurrent")?;
         let graph = inner.graph.lock().unwrap_or_else(|e| e.into_inner());
         let mut count = 0usize;
         // SAFETY: a live graph; null arrays ask for the count only.
