@@ -22,7 +22,10 @@ sanitize)
     echo "== $tool vector_add"; san $tool $B/tests/vector_add --test-threads=1 any_persistent
     echo "== $tool pipeline"; san $tool $B/tests/pipeline --test-threads=1
     echo "== $tool pdl"; san $tool $B/tests/pdl --test-threads=1 --skip early_trigger
-    echo "== $tool ordering"; san $tool $B/tests/ordering --test-threads=1 device_side u32_signal fence_tickets two_waits
+    echo "== $tool ordering"; san $tool $B/tests/ordering --test-threads=1 device_side u32_signal two_waits
+    echo "== $tool fence"; san $tool $B/tests/fence --test-threads=1 finding_0 --skip finding_01
+    echo "== $tool soundness_ordering"; san $tool $B/tests/soundness_ordering --test-threads=1
+    echo "== $tool soundness_host"; san $tool $B/tests/soundness_host --test-threads=1 --skip sticky
     for k in "cluster --cluster 2" "cluster --cluster 4" "cluster --cluster 8" "plain"; do
       echo "== $tool gemm $k"; san $tool $B/warpline gemm --tiles 600 --kernel $k --once
     done

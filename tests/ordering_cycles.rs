@@ -169,7 +169,7 @@ fn brute_assess(s: &Spec, xs: &[usize], cmp: Cmp, value: u64) -> (bool, Vec<usiz
     (brute_reaches(cmp, value, &starts, &adds), contrib)
 }
 
-/// The oracle's edges, from the rules in docs/ordering.md; `None` if some wait cannot reach its
+/// The oracle's edges, from the rules in docs/safety.md; `None` if some wait cannot reach its
 /// value from 0 with all the sets and non-zero adds of its signal.
 fn oracle_edges(s: &Spec) -> Option<Vec<(usize, usize)>> {
     let n = s.tasks.len();

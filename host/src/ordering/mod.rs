@@ -1,4 +1,4 @@
-//! Cross-stream ordering that cannot deadlock (issue 5; rules in `docs/ordering.md`).
+//! Cross-stream ordering that cannot deadlock (issue 5; rules in `docs/safety.md`).
 //!
 //! - [`Fence`]: the caller's later work waits for internal work submitted later
 //!   (stream-wait-value fence seed), refused unless every kernel is loaded.

@@ -88,7 +88,7 @@ impl SignalWord for u64 {
 /// - Kernels use `warpline_gpu::device::signal::{signal_wait_geq, signal_set, signal_add}` on
 ///   [`Signal::device_ptr`].
 ///
-/// Rules (from the seeds; `docs/ordering.md`): values are best used as monotonic epochs with
+/// Rules (from the seeds; `docs/safety.md`): values are best used as monotonic epochs with
 /// [`Cmp::Geq`], so a signal never needs resetting; every on-stream wait needs its producer to be
 /// enqueued *before* it (CUDA may funnel streams into one FIFO hardware queue), which
 /// [`super::TaskGraph`] guarantees; bound waits with [`super::synchronize_timeout`].
@@ -255,7 +255,7 @@ impl<T: SignalWord> Signal<T> {
     ///
     /// Deadlock rule: enqueue the operation that will satisfy the wait *before* this call (or
     /// make it independent of every stream that CUDA may serialise with `stream`); see
-    /// `docs/ordering.md`. Errors: [`Error::Cuda`].
+    /// `docs/safety.md`. Errors: [`Error::Cuda`].
     pub fn wait_until(&self, stream: &Stream, cmp: Cmp, value: T) -> Result<()> {
         let release = Release {
             signal: Arc::new(self.clone()),

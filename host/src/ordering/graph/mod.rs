@@ -104,7 +104,7 @@ fn foreign(what: &'static str, kind: &str, got: u64, this: u64) -> Error {
 /// Tasks on lanes with explicit dependencies. Build it without a GPU; [`TaskGraph::check`] is pure
 /// CPU code. Signals start every run at 0 (the run resets them), so set/wait values are per run.
 ///
-/// Rules enforced (`docs/ordering.md`): the full graph (explicit dependencies, each lane's order,
+/// Rules enforced (`docs/safety.md`): the full graph (explicit dependencies, each lane's order,
 /// every signal set/add -> each wait it can help satisfy) must be acyclic ([`Error::Cycle`] names
 /// a cycle); every wait's value must be reachable from 0 by the sets and adds that are not ordered
 /// after it ([`Error::UnmatchedWait`]); tasks are submitted in a topological order of the full
