@@ -30,6 +30,8 @@ const POISON: u32 = 0xDEAD_BEEF;
 const CHILD_ENV: &str = "WARPLINE_FENCE_CHILD";
 /// Extra live streams a child creates before the runs (`WARPLINE_FENCE_EXTRA_STREAMS`).
 const EXTRA_ENV: &str = "WARPLINE_FENCE_EXTRA_STREAMS";
+/// Printed by the negative control once its hang was observed.
+const NEGATIVE_MARKER: &str = "negative control: the one-context wait hung as expected";
 
 fn expect_pattern(what: &str, got: &[u32], seed: u32) {
     for (i, &g) in got.iter().enumerate() {
@@ -43,24 +45,57 @@ fn expect_pattern(what: &str, got: &[u32], seed: u32) {
 
 /// Runs the ignored test `name` of this binary in a child with `env`, killing it after 300 s.
 fn run_child(name: &str, env: &[(&str, &str)]) {
+    run_child_until(name, env, None)
+}
+
+/// As [`run_child`]; with `done_marker`, a child that printed that line counts as finished and
+/// is killed if it has not exited 10 s later (a negative control whose stream stays blocked
+/// cannot tear its context down).
+fn run_child_until(name: &str, env: &[(&str, &str)], done_marker: Option<&str>) {
+    use std::io::BufRead;
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([name, "--exact", "--ignored", "--nocapture"])
         .env(CHILD_ENV, "1")
         .env_remove("CUDA_DEVICE_MAX_CONNECTIONS")
-        .env_remove("CUDA_MODULE_LOADING");
+        .env_remove("CUDA_MODULE_LOADING")
+        .stdout(std::process::Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            println!("{line}");
+            let _ = tx.send(line);
+        }
+    });
+    let mut deadline = Instant::now() + Duration::from_secs(300);
+    let mut marked = false;
     loop {
+        while let Ok(line) = rx.try_recv() {
+            if !marked && done_marker.is_some_and(|m| line.contains(m)) {
+                marked = true;
+                deadline = Instant::now() + Duration::from_secs(10);
+            }
+        }
         if let Some(status) = child.try_wait().unwrap() {
             assert!(status.success(), "{name} with {env:?} failed: {status}");
+            assert!(
+                done_marker.is_none() || marked,
+                "{name} exited without printing its marker"
+            );
             return;
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("{name} with {env:?} hung for 300 s");
+            let _ = child.wait();
+            assert!(marked, "{name} with {env:?} hung for 300 s");
+            return;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -205,6 +240,12 @@ fn one_context_child() {
         matches!(r, Err(Error::Timeout { .. })),
         "expected the one-context design to hang with one connection, got {r:?}"
     );
+    // The user stream stays blocked (the rescue writes share its only queue), so the context
+    // cannot be torn down: report and leave; the parent kills this process if exit blocks.
+    println!("{NEGATIVE_MARKER}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    std::process::exit(0);
 }
 
 /// Finding 2: a forgotten ticket holds only its own caller; later tickets release theirs.

@@ -3,6 +3,7 @@
 
 use warpline::launch::LaunchConfig;
 use warpline::{kernels, BatchPipeline, Error, MemPool, PinnedBuffer};
+use warpline_gpu::contract::signal as sigc;
 use warpline_suite::support::{gpu_or_skip, random_f32};
 
 #[test]
@@ -104,25 +105,25 @@ fn launch_configurations_are_checked_against_the_device() {
     };
     let max = dev.capabilities().max_shared_mem_per_block_optin as u32;
     let e = LaunchConfig::linear(1, 96, max + 1)
-        .validate(&dev, "k")
+        .validate(&dev, sigc::BUSY_FILL_KERNEL)
         .unwrap_err();
     assert!(matches!(e, Error::SharedMemory { .. }), "{e}");
     let e = LaunchConfig::linear(0, 96, 0)
-        .validate(&dev, "k")
+        .validate(&dev, sigc::BUSY_FILL_KERNEL)
         .unwrap_err();
     assert!(matches!(e, Error::BadShape { .. }), "{e}");
     let e = LaunchConfig::linear(1, 2048, 0)
-        .validate(&dev, "k")
+        .validate(&dev, sigc::BUSY_FILL_KERNEL)
         .unwrap_err();
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
     let e = LaunchConfig::linear(6, 96, 0)
         .with_cluster_x(4)
-        .validate(&dev, "k")
+        .validate(&dev, sigc::BUSY_FILL_KERNEL)
         .unwrap_err();
     assert!(matches!(e, Error::BadShape { .. }), "{e}");
     LaunchConfig::linear(8, 96, 0)
         .with_cluster_x(4)
-        .validate(&dev, "k")
+        .validate(&dev, sigc::BUSY_FILL_KERNEL)
         .unwrap();
 }
 
