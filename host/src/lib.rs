@@ -22,6 +22,7 @@ pub mod ordering;
 pub mod pipeline;
 pub mod reference;
 pub mod stream;
+pub mod stress;
 
 pub use chain::{Chain, Graph, KernelArg};
 pub use device::{Capabilities, Device};

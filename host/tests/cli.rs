@@ -165,3 +165,80 @@ fn finding_17_truncated_npy_input_is_reported_as_truncated_before_the_device() {
     assert!(!stderr.contains("dtype"), "{stderr}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+// ------------------------------------------------------------------------------------------------
+// `warpline stress` (issue 9, "Stress run"): no GPU is exit 2 with the no-GPU message; bad flags
+// are usage errors before the device is opened; with a GPU a small run passes.
+// ------------------------------------------------------------------------------------------------
+
+#[test]
+fn stress_reports_no_gpu_or_passes_a_small_run() {
+    let args: &[&str] = if warpline::device::driver_present() {
+        &[
+            "stress",
+            "--fence-tickets",
+            "64",
+            "--fence-threads",
+            "4",
+            "--batches",
+            "40",
+            "--graphs",
+            "8",
+            "--bound-ms",
+            "10000",
+            "--seed",
+            "7",
+            "--json",
+        ]
+    } else {
+        &["stress"]
+    };
+    let out = warpline().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    if warpline::device::driver_present() {
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        assert!(stdout.trim_start().starts_with('{'), "{stdout}");
+        assert!(stdout.contains("\"seed\":7"), "{stdout}");
+        assert!(stdout.contains("\"passed\":true}"), "{stdout}");
+        assert!(stderr.contains("--seed 7"), "{stderr}");
+    } else {
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("no GPU"), "{stderr}");
+        assert!(stderr.contains("warpline stress: seed"), "{stderr}");
+    }
+}
+
+#[test]
+fn stress_bad_flags_are_reported_before_the_device_is_opened() {
+    for (args, flag) in [
+        (&["stress", "--fence-threads", "0"][..], "--fence-threads 0"),
+        (
+            &["stress", "--fence-threads", "65"][..],
+            "--fence-threads 65",
+        ),
+        (&["stress", "--batch-elems", "0"][..], "--batch-elems 0"),
+        (
+            &["stress", "--pipeline-streams", "0"][..],
+            "--pipeline-streams 0",
+        ),
+        (&["stress", "--bound-ms", "0"][..], "--bound-ms 0"),
+        (
+            &["stress", "--bound-ms", "3600001"][..],
+            "--bound-ms 3600001",
+        ),
+        (&["stress", "--graphs", "1000001"][..], "--graphs 1000001"),
+    ] {
+        let (code, stderr) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("bad usage"), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        assert!(stderr.contains("between"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("no GPU"), "{args:?}: {stderr}");
+    }
+    // Not a number: clap's own usage error (exit 2).
+    let (code, stderr) = run(&["stress", "--seed", "x"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--seed"), "{stderr}");
+}

@@ -2,9 +2,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use warpline::stress::{self, StressOptions};
 use warpline::{
     bandwidth, npy, reference, BatchPipeline, Device, Error, PinnedBuffer, PipelineReport, Result,
 };
@@ -30,6 +32,44 @@ enum Cmd {
     /// Batched 128x128x128 FP32 GEMM C_t = A_t x B_t: cluster_tile_gemm, tile_gemm and cuBLAS
     /// strided-batched SGEMM on the same data, CPU-verified, with a throughput table.
     Gemm(GemmArgs),
+    /// Bounded stress run: pipeline batches against the CPU reference, fences from many threads,
+    /// random task graphs (direct and captured) and host callbacks, every wait bounded; prints
+    /// runs, hangs, wrong results and time per section. Exit status 1 on any hang, wrong result
+    /// or error.
+    Stress(StressArgs),
+}
+
+#[derive(Args)]
+struct StressArgs {
+    /// Fence tickets in all, spread over --fence-threads threads (0 skips the fences).
+    #[arg(long, default_value_t = stress::DEFAULT_FENCE_TICKETS)]
+    fence_tickets: usize,
+    /// Threads taking fence tickets (1..=64); every fourth has a fence of its own, the others
+    /// share one.
+    #[arg(long, default_value_t = stress::DEFAULT_FENCE_THREADS)]
+    fence_threads: usize,
+    /// Pipeline batches in all, checked against the f64 CPU reference (0 skips the pipeline).
+    #[arg(long, default_value_t = stress::DEFAULT_BATCHES)]
+    batches: usize,
+    /// Floats per pipeline batch.
+    #[arg(long, default_value_t = stress::DEFAULT_BATCH_ELEMS)]
+    batch_elems: usize,
+    /// Streams of the pipeline (1..=32).
+    #[arg(long, default_value_t = stress::DEFAULT_PIPELINE_STREAMS)]
+    pipeline_streams: usize,
+    /// Random task graphs, and as many host-callback graphs (0 skips both).
+    #[arg(long, default_value_t = stress::DEFAULT_GRAPHS)]
+    graphs: usize,
+    /// Bound of every wait, milliseconds: a wait that takes longer is a counted hang.
+    #[arg(long, default_value_t = stress::DEFAULT_BOUND.as_millis() as u64)]
+    bound_ms: u64,
+    /// Seed of the random choices (default: a fresh one; it is printed, so a failure can be
+    /// repeated).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -88,6 +128,7 @@ fn main() -> ExitCode {
         Cmd::Pipeline(args) => pipeline(args),
         Cmd::Info => info().map_err(CliError::from),
         Cmd::Gemm(args) => gemm(args),
+        Cmd::Stress(args) => stress_cmd(args),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -657,4 +698,53 @@ fn gemm(args: GemmArgs) -> CliResult {
         );
     }
     Ok(())
+}
+
+/// `warpline stress`: flags checked before the device is opened, then [`stress::run`].
+fn stress_cmd(args: StressArgs) -> CliResult {
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let opts = StressOptions {
+        fence_tickets: args.fence_tickets,
+        fence_threads: args.fence_threads,
+        batches: args.batches,
+        batch_elems: args.batch_elems,
+        pipeline_streams: args.pipeline_streams,
+        graphs: args.graphs,
+        bound: Duration::from_millis(args.bound_ms),
+        seed,
+    };
+    if let Err(e) = opts.validate() {
+        return Err(usage(match e {
+            Error::BadShape { detail, .. } => detail,
+            e => e.to_string(),
+        }));
+    }
+    check_host_memory(
+        &format!(
+            "--batch-elems {} (pinned A, B and C of one pipeline run call)",
+            opts.batch_elems
+        ),
+        Some(opts.pipeline_host_bytes()),
+    )?;
+    // Printed before anything runs, so a crash can be repeated too.
+    eprintln!("warpline stress: seed {seed} (repeat with --seed {seed})");
+    let dev = Device::open(0)?;
+    let report = stress::run(&dev, &opts)?;
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        println!("{report}");
+    }
+    if report.passed() {
+        return Ok(());
+    }
+    let [hangs, wrong, errors] = report.sections().iter().fold([0u64; 3], |acc, s| {
+        [acc[0] + s.hangs, acc[1] + s.wrong, acc[2] + s.errors]
+    });
+    Err(Error::Verification {
+        detail: format!(
+            "stress run (seed {seed}): {hangs} hangs, {wrong} wrong results, {errors} errors"
+        ),
+    }
+    .into())
 }
