@@ -122,6 +122,19 @@ pub struct StressOptions {
     pub bound: Duration,
     /// Seed of every random choice (inputs, graphs, fence seeds and delays).
     pub seed: u64,
+    /// Print progress lines to stderr (section starts and ends, every pipeline call, every 100
+    /// fence tickets of a thread, every 50 graphs), so a run that hangs outside its bounded
+    /// waits shows where.
+    pub progress: bool,
+}
+
+/// A progress line on stderr when `opts.progress`.
+macro_rules! progress {
+    ($opts:expr, $($arg:tt)*) => {
+        if $opts.progress {
+            eprintln!("stress: {}", format_args!($($arg)*));
+        }
+    };
 }
 
 impl Default for StressOptions {
@@ -135,6 +148,7 @@ impl Default for StressOptions {
             graphs: DEFAULT_GRAPHS,
             bound: DEFAULT_BOUND,
             seed: 0,
+            progress: false,
         }
     }
 }
@@ -566,10 +580,15 @@ pub fn run(dev: &Device, opts: &StressOptions) -> Result<StressReport> {
         default_release_threshold: threshold,
         ..PoolReport::default()
     };
+    progress!(opts, "pipeline section: {} batches", opts.batches);
     let pipeline = pipeline_section(dev, opts, &mut pools)?;
+    progress!(opts, "fence section: {} tickets", opts.fence_tickets);
     let fences = fence_section(dev, &pool, opts)?;
+    progress!(opts, "task graph section: {} graphs", opts.graphs);
     let graphs = graph_section(dev, &pool, opts, GraphKind::Data)?;
+    progress!(opts, "host callback section: {} graphs", opts.graphs);
     let host_callbacks = graph_section(dev, &pool, opts, GraphKind::HostCallbacks)?;
+    progress!(opts, "sections done");
     pools.default_reserved_after = pool.reserved_bytes()?;
     pools.default_used_after = default_pool_attr(
         dev,
@@ -873,6 +892,7 @@ fn pipeline_worker(
         }
         done += nb;
         call += 1;
+        progress!(opts, "pipeline call {call} done ({done} batches)");
     }
     let reserved_last = pipe.pool().reserved_bytes()?;
     Ok(Some((call, reserved_first, reserved_last)))
@@ -1027,6 +1047,9 @@ fn fence_worker(
         }
     };
     for k in 0..tickets {
+        if k % 100 == 0 {
+            progress!(opts, "fence thread {t}: ticket {k}");
+        }
         if hangs.load(Ordering::Relaxed) >= MAX_HANGS_PER_SECTION {
             rep.aborted = true;
             break;
@@ -1146,7 +1169,7 @@ fn first_mismatch(got: &[u32], seed: u32) -> Option<(usize, u32, u32)> {
 
 // --------------------------------------------------------------------------------- task graphs
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum GraphKind {
     /// Kernels, signal sets/adds/waits, data checked after each wait.
     Data,
@@ -1392,6 +1415,9 @@ fn graph_section(
     let mut rig = GraphRig::new(dev, pool)?;
     let mut stats = GraphStats::default();
     for gi in 0..opts.graphs {
+        if gi % 50 == 0 {
+            progress!(opts, "{kind:?} graph {gi}");
+        }
         if rep.hangs >= MAX_HANGS_PER_SECTION {
             rep.aborted = true;
             break;

@@ -70,6 +70,9 @@ struct StressArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Progress lines on stderr (where a run is, should it hang outside its bounded waits).
+    #[arg(long)]
+    progress: bool,
 }
 
 #[derive(Args)]
@@ -712,6 +715,7 @@ fn stress_cmd(args: StressArgs) -> CliResult {
         graphs: args.graphs,
         bound: Duration::from_millis(args.bound_ms),
         seed,
+        progress: args.progress,
     };
     if let Err(e) = opts.validate() {
         return Err(usage(match e {
