@@ -332,6 +332,8 @@ impl Fence {
         if caller.context_raw() == core.internal_dev.raw_context() {
             return Err(Error::FenceWaitsOnItself);
         }
+        // Keeps the reaper's blocking frees out until this wait is registered (memory::reaper).
+        let _entry = crate::memory::reaper::enter_wait();
         let taken = core
             .table()
             .take(|s| core.arena.word(s).load(Ordering::Acquire));

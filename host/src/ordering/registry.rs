@@ -130,3 +130,16 @@ pub(crate) fn sizes() -> (usize, usize) {
         reg.queues.values().map(|q| q.entries.len()).sum(),
     )
 }
+
+/// True while some registered wait has not completed (its `done` event). Prunes as it goes.
+pub(crate) fn any_wait_pending() -> bool {
+    let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    reg.queues.retain(|_, q| {
+        if q.stream.strong_count() == 0 {
+            return false;
+        }
+        q.prune();
+        !q.entries.is_empty()
+    });
+    !reg.queues.is_empty()
+}

@@ -274,6 +274,7 @@ impl<T: SignalWord> Signal<T> {
         what: String,
         release: Option<Release>,
     ) -> Result<()> {
+        let _entry = crate::memory::reaper::enter_wait();
         self.enqueue_wait(stream, cmp, value)?;
         let done = Arc::new(stream.record_marker()?);
         registry::register_stream_wait(stream, what, release, done);
