@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, compute-sanitizer, CLI runs and benches from target/gpu-bundle
 # (build it with `cargo xtask gpu-bundle`). Usage on the GPU host, from the repository root:
-#   OUT=<log dir> bash scripts/device-run.sh [tests] [sanitize] [cli] [bench] [dram]   (default: all)
-# One log per section under $OUT: tests.log sanitize.log cli.log bench.log dram.log.
+#   OUT=<log dir> bash scripts/device-run.sh [tests] [sanitize] [cli] [stress] [bench] [dram]   (default: all)
+# One log per section under $OUT: tests.log sanitize.log cli.log stress.log bench.log dram.log.
 set -uo pipefail
 B=target/gpu-bundle
 OUT=${OUT:-./device-logs}; mkdir -p "$OUT"
 export WARPLINE_BIN="$PWD/$B/warpline" PATH=$PATH:/usr/local/cuda/bin
 export PTXAS=${PTXAS:-$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)}
-sections=${*:-tests sanitize cli bench dram}
+sections=${*:-tests sanitize cli stress bench dram}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 san() { # tool, then the command; prints the summary lines
   timeout 300 compute-sanitizer --tool "$1" --print-limit 5 "${@:2}" 2>&1 | grep -E "test result|verified|SUMMARY|Error" | head -8
@@ -33,6 +33,12 @@ sanitize)
 cli)
   { $B/warpline pipeline --streams 3 --batches 16 --batch-elems 16777216 --verify --compare-one-stream
     for c in 2 4; do $B/warpline gemm --tiles 4096 --cluster $c; done; } > "$OUT/cli.log" 2>&1 ;;
+stress)
+  for c in 1 unset; do for l in LAZY EAGER; do
+    echo "== stress CUDA_DEVICE_MAX_CONNECTIONS=$c CUDA_MODULE_LOADING=$l"
+    ( [ $c = unset ] && unset CUDA_DEVICE_MAX_CONNECTIONS || export CUDA_DEVICE_MAX_CONNECTIONS=$c
+      export CUDA_MODULE_LOADING=$l; timeout 300 $B/warpline stress --seed 42 --progress ) 2>&1 | grep -v "^stress:"
+  done; done > "$OUT/stress.log" 2>&1 ;;
 bench)
   for b in $B/benches/*; do echo "== $b"; timeout 300 "$b" --bench 2>&1 | grep -v "^Benchmarking\|^$"; done > "$OUT/bench.log" 2>&1 ;;
 dram)
