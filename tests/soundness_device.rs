@@ -11,12 +11,21 @@
 
 use std::path::{Path, PathBuf};
 
-fn gpu_src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("gpu/src")
+/// The source folders of the device code: the device library and warpline's kernel crate.
+fn device_srcs() -> [PathBuf; 2] {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    [root.join("device/src"), root.join("gpu/src")]
 }
 
+/// A file of the device code: `device/...` is in the device library (`device/src`), anything
+/// else in the kernel crate (`gpu/src`).
 fn read(rel: &str) -> String {
-    std::fs::read_to_string(gpu_src().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    let [device, gpu] = device_srcs();
+    let path = match rel.strip_prefix("device/") {
+        Some(rest) => device.join(rest),
+        None => gpu.join(rel),
+    };
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 /// Every `.rs` file under `dir`, recursively.
@@ -137,7 +146,9 @@ fn finding_14_aligned_and_cta_barriers_are_unsafe_and_state_convergence() {
 #[test]
 fn finding_14_every_unsafe_fn_of_the_device_crate_has_a_safety_section() {
     let mut files = Vec::new();
-    rust_files(&gpu_src(), &mut files);
+    for dir in device_srcs() {
+        rust_files(&dir, &mut files);
+    }
     let mut missing = Vec::new();
     let mut seen = 0;
     for f in files {
@@ -185,17 +196,8 @@ fn finding_14_pipeline_state_fields_are_private() {
 
 #[test]
 fn finding_14_device_crate_denies_the_unsafe_and_doc_lints() {
-    let lib = read("lib.rs");
-    for lint in [
-        "unsafe_op_in_unsafe_fn",
-        "missing_docs",
-        "clippy::undocumented_unsafe_blocks",
-        "clippy::missing_safety_doc",
-    ] {
-        let denied = lib
-            .lines()
-            .any(|l| l.trim_start().starts_with("#![deny(") && l.contains(lint));
-        assert!(denied, "gpu/src/lib.rs does not deny {lint}");
+    for lib in [read("device/lib.rs"), read("lib.rs")] {
+        check_denies(&lib);
     }
     // ... and the project's test command lints the device build with them, warnings denied.
     let xtask =
@@ -215,4 +217,18 @@ fn finding_14_device_crate_denies_the_unsafe_and_doc_lints() {
         xtask.contains("\"rust-web-clippy\""),
         "setup does not install the device clippy"
     );
+}
+
+fn check_denies(lib: &str) {
+    for lint in [
+        "unsafe_op_in_unsafe_fn",
+        "missing_docs",
+        "clippy::undocumented_unsafe_blocks",
+        "clippy::missing_safety_doc",
+    ] {
+        let denied = lib
+            .lines()
+            .any(|l| l.trim_start().starts_with("#![deny(") && l.contains(lint));
+        assert!(denied, "a device crate's lib.rs does not deny {lint}");
+    }
 }

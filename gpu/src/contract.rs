@@ -4,10 +4,7 @@
 
 /// Bytes in one `f32`.
 pub const F32_BYTES: usize = 4;
-/// Threads in a warp.
-pub const WARP_SIZE: u32 = 32;
-/// Bytes per `mbarrier` object (PTX ISA §9.7.13.15: a 64-bit, 8-byte aligned shared-memory object).
-pub const MBARRIER_BYTES: usize = 8;
+pub use warpline_device::{MBARRIER_BYTES, WARP_SIZE};
 
 /// Warp-specialized, double-buffered vector add `C = A + B` (f32), after the chapter's
 /// "warp-specialized, two pipelines" kernel (ch. 11), done with per-role mbarrier arrivals.

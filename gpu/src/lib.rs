@@ -1,8 +1,9 @@
-//! warpline's device crate.
+//! warpline's kernel crate.
 //!
 //! Built twice from one source:
-//! - for `nvptx64-nvidia-cuda` (sm_90, PTX ISA 8.0) by `cargo xtask build-ptx`: the device library in
-//!   [`device`] and the kernels in `kernels`, emitted as one PTX module;
+//! - for `nvptx64-nvidia-cuda` (sm_90, PTX ISA 8.0) by `cargo xtask build-ptx`: the kernels in
+//!   `kernels`, built on the device library `warpline-device` (re-exported as `device`, with its
+//!   panic handler), emitted as one PTX module;
 //! - for the host as an ordinary rlib that exposes [`contract`] only, so the host launchers and the
 //!   kernels read the same tile sizes, warp roles and shared-memory layout.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
@@ -17,15 +18,10 @@
 
 pub mod contract;
 
+/// The device library (crate `warpline-device`), which warpline's kernels use like any user's.
 #[cfg(target_arch = "nvptx64")]
-pub mod device;
+pub use warpline_device as device;
+
+warpline_device::kernel_module!();
 #[cfg(target_arch = "nvptx64")]
 mod kernels;
-
-#[cfg(target_arch = "nvptx64")]
-#[panic_handler]
-fn panic(_: &core::panic::PanicInfo) -> ! {
-    // A device panic traps the kernel; the host sees CUDA_ERROR_LAUNCH_FAILED.
-    // SAFETY: `trap` aborts the kernel; it has no preconditions.
-    unsafe { core::arch::nvptx::trap() }
-}

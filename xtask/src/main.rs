@@ -263,7 +263,7 @@ fn build_ptx(require_ptxas: bool) -> Result<()> {
     Ok(())
 }
 
-/// Clippy over the nvptx64 build of `gpu/` (the device code is cfg'd out of the host build, so the
+/// Clippy over the nvptx64 build of `device/` and `gpu/` (the device code is cfg'd out of the host build, so the
 /// workspace clippy never sees it), every warning an error. Its own target directory, as the
 /// flags differ from build-ptx's.
 fn clippy_ptx() -> Result<()> {
@@ -272,8 +272,9 @@ fn clippy_ptx() -> Result<()> {
     cmd.arg("clippy")
         .args(DEVICE_ARGS)
         .arg(&target_dir)
+        .args(["-p", "warpline-device"])
         .args(["--", "-D", "warnings"]);
-    println!("clippy-ptx: clippy on gpu/ for nvptx64-nvidia-cuda, -D warnings");
+    println!("clippy-ptx: clippy on device/ and gpu/ for nvptx64-nvidia-cuda, -D warnings");
     run(&mut cmd)
 }
 

@@ -3,7 +3,7 @@
 use core::arch::asm;
 
 use super::thread::thread_idx_x;
-use crate::contract::WARP_SIZE;
+use crate::WARP_SIZE;
 
 /// Lane of this thread in its warp, 0..32 (`%laneid`).
 #[inline(always)]

@@ -10,7 +10,7 @@ use core::marker::PhantomData;
 global_asm!(".extern .shared .align 128 .b8 warpline_dyn_smem[];");
 
 /// Shared-window address of the CTA's dynamic shared memory (128-byte aligned). Its size is the
-/// `sharedMemBytes` of the launch.
+/// `sharedMemBytes` of the launch. Needs the declaration that [`crate::kernel_module!`] emits.
 #[inline(always)]
 pub fn dynamic_smem_base() -> u32 {
     let addr: u32;

@@ -11,7 +11,7 @@
 
 use super::cp_async;
 use super::mbarrier::Mbarrier;
-use crate::contract::MBARRIER_BYTES;
+use crate::MBARRIER_BYTES;
 
 /// Position of one role in the pipeline: which stage it is at and the parity of that stage's
 /// current phase. Invariant: `stage() < STAGES`, `phase()` is 0 or 1; only [`Self::advance`]

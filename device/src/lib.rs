@@ -1,0 +1,69 @@
+//! # warpline-device
+//!
+//! A small device library for Hopper (sm_90) kernels written in Rust and compiled for
+//! `nvptx64-nvidia-cuda`, named the way CUDA programmers expect (after Rust-CUDA's `cuda_std` and
+//! CUDA C++): thread and warp indices, shared memory addressed by 32-bit shared-window addresses,
+//! `cp.async`, `mbarrier`, a stage/phase pipeline, clusters and DSMEM, the bulk copy engine, PDL.
+//!
+//! Every function is a thin wrapper over one PTX instruction (PTX ISA 8.0; the section is named in
+//! its docs). The `unsafe` ones take raw shared or global addresses, or need convergent execution,
+//! and their `# Safety` sections say what the caller guarantees.
+//!
+//! The crate has no kernels. A kernel crate depends on it, enables the `panic-handler` feature (or
+//! defines its own `#[panic_handler]`), and is built to PTX by `warpline`'s builder or
+//! `cargo xtask build-ptx`. On the host the instruction wrappers are compiled out; the constants
+//! below are available everywhere.
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+// Device code is linted on its own build (`cargo xtask clippy-ptx`, part of `cargo xtask test`):
+// every unsafe operation in its own documented block, every public item documented.
+#![deny(unsafe_op_in_unsafe_fn, missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
+#![cfg_attr(target_arch = "nvptx64", feature(stdarch_nvptx, asm_experimental_arch))]
+
+/// Threads per warp.
+pub const WARP_SIZE: u32 = 32;
+/// Bytes of one `mbarrier` object in shared memory (PTX ISA §9.7.13.15: 8 bytes, 8-byte aligned).
+pub const MBARRIER_BYTES: usize = 8;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod bulk;
+#[cfg(target_arch = "nvptx64")]
+pub mod clock;
+#[cfg(target_arch = "nvptx64")]
+pub mod cluster;
+#[cfg(target_arch = "nvptx64")]
+pub mod cp_async;
+#[cfg(target_arch = "nvptx64")]
+pub mod mbarrier;
+#[cfg(target_arch = "nvptx64")]
+pub mod pdl;
+#[cfg(target_arch = "nvptx64")]
+pub mod pipeline;
+#[cfg(target_arch = "nvptx64")]
+pub mod signal;
+#[cfg(target_arch = "nvptx64")]
+pub mod smem;
+#[cfg(target_arch = "nvptx64")]
+pub mod thread;
+#[cfg(target_arch = "nvptx64")]
+pub mod warp;
+
+/// Declares, in the invoking kernel crate, the module-scope PTX the device library needs: the
+/// dynamic shared-memory window `warpline_dyn_smem` (`.extern .shared .align 128`, PTX ISA
+/// §5.1.5) that [`smem::dynamic_smem_base`] addresses. Invoke it once at the root of every kernel
+/// crate (module-level assembly of a dependency does not survive the LTO build that emits PTX).
+#[macro_export]
+macro_rules! kernel_module {
+    () => {
+        #[cfg(target_arch = "nvptx64")]
+        ::core::arch::global_asm!(".extern .shared .align 128 .b8 warpline_dyn_smem[];");
+    };
+}
+
+#[cfg(all(target_arch = "nvptx64", feature = "panic-handler"))]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // A device panic traps the kernel; the host sees CUDA_ERROR_LAUNCH_FAILED.
+    // SAFETY: `trap` aborts the kernel; it has no preconditions.
+    unsafe { core::arch::nvptx::trap() }
+}
