@@ -190,7 +190,8 @@ pub fn pdl_pair(
         });
     }
     // Validate the consumer before queueing the producer, so bad input queues nothing.
-    check_pair_consumer(dev, stream, &buf, &scale, &out, grid, pdl)?;
+    check_consumer(dev, stream, buf.len(), &scale, &out, grid, pdl)?;
+    check_stream("pdl_consumer input buf", buf.stream(), stream)?;
     pdl_producer(dev, stream, inp, buf.reborrow(), grid, false)?;
     let buf_view = buf.into_view();
     // SAFETY: the previous kernel on `stream` is the producer just queued, which writes only
@@ -210,10 +211,12 @@ pub fn pdl_pair(
     }
 }
 
-fn check_pair_consumer(
+/// The checks every consumer launch shares, over a `buf` of `n` elements: grid, equal lengths
+/// (`n >= 1`), `scale` and `out` on `stream` and 4-byte aligned, PDL support when asked.
+fn check_consumer(
     dev: &Device,
     stream: &Stream,
-    buf: &DeviceViewMut<'_, f32>,
+    n: usize,
     scale: &DeviceView<'_, f32>,
     out: &DeviceViewMut<'_, f32>,
     grid: u32,
@@ -221,7 +224,6 @@ fn check_pair_consumer(
 ) -> Result<()> {
     const WHAT: &str = "pdl_consumer";
     check_grid(WHAT, grid)?;
-    let n = buf.len();
     if scale.len() != n || out.len() != n {
         return Err(Error::LengthMismatch {
             what: WHAT,
@@ -232,7 +234,9 @@ fn check_pair_consumer(
             ),
         });
     }
-    check_stream("pdl_consumer input buf", buf.stream(), stream)?;
+    if n == 0 {
+        return Err(Error::Empty { what: WHAT });
+    }
     check_input("pdl_consumer input scale", scale, stream, 4)?;
     check_output("pdl_consumer output out", out, stream, 4)?;
     require_pdl(dev, pdl)
@@ -245,9 +249,9 @@ fn check_pair_consumer(
 ///
 /// # Safety
 /// With `pdl`, the kernel may start before the kernel queued just before it on `stream` has
-/// finished: that kernel must not write `scale`, which the consumer reads before its
-/// `griddepcontrol.wait` (`buf` is read and `out` written only after the wait, which waits for
-/// the previous kernel's completion). The safe [`pdl_pair`] guarantees this. [`Consumer::NoWait`] reads `buf` without waiting: a negative
+/// finished. [`Consumer::Waits`] reads `buf` and `scale` and writes `out` only after its
+/// `griddepcontrol.wait`, which waits for the previous kernel's completion; the caller still keeps
+/// `scale` unwritten by that kernel, as the safe [`pdl_pair`] does. [`Consumer::NoWait`] reads `buf` without waiting: a negative
 /// control for tests, it races with a PDL-overlapped producer of `buf` (its results are then
 /// unspecified, though every access stays inside the views).
 ///
@@ -275,26 +279,9 @@ pub unsafe fn pdl_consumer_variant(
     grid: u32,
     pdl: bool,
 ) -> Result<()> {
-    const WHAT: &str = "pdl_consumer";
-    check_grid(WHAT, grid)?;
     let n = buf.len();
-    if scale.len() != n || out.len() != n {
-        return Err(Error::LengthMismatch {
-            what: WHAT,
-            detail: format!(
-                "buf has {n} elements, scale {}, out {}; all must be equal",
-                scale.len(),
-                out.len()
-            ),
-        });
-    }
-    if n == 0 {
-        return Err(Error::Empty { what: WHAT });
-    }
+    check_consumer(dev, stream, n, &scale, &out, grid, pdl)?;
     check_input("pdl_consumer input buf", &buf, stream, 4)?;
-    check_input("pdl_consumer input scale", &scale, stream, 4)?;
-    check_output("pdl_consumer output out", &out, stream, 4)?;
-    require_pdl(dev, pdl)?;
     let name = match which {
         Consumer::Waits => contract::CONSUMER_KERNEL,
         Consumer::NoWait => contract::CONSUMER_NO_WAIT_KERNEL,
