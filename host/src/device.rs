@@ -2,17 +2,17 @@
 //! what the hardware offers; and the per-context record that turns sticky errors into
 //! [`Error::ContextPoisoned`] (first error, the launches that preceded it).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DriverError};
-use cudarc::nvrtc::Ptx;
+use cudarc::driver::{CudaContext, CudaFunction, DriverError};
 
 use crate::driver::core as drv;
 use crate::error::{CudaCall, Error, Result};
 use crate::kernels::KERNEL_SPECS;
+use crate::module::{Module, ModuleInner};
 use crate::stream::Stream;
 
 /// What the device offers, read at open.
@@ -44,18 +44,20 @@ pub struct Capabilities {
     pub max_threads_per_block: u32,
 }
 
-/// A resolved kernel of the module.
+/// A resolved (and loaded) kernel of a module.
 #[derive(Clone, Debug)]
 pub struct Kernel {
     pub(crate) name: String,
     pub(crate) func: CudaFunction,
-    ctx: Arc<CudaContext>,
+    pub(crate) ctx: Arc<CudaContext>,
     /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` as last set (shared by clones).
-    max_dyn_smem: Arc<AtomicUsize>,
+    pub(crate) max_dyn_smem: Arc<AtomicUsize>,
+    /// Serialises automatic raises of the attribute (shared by clones), so they only grow.
+    pub(crate) raise: Arc<Mutex<()>>,
     /// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`: static shared memory of the kernel.
-    static_smem: usize,
+    pub(crate) static_smem: usize,
     /// The device's opt-in limit per CTA.
-    optin: usize,
+    pub(crate) optin: usize,
 }
 
 impl Kernel {
@@ -106,6 +108,21 @@ impl Kernel {
         self.max_dyn_smem.store(bytes, Ordering::Relaxed);
         Ok(())
     }
+
+    /// Raises the dynamic shared memory limit to at least `bytes` (never lowers it; concurrent
+    /// raises are serialised). Errors as [`Kernel::set_max_dynamic_shared_memory`].
+    pub(crate) fn raise_max_dynamic_shared_memory(&self, bytes: usize) -> Result<()> {
+        let _one = self.raise.lock().unwrap_or_else(|e| e.into_inner());
+        if bytes <= self.max_dynamic_shared_memory() {
+            return Ok(());
+        }
+        self.set_max_dynamic_shared_memory(bytes)
+    }
+
+    /// The driver handle of the kernel's context (`CUcontext`).
+    pub fn context_raw(&self) -> sys::CUcontext {
+        self.ctx.cu_ctx()
+    }
 }
 
 /// One launch as remembered for error reports.
@@ -126,6 +143,9 @@ pub(crate) struct ContextState {
     poison: Mutex<Option<(String, Vec<String>)>>,
     launches: Mutex<VecDeque<LaunchRecord>>,
     deferred: Mutex<Vec<String>>,
+    /// Every module loaded into the context through warpline (for
+    /// [`Device::all_kernels_loaded`]); entries of dropped modules are pruned.
+    modules: Mutex<Vec<Weak<ModuleInner>>>,
 }
 
 impl ContextState {
@@ -135,7 +155,21 @@ impl ContextState {
             poison: Mutex::new(None),
             launches: Mutex::new(VecDeque::with_capacity(LAUNCH_HISTORY)),
             deferred: Mutex::new(Vec::new()),
+            modules: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Remembers a module loaded into this context.
+    fn register_module(&self, m: &Arc<ModuleInner>) {
+        let mut all = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(m));
+    }
+
+    /// The live modules of this context.
+    fn live_modules(&self) -> Vec<Arc<ModuleInner>> {
+        let all = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        all.iter().filter_map(Weak::upgrade).collect()
     }
 
     /// Remembers a launch (the newest [`LAUNCH_HISTORY`] are kept).
@@ -267,8 +301,10 @@ pub(crate) fn defer_error(ctx: &CudaContext, e: &Error) {
 ///
 /// `open` loads the embedded PTX and resolves *and loads* every kernel entry (`cuFuncLoad`), so no
 /// kernel is loaded lazily later: lazy loading needs the device idle and can deadlock behind
-/// on-stream waits (see the stream-wait-value fence seed). Kernels whose shared memory is above
-/// 48 KiB get `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` set here.
+/// on-stream waits (see the stream-wait-value fence seed). warpline's kernels whose shared memory
+/// is above 48 KiB get `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` set here.
+///
+/// More modules (your own PTX) are loaded with [`Device::load_module`], the same eager way.
 ///
 /// After a sticky error (illegal address, launch failure, ...) every call on the device returns
 /// [`Error::ContextPoisoned`], naming the first error and the launches that preceded it.
@@ -276,8 +312,8 @@ pub struct Device {
     ctx: Arc<CudaContext>,
     ptx: Arc<str>,
     state: Arc<ContextState>,
-    _module: Arc<CudaModule>,
-    kernels: BTreeMap<String, Kernel>,
+    /// The module the device was opened with (warpline's embedded one for `open`).
+    module: Module,
     caps: Capabilities,
 }
 
@@ -285,7 +321,7 @@ impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Device")
             .field("caps", &self.caps)
-            .field("kernels", &self.kernels.keys())
+            .field("kernels", &self.module.inner.kernels.keys())
             .field("primary_context", &self.ctx.is_primary())
             .finish()
     }
@@ -297,20 +333,11 @@ pub fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
-/// The `.entry` names of a PTX module, in order.
+/// The `.entry` names of a PTX module, in order (see [`crate::module::ptx_signatures`]).
 pub fn ptx_entries(ptx: &str) -> Vec<String> {
-    ptx.lines()
-        .filter_map(|l| {
-            l.trim_start()
-                .strip_prefix(".visible .entry ")
-                .or_else(|| l.trim_start().strip_prefix(".entry "))
-        })
-        .map(|rest| {
-            rest.split(|c: char| c == '(' || c.is_whitespace())
-                .next()
-                .unwrap_or_default()
-                .to_string()
-        })
+    crate::module::ptx_signatures(ptx)
+        .into_iter()
+        .map(|e| e.name)
         .collect()
 }
 
@@ -332,7 +359,12 @@ impl Device {
         Self::open_with_ptx(ordinal, crate::PTX)
     }
 
-    /// As [`Device::open`] with another PTX module (for tools that carry their own).
+    /// As [`Device::open`] with another PTX module (a warpline-compatible build, for tools that
+    /// carry their own). Every entry is loaded eagerly. warpline's kernels that the module has get
+    /// their shared-memory attribute as in `open`; kernels it lacks are not required here (their
+    /// launchers return [`Error::MissingKernel`]). Only the embedded module ([`crate::PTX`]) must
+    /// hold every kernel of [`KERNEL_SPECS`]. For arbitrary PTX next to warpline's kernels, use
+    /// [`Device::open`] and [`Device::load_module`].
     /// Errors also: [`Error::PtxNul`] for PTX text with a NUL byte (checked first).
     pub fn open_with_ptx(ordinal: usize, ptx: &str) -> Result<Self> {
         Self::open_impl(ordinal, ptx, false)
@@ -412,37 +444,22 @@ impl Device {
                 minor,
             });
         }
-        let module = ctx
-            .load_module(Ptx::from_src(ptx))
-            .call("cuModuleLoadData")?;
-        let mut kernels = BTreeMap::new();
-        for name in ptx_entries(ptx) {
-            let func = module.load_function(&name).call("cuModuleGetFunction")?;
-            drv::func_load(func.cu_function())?;
-            let get = |a| drv::func_get_attribute(func.cu_function(), a);
-            let max_dyn =
-                get(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?;
-            let static_smem = get(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
-            let kernel = Kernel {
-                name: name.clone(),
-                func,
-                ctx: ctx.clone(),
-                max_dyn_smem: Arc::new(AtomicUsize::new(max_dyn.max(0) as usize)),
-                static_smem: static_smem.max(0) as usize,
-                optin: caps.max_shared_mem_per_block_optin,
-            };
-            kernels.insert(name, kernel);
-        }
+        let inner = Arc::new(ModuleInner::load(&ctx, &state, &caps, ptx)?);
+        state.register_module(&inner);
         let dev = Self {
             ctx,
             ptx: Arc::from(ptx),
             state,
-            _module: module,
-            kernels,
+            module: Module { inner },
             caps,
         };
+        let embedded = std::ptr::eq(ptx, crate::PTX) || ptx == crate::PTX;
         for spec in KERNEL_SPECS {
-            let kernel = dev.kernel(spec.name)?;
+            let kernel = match dev.kernel(spec.name) {
+                Ok(k) => k,
+                Err(e) if embedded => return Err(e),
+                Err(_) => continue,
+            };
             if spec.dyn_smem_bytes > dev.caps.max_shared_mem_per_block_optin {
                 return Err(Error::SharedMemory {
                     kernel: spec.name,
@@ -544,24 +561,62 @@ impl Device {
         )
     }
 
-    /// The kernel `name` of the module; [`Error::MissingKernel`] if it is not there.
+    /// The kernel `name` of the module the device was opened with; [`Error::MissingKernel`] if
+    /// it is not there.
     pub fn kernel(&self, name: &str) -> Result<&Kernel> {
-        self.kernels.get(name).ok_or_else(|| Error::MissingKernel {
-            kernel: name.to_string(),
-            entries: self.kernels.keys().cloned().collect::<Vec<_>>().join(", "),
-        })
+        self.module.inner.kernel(name)
     }
 
-    /// Names of all kernels in the module (all loaded at open).
+    /// Names of all kernels in the module the device was opened with (all loaded at open).
     pub fn kernel_names(&self) -> impl Iterator<Item = &str> {
-        self.kernels.keys().map(String::as_str)
+        self.module.entry_names()
     }
 
-    /// True when every kernel of the module is loaded (`cuFuncIsLoaded`), as `open` guarantees.
+    /// The module the device was opened with (warpline's own for [`Device::open`]), for typed
+    /// handles of its kernels ([`Module::kernel`]).
+    pub fn module(&self) -> &Module {
+        &self.module
+    }
+
+    /// Loads the PTX module `ptx` into this device's context (`cuModuleLoadData`) and loads every
+    /// `.entry` eagerly (`cuModuleGetFunction` + `cuFuncLoad`), so no kernel of it is loaded
+    /// lazily later behind an on-stream wait. Any number of modules may be loaded; each lives
+    /// while its [`Module`] or a [`crate::module::TypedKernel`] made from it does. No warpline
+    /// kernel is required in `ptx`. Dynamic shared memory above 48 KiB is raised per launch by
+    /// [`crate::module::TypedKernel::launch`].
+    ///
+    /// Load modules before setting up on-stream waits: loading code may need the device idle.
+    /// While a registered wait (a [`crate::Fence`] guard, a [`crate::Signal`] wait) of this
+    /// process is pending the call is refused with [`Error::WaitPending`] instead of hanging
+    /// behind it (a wait that another thread enqueues while the load runs is not seen).
+    ///
+    /// Errors: [`Error::PtxNul`] (checked first), [`Error::WaitPending`],
+    /// [`Error::ContextPoisoned`], [`Error::Cuda`] (`cuModuleLoadData` rejects PTX that does not
+    /// assemble for this device, naming `CUDA_ERROR_INVALID_PTX` and the like).
+    pub fn load_module(&self, ptx: &str) -> Result<Module> {
+        check_ptx_text(ptx)?;
+        if crate::ordering::any_wait_pending() {
+            return Err(Error::WaitPending {
+                what: "Device::load_module",
+            });
+        }
+        let inner = Arc::new(ModuleInner::load(&self.ctx, &self.state, &self.caps, ptx)?);
+        self.state.register_module(&inner);
+        Ok(Module { inner })
+    }
+
+    /// True when every kernel of every module loaded into this device's context through
+    /// warpline (the one it was opened with, and every live [`Device::load_module`] module, also
+    /// those loaded through another `Device` of the same context) is loaded (`cuFuncIsLoaded`),
+    /// as loading them eagerly guarantees. [`crate::Fence`] and [`crate::Signal`] require it.
+    /// Modules loaded outside warpline (cudarc, raw driver calls) are not seen.
     pub fn all_kernels_loaded(&self) -> Result<bool> {
         self.bind()?;
-        for k in self.kernels.values() {
-            if !drv::func_is_loaded(k.cu_function())? {
+        if !self.module.inner.all_loaded()? {
+            return Ok(false);
+        }
+        for m in self.state.live_modules() {
+            if !m.all_loaded()? {
                 return Ok(false);
             }
         }

@@ -194,6 +194,23 @@ pub enum Error {
     /// across the FFI boundary); the run's later work still ran.
     #[error("host callback `{task}` panicked: {message}; host callbacks must not panic (the panic was caught on the driver's callback thread and the rest of the run went on)")]
     HostCallbackPanicked { task: String, message: String },
+    /// A kernel's PTX parameter list does not match the Rust signature it was asked for.
+    #[error("kernel `{kernel}`: the PTX entry takes {ptx} but the Rust signature is {rust}: {detail}; allowed: one Rust parameter per PTX parameter, of the same size in bytes (View/ViewMut/DevicePtr/u64/i64 for .u64/.s64/.b64 addresses, f32/f64 for .f32/.f64, integers for .u/.s types, any type of the size for .b types and .b8 [N] aggregates)")]
+    KernelSignatureMismatch {
+        kernel: String,
+        /// The PTX parameter list, e.g. `(.u64 .ptr, .u32)`.
+        ptx: String,
+        /// The Rust signature, e.g. `(View<f32>, u32)`.
+        rust: String,
+        /// The first difference.
+        detail: String,
+    },
+    /// The parameter list of a PTX entry could not be read.
+    #[error("kernel `{kernel}`: its PTX parameter list could not be read: {detail}; supported: `.param [.align N] .type [.ptr [.space] [.align N]] name[[N]]` with .b/.u/.s 8..64, .f16/.bf16/.f32/.f64")]
+    PtxSignature { kernel: String, detail: String },
+    /// A call that may need the device idle was made while an on-stream wait is pending.
+    #[error("{what}: an on-stream wait (a Fence guard or Signal wait) is pending; loading code (cuModuleLoadData/cuFuncLoad) may need the device idle and would hang behind it; load modules before setting up waits, or after they are released")]
+    WaitPending { what: &'static str },
 }
 
 /// Attaches the name of the CUDA call to a driver error. Sticky errors (see [`is_sticky`]) become

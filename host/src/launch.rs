@@ -3,10 +3,12 @@
 //! Programmatic Dependent Launch (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`).
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
-use cudarc::driver::sys;
+use bytemuck::Pod;
+use cudarc::driver::{sys, CudaContext};
 
-use crate::device::{Device, Kernel, LaunchRecord};
+use crate::device::{bind_context, Capabilities, ContextState, Device, Kernel, LaunchRecord};
 use crate::driver::core as drv;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
@@ -65,7 +67,11 @@ impl LaunchLimits {
 
     /// The limits of `kernel` on `dev`.
     pub fn of(dev: &Device, kernel: &Kernel) -> Self {
-        let caps = dev.capabilities();
+        Self::from_capabilities(dev.capabilities(), kernel)
+    }
+
+    /// The limits of `kernel` on a device with capabilities `caps`.
+    pub fn from_capabilities(caps: &Capabilities, kernel: &Kernel) -> Self {
         Self {
             max_grid_dim: caps.max_grid_dim,
             max_block_dim: caps.max_block_dim,
@@ -265,38 +271,124 @@ impl LaunchConfig {
     }
 }
 
+/// One kernel parameter passed by value: the bytes of a [`Pod`] value of at most 8 bytes (every
+/// integer and float scalar, device addresses), owned, so a parameter array built from
+/// temporaries cannot dangle. Build with [`ParamValue::new`] or [`params!`](crate::params).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, align(8))]
+pub struct ParamValue {
+    bytes: [u8; 8],
+    size: u8,
+}
+
+impl ParamValue {
+    /// The bytes of `value`. Types above 8 bytes are a compile-time error.
+    pub fn new<T: Pod>(value: T) -> Self {
+        const {
+            assert!(
+                size_of::<T>() <= 8,
+                "kernel parameters by value are at most 8 bytes"
+            )
+        };
+        let mut bytes = [0u8; 8];
+        let src = bytemuck::bytes_of(&value);
+        bytes[..src.len()].copy_from_slice(src);
+        Self {
+            bytes,
+            size: src.len() as u8,
+        }
+    }
+
+    /// Size of the value, bytes.
+    pub fn size(&self) -> usize {
+        self.size as usize
+    }
+
+    /// The pointer `cuLaunchKernelEx` reads the value through (valid while `self` is).
+    pub(crate) fn as_ptr(&self) -> *mut c_void {
+        self.bytes.as_ptr() as *mut c_void
+    }
+}
+
 /// Launches `kernel` with `cfg` on `stream` (`cuLaunchKernelEx`), after checking that `stream`
 /// belongs to `dev`'s context ([`Error::WrongContext`]) and that the context is not poisoned. The
 /// launch is remembered (kernel and configuration) for [`Error::ContextPoisoned`] reports.
 ///
-/// Errors: [`Error::WrongContext`], [`Error::ContextPoisoned`], [`Error::Launch`] (naming the
-/// kernel and its configuration) when the driver rejects the launch.
+/// `params` holds one value per kernel parameter, in order: build it with
+/// [`params!`](crate::params) (`&mut params![ptr, n]`), which copies each value, so
+/// `let p = params![n as u64];` owns its values and cannot dangle.
+///
+/// Errors: [`Error::WrongContext`] (stream or kernel of another context),
+/// [`Error::ContextPoisoned`], [`Error::Launch`] (naming the kernel and its configuration) when
+/// the driver rejects the launch.
+///
+/// For kernels of your own PTX prefer [`crate::module::TypedKernel::launch`], which checks the
+/// parameter list against the PTX, the streams of the views and the launch limits.
 ///
 /// # Safety
-/// `params` holds one pointer per kernel parameter, in order, each to a value of exactly the
-/// parameter's type, and the kernel's memory accesses with these arguments stay inside live
-/// allocations that are ordered on `stream`. The typed launchers in [`crate::kernels`] establish
-/// this; prefer them.
+/// `params` matches the kernel's signature: one value per kernel parameter, in order, each of
+/// exactly the parameter's size in the PTX (at most 8 bytes) and of its meaning; `cfg` fits the
+/// kernel (see [`LaunchConfig::validate`]); and the kernel's memory accesses with these
+/// arguments stay inside live allocations that are ordered on `stream`. The typed launchers in
+/// [`crate::kernels`] establish this; prefer them.
 pub unsafe fn launch_raw(
     dev: &Device,
     kernel: &Kernel,
     stream: &Stream,
     cfg: &LaunchConfig,
+    params: &[ParamValue],
+) -> Result<()> {
+    const ON_STACK: usize = 16;
+    let mut stack = [std::ptr::null_mut::<c_void>(); ON_STACK];
+    let mut heap = Vec::new();
+    let ptrs: &mut [*mut c_void] = if params.len() <= ON_STACK {
+        &mut stack[..params.len()]
+    } else {
+        heap.resize(params.len(), std::ptr::null_mut());
+        &mut heap
+    };
+    for (p, v) in ptrs.iter_mut().zip(params) {
+        *p = v.as_ptr();
+    }
+    // SAFETY: `ptrs` point into `params`, alive for the call; the caller's contract covers the
+    // values, the configuration and the kernel's accesses.
+    unsafe { launch_in_context(dev.context(), dev.state(), kernel, stream, cfg, ptrs) }
+}
+
+/// The one launch path of [`launch_raw`] and [`crate::module::TypedKernel::launch`]: context
+/// checks, binding, the launch record and `cuLaunchKernelEx` with its error mapped to
+/// [`Error::Launch`].
+///
+/// # Safety
+/// As [`launch_raw`], with `params` one pointer per kernel parameter to a value of its size.
+pub(crate) unsafe fn launch_in_context(
+    ctx: &Arc<CudaContext>,
+    state: &ContextState,
+    kernel: &Kernel,
+    stream: &Stream,
+    cfg: &LaunchConfig,
     params: &mut [*mut c_void],
 ) -> Result<()> {
-    if stream.context_raw() != dev.raw_context() {
+    if stream.context_raw() != ctx.cu_ctx() {
         return Err(Error::WrongContext {
-            what: "kernel launch",
+            what: "kernel launch (stream)",
         });
     }
-    dev.bind()?;
+    if kernel.context_raw() != ctx.cu_ctx() {
+        return Err(Error::WrongContext {
+            what: "kernel launch (kernel of another context's module)",
+        });
+    }
+    bind_context(ctx, "cuCtxSetCurrent")?;
     let mut attrs = cfg.attributes();
     let config = cfg.driver_config(stream.raw(), &mut attrs);
-    dev.state().record_launch(LaunchRecord {
+    state.record_launch(LaunchRecord {
         kernel: kernel.name().to_string(),
         config: format!("{} on stream {:p}", cfg.describe(), stream.raw()),
     });
-    match drv::launch_kernel_ex(&config, kernel.cu_function(), params) {
+    // SAFETY: `config` points into `attrs`, alive for the call; the caller's contract covers
+    // the parameters and the kernel's accesses.
+    match unsafe { drv::launch_kernel_ex(&config, kernel.cu_function(), params) } {
         Err(Error::Cuda { source, .. }) => Err(Error::Launch {
             kernel: kernel.name().to_string(),
             config: cfg.describe(),
@@ -306,11 +398,14 @@ pub unsafe fn launch_raw(
     }
 }
 
-/// Builds the `void*` parameter array of a launch from local values: `params![a, b, n]`.
+/// Builds the parameter array of a [`launch_raw`] call: `&mut params![a, b, n as u64]` gives an
+/// owned `[ParamValue; 3]` holding copies of the values (each a [`Pod`] of at most 8 bytes,
+/// passed with its exact size, so write `n as u64` for a `.u64` parameter). Because the array
+/// owns its values, `let p = params![n as u64];` is fine: nothing points at a temporary.
 #[macro_export]
 macro_rules! params {
     ($($v:expr),* $(,)?) => {
-        [$(&$v as *const _ as *mut ::std::ffi::c_void),*]
+        [$($crate::launch::ParamValue::new($v)),*]
     };
 }
 
@@ -341,6 +436,21 @@ mod tests {
             cluster: None,
             pdl: false,
         }
+    }
+
+    #[test]
+    fn params_own_their_values() {
+        // Built from temporaries and used after the statement: no dangling pointers.
+        let n = 7u32;
+        let p = crate::params![n as u64, 2.5f32, 3u8];
+        assert_eq!(p.map(|v| v.size()), [8, 4, 1]);
+        // SAFETY: reading the bytes the values own.
+        let first = unsafe { *(p[0].as_ptr() as *const u64) };
+        assert_eq!(first, 7);
+        let second = unsafe { *(p[1].as_ptr() as *const f32) };
+        assert_eq!(second, 2.5);
+        let empty: [ParamValue; 0] = crate::params![];
+        assert!(empty.is_empty());
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! PTX module built from `gpu/` by `cargo xtask build-ptx`, and launches its kernels with typed,
 //! validated arguments; schedules batches over non-blocking streams with stream-ordered allocation.
 //!
-//! Rooms: [`device`] (context, module, capabilities), [`launch`] (cuLaunchKernelEx configurations),
+//! Rooms: [`device`] (context, module, capabilities), [`module`] (your own PTX modules and
+//! typed kernel handles), [`launch`] (cuLaunchKernelEx configurations),
 //! [`memory`] (memory pools, stream-bound device buffers, pinned host buffers), [`stream`] (streams
 //! and events), [`kernels`] (one typed launcher per kernel), [`pipeline`] (the multi-stream batch
 //! pipeline), [`bandwidth`] (reference copy measurements), [`reference`] (CPU references), [`npy`].
@@ -17,6 +18,7 @@ pub mod error;
 pub mod kernels;
 pub mod launch;
 pub mod memory;
+pub mod module;
 pub mod npy;
 pub mod ordering;
 pub mod pipeline;
@@ -28,6 +30,7 @@ pub use chain::{Chain, Graph, KernelArg};
 pub use device::{Capabilities, Device};
 pub use error::{Error, Result};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, MemPool, PinnedBuffer};
+pub use module::{Module, TypedKernel};
 pub use ordering::{synchronize_timeout, Cmp, Fence, OnTimeout, Signal, TaskGraph};
 pub use pipeline::{BatchPipeline, BatchTiming, PipelineReport};
 pub use stream::{Event, Stream};

@@ -1,0 +1,895 @@
+//! User PTX modules and typed kernel handles.
+//!
+//! [`crate::Device::load_module`] loads any PTX text into the device's context
+//! (`cuModuleLoadData`) and loads every `.entry` eagerly (`cuModuleGetFunction` + `cuFuncLoad`),
+//! as [`crate::Device::open`] does for warpline's own module, so no kernel is ever loaded lazily
+//! behind an on-stream wait. A device may hold any number of modules; each [`Module`] keeps its
+//! `CUmodule` (and the context) alive through an `Arc`, as does every [`TypedKernel`] made from it.
+//!
+//! [`Module::kernel`] turns an entry into a [`TypedKernel<Sig>`], where `Sig` is a tuple of
+//! marker types ([`View<T>`], [`ViewMut<T>`], [`DevicePtr<T>`], fixed-size scalars). The PTX
+//! parameter list of the entry (`.entry name(.param .u64 .ptr ..., .param .u32 ...)`) is checked
+//! against `Sig` once, when the handle is made; [`TypedKernel::launch`] then takes the matching
+//! values (`DeviceView<'a, T>`, `DeviceViewMut<'a, T>`, scalars) and checks everything that does
+//! not depend on what the kernel does with them: streams, contexts, launch limits.
+//!
+//! ```no_run
+//! use warpline::launch::LaunchConfig;
+//! use warpline::module::{TypedKernel, View, ViewMut};
+//! # fn f(dev: &warpline::Device, ptx: &str, pool: &warpline::MemPool) -> warpline::Result<()> {
+//! let module = dev.load_module(ptx)?;
+//! let saxpy: TypedKernel<(View<f32>, ViewMut<f32>, f32, u32)> = module.kernel("saxpy")?;
+//! let stream = dev.new_stream()?;
+//! let n = 1 << 20;
+//! let x = pool.alloc_async::<f32>(&stream, n)?;
+//! let mut y = pool.alloc_async::<f32>(&stream, n)?;
+//! let cfg = LaunchConfig::linear((n as u32).div_ceil(256), 256, 0);
+//! // SAFETY: saxpy reads x[i] and writes y[i] for i < n only.
+//! unsafe { saxpy.launch(&stream, &cfg, (x.as_view(), y.as_view_mut(), 2.0, n as u32)) }?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::c_void;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+
+use bytemuck::Pod;
+use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, CudaModule};
+use cudarc::nvrtc::Ptx;
+
+use crate::device::{bind_context, check_ptx_text, Capabilities, ContextState, Kernel};
+use crate::driver::core as drv;
+use crate::error::{CudaCall, Error, Result};
+use crate::launch::{launch_in_context, LaunchConfig, LaunchLimits, ParamValue};
+use crate::memory::{DeviceView, DeviceViewMut};
+use crate::stream::Stream;
+
+// ---------------------------------------------------------------------------------------------
+// PTX signatures
+// ---------------------------------------------------------------------------------------------
+
+/// The value class of a PTX parameter type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PtxParamKind {
+    /// `.b8` .. `.b64`: untyped bits (any Rust value of the size fits).
+    Bits,
+    /// `.u8` .. `.u64`.
+    Unsigned,
+    /// `.s8` .. `.s64`.
+    Signed,
+    /// `.f16`, `.bf16`, `.f32`, `.f64`.
+    Float,
+    /// An array parameter (`.param .align A .b8 name[N]`: a struct or array passed by value).
+    Aggregate,
+}
+
+/// One parameter of a PTX `.entry`, as declared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PtxParam {
+    /// The parameter's name in the PTX (`kernel_param_0`).
+    pub name: String,
+    /// Value class.
+    pub kind: PtxParamKind,
+    /// The element type as written (`.u64`, `.f32`, `.b8`).
+    pub ty: String,
+    /// Size in bytes (element size times array length).
+    pub size: usize,
+    /// `.align N` if given (bytes).
+    pub align: Option<usize>,
+    /// Declared with `.ptr` (a generic or state-space pointer, PTX ISA 5.7.x "Kernel function
+    /// parameter attributes").
+    pub pointer: bool,
+}
+
+impl fmt::Display for PtxParam {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kind == PtxParamKind::Aggregate {
+            if let Some(a) = self.align {
+                write!(f, ".align {a} ")?;
+            }
+            let elem = elem_size(&self.ty).unwrap_or(1);
+            write!(f, "{} [{}]", self.ty, self.size / elem.max(1))
+        } else {
+            write!(f, "{}", self.ty)?;
+            if self.pointer {
+                write!(f, " .ptr")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// One `.entry` of a PTX module: its name and its parameter list, or why the list could not be
+/// read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PtxEntry {
+    /// Entry (kernel) name.
+    pub name: String,
+    /// Parameters in order, or a description of the declaration that could not be parsed.
+    pub params: std::result::Result<Vec<PtxParam>, String>,
+}
+
+impl PtxEntry {
+    /// `name(.u64 .ptr, .u32)`, for error messages.
+    pub fn describe(&self) -> String {
+        match &self.params {
+            Ok(p) => format!("{}({})", self.name, join(p.iter().map(|p| p.to_string()))),
+            Err(e) => format!("{}(<unparsed: {e}>)", self.name),
+        }
+    }
+}
+
+fn join(it: impl Iterator<Item = String>) -> String {
+    it.collect::<Vec<_>>().join(", ")
+}
+
+/// Size in bytes of a PTX fundamental type (`.u32` -> 4); `None` for others.
+fn elem_size(ty: &str) -> Option<usize> {
+    Some(match ty {
+        ".b8" | ".u8" | ".s8" => 1,
+        ".b16" | ".u16" | ".s16" | ".f16" | ".bf16" => 2,
+        ".b32" | ".u32" | ".s32" | ".f32" | ".f16x2" | ".bf16x2" => 4,
+        ".b64" | ".u64" | ".s64" | ".f64" => 8,
+        _ => return None,
+    })
+}
+
+fn kind_of(ty: &str) -> PtxParamKind {
+    match ty.as_bytes().get(1) {
+        Some(b'u') => PtxParamKind::Unsigned,
+        Some(b's') => PtxParamKind::Signed,
+        Some(b'f') => PtxParamKind::Float,
+        _ if ty.starts_with(".bf") => PtxParamKind::Float,
+        _ => PtxParamKind::Bits,
+    }
+}
+
+/// `ptx` without `//` and `/* */` comments (quoted strings, as in `.file`, are kept verbatim).
+fn strip_comments(ptx: &str) -> String {
+    let mut out = String::with_capacity(ptx.len());
+    let mut chars = ptx.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                out.push(c);
+                for d in chars.by_ref() {
+                    out.push(d);
+                    if d == '"' {
+                        break;
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'/') => {
+                for d in chars.by_ref() {
+                    if d == '\n' {
+                        out.push('\n');
+                        break;
+                    }
+                }
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                chars.next();
+                let mut prev = ' ';
+                for d in chars.by_ref() {
+                    if prev == '*' && d == '/' {
+                        break;
+                    }
+                    prev = d;
+                }
+                out.push(' ');
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+fn is_ident_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == '$' || c == '%'
+}
+
+/// Parses one declaration `.param [.align N] .type [.ptr [.space] [.align N]] name[[N]]`.
+fn parse_param(decl: &str) -> std::result::Result<PtxParam, String> {
+    let mut toks = decl.split_whitespace().peekable();
+    if toks.next() != Some(".param") {
+        return Err(format!("`{decl}` is not a `.param` declaration"));
+    }
+    let (mut align, mut ty, mut pointer) = (None, None::<String>, false);
+    let mut rest = String::new();
+    while let Some(t) = toks.next() {
+        match t {
+            ".align" => {
+                let n = toks
+                    .next()
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .ok_or_else(|| format!("`{decl}`: `.align` without a number"))?;
+                // `.ptr .align N` is the pointee's alignment; only the first one before the type
+                // describes the parameter itself.
+                if ty.is_none() {
+                    align = Some(n);
+                }
+            }
+            ".ptr" => pointer = true,
+            ".global" | ".shared" | ".const" | ".local" if pointer => {}
+            t if t.starts_with('.') && ty.is_none() => {
+                if elem_size(t).is_none() {
+                    return Err(format!("`{decl}`: unsupported parameter type `{t}`"));
+                }
+                ty = Some(t.to_string());
+            }
+            t => {
+                rest.push_str(t);
+                rest.extend(toks.by_ref().map(|s| s.to_string()));
+            }
+        }
+    }
+    let ty = ty.ok_or_else(|| format!("`{decl}`: no parameter type"))?;
+    let elem = elem_size(&ty).unwrap_or(0);
+    let (name, count) = match rest.find('[') {
+        None => (rest.clone(), None),
+        Some(i) => {
+            let inner = rest[i + 1..]
+                .strip_suffix(']')
+                .ok_or_else(|| format!("`{decl}`: unterminated array length"))?;
+            let n = inner
+                .trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{decl}`: array length `{inner}` is not a number"))?;
+            (rest[..i].to_string(), Some(n))
+        }
+    };
+    if name.is_empty() || !name.chars().all(is_ident_char) {
+        return Err(format!("`{decl}`: bad parameter name `{name}`"));
+    }
+    Ok(PtxParam {
+        name,
+        kind: if count.is_some() {
+            PtxParamKind::Aggregate
+        } else {
+            kind_of(&ty)
+        },
+        size: elem * count.unwrap_or(1),
+        ty,
+        align,
+        pointer,
+    })
+}
+
+/// Every `.entry` of `ptx` with its parameter list (PTX ISA "Kernel and Function Directives":
+/// `.entry name ( param-list ) body`; the parentheses may be left out when there are no
+/// parameters). `.extern` declarations are skipped; comments are ignored. An entry whose
+/// parameter list cannot be read is listed with the reason in [`PtxEntry::params`].
+pub fn ptx_signatures(ptx: &str) -> Vec<PtxEntry> {
+    let text = strip_comments(ptx);
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    let mut from = 0;
+    while let Some(rel) = text[from..].find(".entry") {
+        let at = from + rel;
+        from = at + ".entry".len();
+        let before_ok = at == 0 || bytes[at - 1].is_ascii_whitespace();
+        let after_ok = bytes.get(from).is_some_and(|b| b.is_ascii_whitespace());
+        if !before_ok || !after_ok {
+            continue;
+        }
+        // `.extern .entry` declares a kernel of another module: no body here.
+        let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+        if text[line_start..at]
+            .split_whitespace()
+            .any(|t| t == ".extern")
+        {
+            continue;
+        }
+        let rest = text[from..].trim_start();
+        let name: String = rest.chars().take_while(|&c| is_ident_char(c)).collect();
+        if name.is_empty() {
+            continue;
+        }
+        let after = rest[name.len()..].trim_start();
+        let params = if let Some(list) = after.strip_prefix('(') {
+            match list.find(')') {
+                None => Err("unterminated parameter list".to_string()),
+                Some(end) => list[..end]
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|d| !d.is_empty())
+                    .map(parse_param)
+                    .collect(),
+            }
+        } else {
+            Ok(Vec::new())
+        };
+        out.push(PtxEntry { name, params });
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rust-side parameter types
+// ---------------------------------------------------------------------------------------------
+
+/// The value class of a Rust kernel parameter type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RustParamKind {
+    /// An integer scalar.
+    Int,
+    /// A floating-point scalar.
+    Float,
+    /// A device address (a view or a [`DevicePtr`]), 8 bytes.
+    Address,
+}
+
+/// A Rust kernel parameter as checked against the PTX: its type's name, size and class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RustParam {
+    /// The marker or scalar type (`View<f32>`, `u32`).
+    pub rust_type: String,
+    /// Bytes passed to the kernel.
+    pub size: usize,
+    /// Value class.
+    pub kind: RustParamKind,
+}
+
+/// A read-only device array parameter: a [`TypedKernel`] launch takes a [`DeviceView<'a, T>`]
+/// for it and passes its device address (8 bytes). Matches `.u64`/`.b64`/`.s64` PTX parameters
+/// (with or without `.ptr`). A marker type: never constructed.
+pub struct View<T>(PhantomData<fn() -> T>);
+
+/// A writable device array parameter: a launch takes a [`DeviceViewMut<'a, T>`] and passes its
+/// device address. Matches as [`View`]. A marker type: never constructed.
+pub struct ViewMut<T>(PhantomData<fn() -> T>);
+
+/// A raw device address of `T` elements, passed as 8 bytes (`.u64 .ptr` in the PTX). It carries
+/// no length and no stream: what the kernel may access through it is entirely the caller's
+/// contract of [`TypedKernel::launch`]. In a signature it stands for itself (the launch takes a
+/// `DevicePtr<T>` value).
+pub struct DevicePtr<T> {
+    addr: u64,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> DevicePtr<T> {
+    /// The address `addr` (bytes; alignment as the kernel needs it: at least `align_of::<T>()`).
+    pub const fn new(addr: u64) -> Self {
+        Self {
+            addr,
+            _t: PhantomData,
+        }
+    }
+    /// The null address (for kernels that take an optional pointer).
+    pub const fn null() -> Self {
+        Self::new(0)
+    }
+    /// The address, bytes.
+    pub const fn addr(&self) -> u64 {
+        self.addr
+    }
+}
+impl<T> Clone for DevicePtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DevicePtr<T> {}
+impl<T> fmt::Debug for DevicePtr<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DevicePtr<{}>({:#x})",
+            std::any::type_name::<T>(),
+            self.addr
+        )
+    }
+}
+impl<'a, T> From<DeviceView<'a, T>> for DevicePtr<T> {
+    fn from(v: DeviceView<'a, T>) -> Self {
+        Self::new(v.device_ptr())
+    }
+}
+impl<'a, T> From<DeviceViewMut<'a, T>> for DevicePtr<T> {
+    fn from(v: DeviceViewMut<'a, T>) -> Self {
+        Self::new(v.device_ptr())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// `what` of [`Error::WrongStream`] for a view in argument position `i` of a typed launch.
+const VIEW_ARG: [&str; MAX_PARAMS] = [
+    "typed kernel launch, argument 0 (view)",
+    "typed kernel launch, argument 1 (view)",
+    "typed kernel launch, argument 2 (view)",
+    "typed kernel launch, argument 3 (view)",
+    "typed kernel launch, argument 4 (view)",
+    "typed kernel launch, argument 5 (view)",
+    "typed kernel launch, argument 6 (view)",
+    "typed kernel launch, argument 7 (view)",
+    "typed kernel launch, argument 8 (view)",
+    "typed kernel launch, argument 9 (view)",
+    "typed kernel launch, argument 10 (view)",
+    "typed kernel launch, argument 11 (view)",
+];
+
+/// Most parameters a [`KernelSignature`] tuple has.
+pub const MAX_PARAMS: usize = 12;
+
+/// A parameter type of a [`KernelSignature`]: the marker types [`View`], [`ViewMut`],
+/// [`DevicePtr`] and the scalars `u8`..`u64`, `i8`..`i64`, `f32`, `f64`. Sealed.
+pub trait KernelParam: sealed::Sealed + 'static {
+    /// What a launch takes for this parameter.
+    type Arg<'a>;
+    /// Bytes passed to the kernel.
+    const SIZE: usize;
+    /// Value class (checked against the PTX type).
+    const KIND: RustParamKind;
+    /// The type's name for messages.
+    fn rust_type() -> String;
+    /// Checks `arg` against the launch's stream and returns the value to pass.
+    #[doc(hidden)]
+    fn prepare(arg: &Self::Arg<'_>, stream: &Stream, index: usize) -> Result<ParamValue>;
+}
+
+impl<T: Pod> sealed::Sealed for View<T> {}
+impl<T: Pod> KernelParam for View<T> {
+    type Arg<'a> = DeviceView<'a, T>;
+    const SIZE: usize = 8;
+    const KIND: RustParamKind = RustParamKind::Address;
+    fn rust_type() -> String {
+        format!("View<{}>", std::any::type_name::<T>())
+    }
+    fn prepare(arg: &DeviceView<'_, T>, stream: &Stream, index: usize) -> Result<ParamValue> {
+        if arg.stream() != stream {
+            return Err(Error::WrongStream {
+                what: VIEW_ARG[index.min(MAX_PARAMS - 1)],
+            });
+        }
+        Ok(ParamValue::new(arg.device_ptr()))
+    }
+}
+
+impl<T: Pod> sealed::Sealed for ViewMut<T> {}
+impl<T: Pod> KernelParam for ViewMut<T> {
+    type Arg<'a> = DeviceViewMut<'a, T>;
+    const SIZE: usize = 8;
+    const KIND: RustParamKind = RustParamKind::Address;
+    fn rust_type() -> String {
+        format!("ViewMut<{}>", std::any::type_name::<T>())
+    }
+    fn prepare(arg: &DeviceViewMut<'_, T>, stream: &Stream, index: usize) -> Result<ParamValue> {
+        if arg.stream() != stream {
+            return Err(Error::WrongStream {
+                what: VIEW_ARG[index.min(MAX_PARAMS - 1)],
+            });
+        }
+        Ok(ParamValue::new(arg.device_ptr()))
+    }
+}
+
+impl<T: 'static> sealed::Sealed for DevicePtr<T> {}
+impl<T: 'static> KernelParam for DevicePtr<T> {
+    type Arg<'a> = DevicePtr<T>;
+    const SIZE: usize = 8;
+    const KIND: RustParamKind = RustParamKind::Address;
+    fn rust_type() -> String {
+        format!("DevicePtr<{}>", std::any::type_name::<T>())
+    }
+    fn prepare(arg: &DevicePtr<T>, _: &Stream, _: usize) -> Result<ParamValue> {
+        Ok(ParamValue::new(arg.addr))
+    }
+}
+
+macro_rules! scalar_param {
+    ($kind:ident: $($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl KernelParam for $t {
+            type Arg<'a> = $t;
+            const SIZE: usize = size_of::<$t>();
+            const KIND: RustParamKind = RustParamKind::$kind;
+            fn rust_type() -> String {
+                stringify!($t).to_string()
+            }
+            fn prepare(arg: &$t, _: &Stream, _: usize) -> Result<ParamValue> {
+                Ok(ParamValue::new(*arg))
+            }
+        }
+    )*};
+}
+scalar_param!(Int: u8, u16, u32, u64, i8, i16, i32, i64);
+scalar_param!(Float: f32, f64);
+
+/// A kernel's parameter list as a tuple of [`KernelParam`] types, 0 to [`MAX_PARAMS`] (12) long:
+/// `(View<f32>, ViewMut<f32>, f32, u32)`. Sealed.
+pub trait KernelSignature: sealed::Sealed + 'static {
+    /// The values a launch takes: the tuple of each parameter's [`KernelParam::Arg`].
+    type Args<'a>;
+    /// The parameters, in order.
+    fn params() -> Vec<RustParam>;
+    /// `(View<f32>, u32)`, for messages.
+    fn describe() -> String {
+        format!(
+            "({})",
+            join(Self::params().into_iter().map(|p| p.rust_type))
+        )
+    }
+    /// Checks every argument against `stream` and writes the values to pass into `out`;
+    /// returns how many.
+    #[doc(hidden)]
+    fn prepare(
+        args: &Self::Args<'_>,
+        stream: &Stream,
+        out: &mut [ParamValue; MAX_PARAMS],
+    ) -> Result<usize>;
+}
+
+macro_rules! signature {
+    ($($p:ident $i:tt),*) => {
+        impl<$($p: KernelParam),*> sealed::Sealed for ($($p,)*) {}
+        impl<$($p: KernelParam),*> KernelSignature for ($($p,)*) {
+            type Args<'a> = ($($p::Arg<'a>,)*);
+            fn params() -> Vec<RustParam> {
+                vec![$(RustParam { rust_type: $p::rust_type(), size: $p::SIZE, kind: $p::KIND }),*]
+            }
+            #[allow(unused_variables, unused_mut)]
+            fn prepare(
+                args: &Self::Args<'_>,
+                stream: &Stream,
+                out: &mut [ParamValue; MAX_PARAMS],
+            ) -> Result<usize> {
+                let mut n = 0;
+                $( out[$i] = $p::prepare(&args.$i, stream, $i)?; n += 1; )*
+                Ok(n)
+            }
+        }
+    };
+}
+signature!();
+signature!(A 0);
+signature!(A 0, B 1);
+signature!(A 0, B 1, C 2);
+signature!(A 0, B 1, C 2, D 3);
+signature!(A 0, B 1, C 2, D 3, E 4);
+signature!(A 0, B 1, C 2, D 3, E 4, F 5);
+signature!(A 0, B 1, C 2, D 3, E 4, F 5, G 6);
+signature!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7);
+signature!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8);
+signature!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9);
+signature!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10);
+signature!(A 0, B 1, C 2, D 3, E 4, F 5, G 6, H 7, I 8, J 9, K 10, L 11);
+
+/// Why Rust parameter `rust` cannot stand for PTX parameter `ptx`, if it cannot.
+fn param_mismatch(ptx: &PtxParam, rust: &RustParam) -> Option<String> {
+    if ptx.size != rust.size {
+        return Some(format!(
+            "PTX `{ptx}` has {} bytes, Rust `{}` {}",
+            ptx.size, rust.rust_type, rust.size
+        ));
+    }
+    let ok = match (ptx.kind, rust.kind) {
+        (PtxParamKind::Bits | PtxParamKind::Aggregate, _) => true,
+        (PtxParamKind::Float, RustParamKind::Float) => true,
+        (PtxParamKind::Float, _) => false,
+        (PtxParamKind::Unsigned | PtxParamKind::Signed, RustParamKind::Float) => false,
+        (PtxParamKind::Unsigned | PtxParamKind::Signed, _) => true,
+    };
+    (!ok).then(|| {
+        format!(
+            "PTX `{ptx}` is {}, Rust `{}` is {}",
+            match ptx.kind {
+                PtxParamKind::Float => "a floating-point value",
+                _ => "an integer or address",
+            },
+            rust.rust_type,
+            match rust.kind {
+                RustParamKind::Float => "a floating-point value",
+                RustParamKind::Int => "an integer",
+                RustParamKind::Address => "a device address",
+            }
+        )
+    })
+}
+
+/// Checks the PTX parameter list of `entry` against `rust`: [`Error::KernelSignatureMismatch`]
+/// naming the kernel, both signatures and the first difference; [`Error::PtxSignature`] when
+/// the PTX declaration could not be read.
+pub fn check_signature(entry: &PtxEntry, rust: &[RustParam]) -> Result<()> {
+    let ptx = entry.params.as_ref().map_err(|e| Error::PtxSignature {
+        kernel: entry.name.clone(),
+        detail: e.clone(),
+    })?;
+    let mismatch = |detail: String| Error::KernelSignatureMismatch {
+        kernel: entry.name.clone(),
+        ptx: format!("({})", join(ptx.iter().map(|p| p.to_string()))),
+        rust: format!("({})", join(rust.iter().map(|p| p.rust_type.clone()))),
+        detail,
+    };
+    if ptx.len() != rust.len() {
+        return Err(mismatch(format!(
+            "the PTX entry has {} parameter(s), the Rust signature {}",
+            ptx.len(),
+            rust.len()
+        )));
+    }
+    for (i, (p, r)) in ptx.iter().zip(rust).enumerate() {
+        if let Some(why) = param_mismatch(p, r) {
+            return Err(mismatch(format!("parameter {i}: {why}")));
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules
+// ---------------------------------------------------------------------------------------------
+
+/// A loaded module's state, shared by [`Module`] clones and [`TypedKernel`]s.
+pub(crate) struct ModuleInner {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) state: Arc<ContextState>,
+    pub(crate) caps: Capabilities,
+    pub(crate) kernels: BTreeMap<String, Kernel>,
+    entries: BTreeMap<String, PtxEntry>,
+    /// Keeps the `CUmodule` loaded (cuModuleUnload on the last drop).
+    _module: Arc<CudaModule>,
+}
+
+impl ModuleInner {
+    /// Loads `ptx` into `ctx` and every entry eagerly. The caller checked the PTX text and that
+    /// no on-stream wait is pending.
+    pub(crate) fn load(
+        ctx: &Arc<CudaContext>,
+        state: &Arc<ContextState>,
+        caps: &Capabilities,
+        ptx: &str,
+    ) -> Result<Self> {
+        check_ptx_text(ptx)?;
+        bind_context(ctx, "cuModuleLoadData")?;
+        let module = ctx
+            .load_module(Ptx::from_src(ptx))
+            .call("cuModuleLoadData")?;
+        let mut kernels = BTreeMap::new();
+        let mut entries = BTreeMap::new();
+        for entry in ptx_signatures(ptx) {
+            let func = module
+                .load_function(&entry.name)
+                .call("cuModuleGetFunction")?;
+            drv::func_load(func.cu_function())?;
+            let get = |a| drv::func_get_attribute(func.cu_function(), a);
+            let max_dyn =
+                get(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?;
+            let static_smem = get(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?;
+            let kernel = Kernel {
+                name: entry.name.clone(),
+                func,
+                ctx: ctx.clone(),
+                max_dyn_smem: Arc::new(AtomicUsize::new(max_dyn.max(0) as usize)),
+                raise: Arc::new(Mutex::new(())),
+                static_smem: static_smem.max(0) as usize,
+                optin: caps.max_shared_mem_per_block_optin,
+            };
+            kernels.insert(entry.name.clone(), kernel);
+            entries.insert(entry.name.clone(), entry);
+        }
+        Ok(Self {
+            ctx: ctx.clone(),
+            state: state.clone(),
+            caps: caps.clone(),
+            kernels,
+            entries,
+            _module: module,
+        })
+    }
+
+    pub(crate) fn kernel(&self, name: &str) -> Result<&Kernel> {
+        self.kernels.get(name).ok_or_else(|| Error::MissingKernel {
+            kernel: name.to_string(),
+            entries: self.kernels.keys().cloned().collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    /// True when every kernel is loaded (`cuFuncIsLoaded`); the context must be current.
+    pub(crate) fn all_loaded(&self) -> Result<bool> {
+        for k in self.kernels.values() {
+            if !drv::func_is_loaded(k.cu_function())? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// A PTX module loaded into a device's context ([`crate::Device::load_module`]), every entry
+/// loaded eagerly. Clones share the module; the `CUmodule` is unloaded (`cuModuleUnload`) when
+/// the last clone and the last [`TypedKernel`] made from it are dropped.
+#[derive(Clone)]
+pub struct Module {
+    pub(crate) inner: Arc<ModuleInner>,
+}
+
+impl fmt::Debug for Module {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Module")
+            .field("entries", &self.inner.kernels.keys())
+            .finish()
+    }
+}
+
+impl Module {
+    /// The entry names of the module, sorted.
+    pub fn entry_names(&self) -> impl Iterator<Item = &str> {
+        self.inner.kernels.keys().map(String::as_str)
+    }
+
+    /// The parsed PTX declaration of entry `name`; [`Error::MissingKernel`] if there is none.
+    pub fn entry(&self, name: &str) -> Result<&PtxEntry> {
+        self.inner.kernel(name)?;
+        self.inner
+            .entries
+            .get(name)
+            .ok_or_else(|| Error::MissingKernel {
+                kernel: name.to_string(),
+                entries: self.entry_names().collect::<Vec<_>>().join(", "),
+            })
+    }
+
+    /// The untyped kernel `name` (attributes, [`Kernel::set_max_dynamic_shared_memory`], or
+    /// [`crate::launch::launch_raw`] with a `Device` of the same context).
+    /// Errors: [`Error::MissingKernel`], listing the entries.
+    pub fn untyped_kernel(&self, name: &str) -> Result<&Kernel> {
+        self.inner.kernel(name)
+    }
+
+    /// A typed handle of entry `name` with parameter list `Sig`, after checking the entry's PTX
+    /// parameter list against `Sig`: the same number of parameters (at most 12), each of the
+    /// same size in bytes, and of a compatible class (`.f32`/`.f64` take `f32`/`f64`;
+    /// `.u`/`.s` integers take integers, views and [`DevicePtr`]; `.b` bits and `.b8 [N]`
+    /// aggregates take any type of their size). Signedness is not checked (LLVM writes `.u` for
+    /// signed integers too).
+    ///
+    /// Errors: [`Error::MissingKernel`] (listing the entries); [`Error::KernelSignatureMismatch`]
+    /// naming the kernel, the PTX and the Rust signature and the first difference;
+    /// [`Error::PtxSignature`] if the entry's declaration could not be parsed.
+    pub fn kernel<Sig: KernelSignature>(&self, name: &str) -> Result<TypedKernel<Sig>> {
+        let kernel = self.inner.kernel(name)?.clone();
+        check_signature(self.entry(name)?, &Sig::params())?;
+        Ok(TypedKernel {
+            static_name: intern(name),
+            kernel,
+            module: self.inner.clone(),
+            _sig: PhantomData,
+        })
+    }
+}
+
+/// Interns kernel names for the `&'static str` fields of launch errors: each distinct name is
+/// leaked once per process (kernel names are few).
+fn intern(name: &str) -> &'static str {
+    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut names = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = names.get(name) {
+        return n;
+    }
+    let n: &'static str = Box::leak(name.to_string().into_boxed_str());
+    names.insert(n);
+    n
+}
+
+/// A kernel of a [`Module`] whose parameter list was checked against `Sig` (see
+/// [`Module::kernel`]). Keeps the module loaded. Cheap to clone.
+pub struct TypedKernel<Sig> {
+    kernel: Kernel,
+    static_name: &'static str,
+    module: Arc<ModuleInner>,
+    _sig: PhantomData<fn(Sig)>,
+}
+
+impl<Sig> Clone for TypedKernel<Sig> {
+    fn clone(&self) -> Self {
+        Self {
+            kernel: self.kernel.clone(),
+            static_name: self.static_name,
+            module: self.module.clone(),
+            _sig: PhantomData,
+        }
+    }
+}
+
+impl<Sig: KernelSignature> fmt::Debug for TypedKernel<Sig> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TypedKernel {}{}", self.kernel.name(), Sig::describe())
+    }
+}
+
+impl<Sig: KernelSignature> TypedKernel<Sig> {
+    /// The entry name.
+    pub fn name(&self) -> &str {
+        self.kernel.name()
+    }
+
+    /// The untyped kernel (attributes, shared-memory limits).
+    pub fn untyped(&self) -> &Kernel {
+        &self.kernel
+    }
+
+    /// What a launch of this kernel may use now: the device's limits and the function's own
+    /// shared-memory attributes (see [`LaunchLimits`]).
+    pub fn limits(&self) -> LaunchLimits {
+        LaunchLimits::from_capabilities(&self.module.caps, &self.kernel)
+    }
+
+    /// Launches the kernel with `config` on `stream` (`cuLaunchKernelEx`, with the cluster and
+    /// PDL attributes of `config`).
+    ///
+    /// Before anything is queued it checks, in this order:
+    /// - `stream` belongs to the module's context ([`Error::WrongContext`]) and the context is
+    ///   not poisoned ([`Error::ContextPoisoned`]);
+    /// - every [`View`]/[`ViewMut`] argument is bound to `stream` ([`Error::WrongStream`]), so
+    ///   the stream-ordered free of its buffer follows the kernel;
+    /// - `config` against the device's and the function's limits ([`LaunchConfig::check`]: zero
+    ///   or oversized grid/block, clusters, shared memory), where dynamic shared memory may go
+    ///   up to the device's opt-in limit (`max_shared_mem_per_block_optin`) minus the kernel's
+    ///   static shared memory: above the function's current
+    ///   `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` (48 KiB by default) the attribute is
+    ///   raised (`cuFuncSetAttribute`) before the launch; it is never lowered here.
+    ///
+    /// The launch is recorded for [`Error::ContextPoisoned`] reports. A launch the driver
+    /// rejects is [`Error::Launch`], naming the kernel and its configuration.
+    ///
+    /// # Safety
+    /// The types cannot say what the kernel does with its arguments. The caller guarantees:
+    /// - every memory access of the kernel with these arguments stays inside the views passed
+    ///   (reads only through [`View`]s, writes only through [`ViewMut`]s, within their lengths)
+    ///   and, for [`DevicePtr`]/`u64` addresses, inside live device allocations that are ordered
+    ///   on `stream` and outlive the kernel;
+    /// - with `config.pdl`, the kernel reads nothing the previous kernel on `stream` writes
+    ///   before its `griddepcontrol.wait`.
+    ///
+    /// Argument count, sizes and classes, stream binding and launch limits are checked and are
+    /// not the caller's concern.
+    pub unsafe fn launch<'a>(
+        &self,
+        stream: &Stream,
+        config: &LaunchConfig,
+        args: Sig::Args<'a>,
+    ) -> Result<()> {
+        let inner = &*self.module;
+        if stream.context_raw() != inner.ctx.cu_ctx() {
+            return Err(Error::WrongContext {
+                what: "TypedKernel::launch",
+            });
+        }
+        inner.state.check("cuLaunchKernelEx")?;
+        let mut values = [ParamValue::new(0u8); MAX_PARAMS];
+        let n = Sig::prepare(&args, stream, &mut values)?;
+        let mut limits = self.limits();
+        let raisable = limits.smem_optin.saturating_sub(limits.kernel_static_smem);
+        limits.kernel_max_dynamic_smem = limits.kernel_max_dynamic_smem.max(raisable);
+        config.check(self.static_name, &limits)?;
+        let dynamic = config.shared_mem_bytes as usize;
+        if dynamic > self.kernel.max_dynamic_shared_memory() {
+            self.kernel.raise_max_dynamic_shared_memory(dynamic)?;
+        }
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_PARAMS];
+        for (p, v) in ptrs.iter_mut().zip(&values[..n]) {
+            *p = v.as_ptr();
+        }
+        // SAFETY: the parameter list was checked against the PTX when the handle was made (one
+        // value of each parameter's size, in order); `values` outlives the call; views are bound
+        // to `stream`; the caller guarantees the kernel's accesses (see `# Safety`).
+        unsafe {
+            launch_in_context(
+                &inner.ctx,
+                &inner.state,
+                &self.kernel,
+                stream,
+                config,
+                &mut ptrs[..n],
+            )
+        }
+    }
+}
