@@ -1,4 +1,4 @@
-//! Warp and lane indices and the warp barrier.
+//! Warp and lane indices, the warp barrier and warp shuffles (`shfl.sync`) with reductions.
 
 use core::arch::asm;
 
