@@ -9,6 +9,10 @@
 //! its docs). The `unsafe` ones take raw shared or global addresses, or need convergent execution,
 //! and their `# Safety` sections say what the caller guarantees.
 //!
+//! [`roles`] is the skeleton of a warp-specialized kernel (after ThunderKittens' `lcsf`
+//! template): a struct of role hooks, with the stage rings, their barriers and the role dispatch
+//! owned by [`roles::run`].
+//!
 //! The crate has no kernels. A kernel crate depends on it, enables the `panic-handler` feature (or
 //! defines its own `#[panic_handler]`), and is built to PTX by `warpline`'s builder or
 //! `cargo xtask build-ptx`. On the host the instruction wrappers are compiled out; the constants
@@ -34,11 +38,14 @@ pub mod cluster;
 #[cfg(target_arch = "nvptx64")]
 pub mod cp_async;
 #[cfg(target_arch = "nvptx64")]
+pub mod math;
+#[cfg(target_arch = "nvptx64")]
 pub mod mbarrier;
 #[cfg(target_arch = "nvptx64")]
 pub mod pdl;
 #[cfg(target_arch = "nvptx64")]
 pub mod pipeline;
+pub mod roles;
 #[cfg(target_arch = "nvptx64")]
 pub mod signal;
 #[cfg(target_arch = "nvptx64")]

@@ -21,6 +21,18 @@ pub fn dynamic_smem_base() -> u32 {
     addr
 }
 
+/// Bytes of dynamic shared memory this launch gave the CTA (special register `%dynamic_smem_size`,
+/// PTX ISA 8.0 §10): the `sharedMemBytes` of the launch.
+#[inline(always)]
+pub fn dynamic_smem_size() -> u32 {
+    let bytes: u32;
+    // SAFETY: reading a special register.
+    unsafe {
+        asm!("mov.u32 {b}, %dynamic_smem_size;", b = out(reg32) bytes, options(nomem, nostack, pure))
+    };
+    bytes
+}
+
 /// A typed shared-memory address: `addr` is a byte address in the `.shared` window.
 /// Loads and stores are `unsafe`: the caller guarantees the address lies inside the CTA's shared
 /// memory, is aligned for `T` (16 bytes for the vector forms) and is not raced on.

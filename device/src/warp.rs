@@ -1,4 +1,4 @@
-//! Warp and lane indices and the warp barrier.
+//! Warp and lane indices, the warp barrier and warp shuffles (`shfl.sync`) with reductions.
 
 use core::arch::asm;
 
@@ -31,4 +31,56 @@ pub fn warp_id() -> u32 {
 pub unsafe fn sync_warp() {
     // SAFETY: the caller's contract above (all 32 lanes, full mask).
     unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
+}
+
+/// `shfl.sync.bfly.b32` with the full mask (PTX ISA 8.0, data-movement instructions:
+/// `shfl.sync`): the value of lane
+/// `lane_id() ^ lane_mask` (`lane_mask < 32`), as an `f32`.
+///
+/// # Safety
+/// All 32 lanes of the warp are active and each executes this same shuffle (the full
+/// `membermask`: a lane of the mask that does not execute it is undefined behaviour, PTX ISA
+/// `shfl.sync`). The lanes need not arrive convergently: `shfl.sync` waits for all of them.
+#[inline(always)]
+pub unsafe fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
+    let r: f32;
+    // SAFETY: the caller's contract above (all 32 lanes, full mask).
+    unsafe {
+        asm!("shfl.sync.bfly.b32 {r}, {v}, {m}, 0x1f, 0xffffffff;", r = out(reg32) r,
+            v = in(reg32) v, m = in(reg32) lane_mask, options(nomem, nostack))
+    };
+    r
+}
+
+/// The maximum of `v` over the 32 lanes of the warp, in every lane (a butterfly of five
+/// [`shfl_xor_f32`]; `f32::max`, so a NaN lane is ignored unless all are NaN).
+///
+/// # Safety
+/// As [`shfl_xor_f32`]: all 32 lanes of the warp call it together.
+#[inline(always)]
+pub unsafe fn reduce_max_f32(mut v: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        // SAFETY: the caller's contract (all 32 lanes execute every step of this loop, whose
+        // trip count is the same constant in every lane).
+        v = v.max(unsafe { shfl_xor_f32(v, m) });
+        m >>= 1;
+    }
+    v
+}
+
+/// The sum of `v` over the 32 lanes of the warp, in every lane (butterfly order: every lane
+/// gets the bit-identical result).
+///
+/// # Safety
+/// As [`shfl_xor_f32`]: all 32 lanes of the warp call it together.
+#[inline(always)]
+pub unsafe fn reduce_sum_f32(mut v: f32) -> f32 {
+    let mut m = 16;
+    while m > 0 {
+        // SAFETY: as in `reduce_max_f32`.
+        v += unsafe { shfl_xor_f32(v, m) };
+        m >>= 1;
+    }
+    v
 }
