@@ -5,9 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use clap::{Parser, Subcommand};
-use warpline_builder::toolchain::{
-    DEBIAN_CARGO_CLIPPY, DEBIAN_CLIPPY_DRIVER, DEBIAN_PACKAGES, DEBIAN_RUSTC,
-};
+use warpline_builder::toolchain::{DEBIAN_CARGO_CLIPPY, DEBIAN_CLIPPY_DRIVER, DEBIAN_RUSTC};
 use warpline_builder::{ptxas, Arch, DeviceToolchain, PtxBuilder, PtxIsa};
 
 #[derive(Parser)]
@@ -81,6 +79,10 @@ fn ptx_path() -> PathBuf {
     root().join("target/ptx/warpline_gpu.ptx")
 }
 
+/// Debian packages of the device toolchain, with the device clippy (same list as
+/// `warpline_builder::toolchain::DEBIAN_PACKAGES`).
+const DEVICE_PACKAGES: [&str; 4] = ["rustc-web", "cargo-web", "rust-web-src", "rust-web-clippy"];
+
 /// The kernel crate's builder as warpline uses it (sm_90, PTX ISA 8.0), with the device cargo's
 /// target directory `target/nvptx`: the same settings and folder as host/build.rs, so the two share
 /// one device build.
@@ -116,7 +118,7 @@ fn setup() -> Result<()> {
             t.source
         );
     } else {
-        println!("setup: installing Debian {}", DEBIAN_PACKAGES.join(" "));
+        println!("setup: installing Debian {}", DEVICE_PACKAGES.join(" "));
         let sudo = !is_root();
         let apt = |args: &[&str]| {
             let mut c = if sudo {
@@ -132,7 +134,7 @@ fn setup() -> Result<()> {
         };
         apt(&["update", "-qq"])?;
         let mut args = vec!["install", "-y", "-qq"];
-        args.extend(DEBIAN_PACKAGES);
+        args.extend(DEVICE_PACKAGES);
         apt(&args)?;
     }
     match ptxas::find() {
@@ -218,7 +220,7 @@ fn clippy_ptx() -> Result<()> {
     if !Path::new(DEBIAN_CARGO_CLIPPY).exists() || !Path::new(DEBIAN_CLIPPY_DRIVER).exists() {
         return Err(format!(
             "{DEBIAN_CARGO_CLIPPY} is missing (Debian packages {}); run `cargo xtask setup`",
-            DEBIAN_PACKAGES.join(" ")
+            DEVICE_PACKAGES.join(" ")
         ));
     }
     if toolchain.rustc != Path::new(DEBIAN_RUSTC) {
