@@ -352,7 +352,9 @@ pub fn check_ptx_text(ptx: &str) -> Result<()> {
 impl Device {
     /// Opens GPU `ordinal` on its primary context with the embedded PTX module ([`crate::PTX`]).
     ///
-    /// Errors: [`Error::NoDriver`] without a driver, [`Error::NoDevice`] for a missing ordinal,
+    /// Errors: [`Error::ContractMismatch`] if the module was built from another launch contract
+    /// (`gpu/src/contract.rs`) than this host (checked on the PTX text, before the driver);
+    /// [`Error::NoDriver`] without a driver, [`Error::NoDevice`] for a missing ordinal,
     /// [`Error::ComputeCapability`] below 9.0, [`Error::SharedMemory`] if a kernel's contract does
     /// not fit the device, [`Error::Cuda`] for a failing driver call.
     pub fn open(ordinal: usize) -> Result<Self> {
@@ -387,6 +389,16 @@ impl Device {
 
     fn open_impl(ordinal: usize, ptx: &str, new_context: bool) -> Result<Self> {
         check_ptx_text(ptx)?;
+        // A module with warpline's kernels must be built from the contract this host was built
+        // with (tile sizes, roles, shared-memory layout): a stale or foreign build is refused
+        // before anything is loaded.
+        let entries = ptx_entries(ptx);
+        if KERNEL_SPECS
+            .iter()
+            .any(|s| entries.iter().any(|e| e == s.name))
+        {
+            crate::contract_check::check_contract(ptx, warpline_gpu::CONTRACT_HASH)?;
+        }
         if !driver_present() {
             return Err(Error::NoDriver);
         }

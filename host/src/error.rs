@@ -211,6 +211,16 @@ pub enum Error {
     /// A call that may need the device idle was made while an on-stream wait is pending.
     #[error("{what}: an on-stream wait (a Fence guard or Signal wait) is pending; loading code (cuModuleLoadData/cuFuncLoad) may need the device idle and would hang behind it; load modules before setting up waits, or after they are released")]
     WaitPending { what: &'static str },
+    /// The PTX module was built from another `gpu/src/contract.rs` than the host (tile sizes,
+    /// warp roles, shared-memory layout could differ): a stale module. `ptx_hash` is `None` when
+    /// the module carries no `warpline_contract_hash`.
+    #[error("the PTX module's launch contract ({}) differs from the host's ({host_hash:#018x}): the PTX is stale or from another build; rebuild it (`cargo build` rebuilds it from gpu/, or `cargo xtask build-ptx`; a WARPLINE_PTX module must be rebuilt from the same gpu/src/contract.rs)", .ptx_hash.map_or("no warpline_contract_hash in the module".to_string(), |h| format!("{h:#018x}")))]
+    ContractMismatch {
+        /// The module's `warpline_contract_hash`, if it has one.
+        ptx_hash: Option<u64>,
+        /// `warpline_gpu::CONTRACT_HASH` of the host build.
+        host_hash: u64,
+    },
 }
 
 /// Attaches the name of the CUDA call to a driver error. Sticky errors (see [`is_sticky`]) become

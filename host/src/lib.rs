@@ -12,6 +12,7 @@
 
 pub mod bandwidth;
 pub mod chain;
+mod contract_check;
 pub mod device;
 pub(crate) mod driver;
 pub mod error;

@@ -1,12 +1,12 @@
-//! warpline's project commands: `cargo xtask setup | build-ptx | clippy-ptx | test | gpu-bundle`.
+//! warpline's project commands: `cargo xtask setup | build-ptx | clippy-ptx | test | run-main | gpu-bundle`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use clap::{Parser, Subcommand};
-
-mod ptxas;
+use warpline_builder::toolchain::{DEBIAN_CARGO_CLIPPY, DEBIAN_CLIPPY_DRIVER, DEBIAN_RUSTC};
+use warpline_builder::{ptxas, Arch, DeviceToolchain, PtxBuilder, PtxIsa};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "warpline project commands")]
@@ -31,11 +31,17 @@ enum Cmd {
     /// (rust-web-clippy), `-D warnings`; gpu/src/lib.rs denies unsafe_op_in_unsafe_fn,
     /// missing_docs, clippy::undocumented_unsafe_blocks and clippy::missing_safety_doc.
     ClippyPtx,
-    /// The project's test command: build-ptx (ptxas required), clippy-ptx, cargo fmt --check,
-    /// clippy with -D warnings, cargo test --workspace.
+    /// The project's test command: setup when the device toolchain or ptxas is missing, build-ptx
+    /// (ptxas required), clippy-ptx, cargo fmt --check, clippy with -D warnings, cargo test
+    /// --workspace.
     Test,
-    /// Release test binaries, the CLI and bench binaries, stripped, with the PTX and run.sh, in
-    /// target/gpu-bundle: runs on a GPU host that has no Rust toolchain.
+    /// The main job from a fresh clone: setup when the device toolchain or ptxas is missing,
+    /// build-ptx, then `cargo run --release -p warpline --features cli -- pipeline --streams 3
+    /// --batches 16 --batch-elems 16777216 --verify --compare-one-stream`.
+    RunMain,
+    /// Release test binaries, the CLI, the example programs (packages under examples/) and bench
+    /// binaries, stripped, with the PTX and run.sh, in target/gpu-bundle: runs on a GPU host that
+    /// has no Rust toolchain.
     GpuBundle,
 }
 
@@ -48,6 +54,7 @@ fn main() -> ExitCode {
         Cmd::BuildPtx { require_ptxas } => build_ptx(require_ptxas),
         Cmd::ClippyPtx => clippy_ptx(),
         Cmd::Test => test(),
+        Cmd::RunMain => run_main(),
         Cmd::GpuBundle => gpu_bundle(),
     };
     match r {
@@ -72,19 +79,20 @@ fn ptx_path() -> PathBuf {
     root().join("target/ptx/warpline_gpu.ptx")
 }
 
-/// Debian's rustc-web and cargo (the device toolchain: rustc with the nvptx64 target and library
-/// source for -Zbuild-std).
-const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
-const DEBIAN_CARGO: &str = "/usr/bin/cargo";
-const DEBIAN_RUST_SRC: &str = "/usr/lib/rustlib/src/rust/library/core";
-/// Debian's clippy for the same rustc (package rust-web-clippy).
-const DEBIAN_CARGO_CLIPPY: &str = "/usr/bin/cargo-clippy";
-const DEBIAN_CLIPPY_DRIVER: &str = "/usr/bin/clippy-driver";
-/// Code generation flags of the device build (sm_90, PTX ISA 8.0; the "linker" is a no-op: the
-/// PTX is the post-LTO assembly).
-const DEVICE_RUSTFLAGS: &str = "-C target-cpu=sm_90 -C target-feature=+ptx80 -C linker=/bin/true";
-/// Debian packages of the device toolchain.
+/// Debian packages of the device toolchain, with the device clippy (same list as
+/// `warpline_builder::toolchain::DEBIAN_PACKAGES`).
 const DEVICE_PACKAGES: [&str; 4] = ["rustc-web", "cargo-web", "rust-web-src", "rust-web-clippy"];
+
+/// The kernel crate's builder as warpline uses it (sm_90, PTX ISA 8.0), with the device cargo's
+/// target directory `target/nvptx`: the same settings and folder as host/build.rs, so the two share
+/// one device build.
+fn gpu_builder() -> PtxBuilder {
+    PtxBuilder::new(root().join("gpu"))
+        .arch(Arch::Sm90)
+        .ptx_isa(PtxIsa::V8_0)
+        .out_dir(root().join("target/ptx"))
+        .target_dir(root().join("target/nvptx"))
+}
 
 fn run(cmd: &mut Command) -> Result<()> {
     let shown = format!("{cmd:?}");
@@ -99,18 +107,15 @@ fn run(cmd: &mut Command) -> Result<()> {
 }
 
 fn setup() -> Result<()> {
-    let have_rustc = [
-        DEBIAN_RUSTC,
-        DEBIAN_CARGO,
-        DEBIAN_RUST_SRC,
-        DEBIAN_CARGO_CLIPPY,
-        DEBIAN_CLIPPY_DRIVER,
-    ]
-    .iter()
-    .all(|p| Path::new(p).exists());
-    if have_rustc {
+    let have_clippy = [DEBIAN_CARGO_CLIPPY, DEBIAN_CLIPPY_DRIVER]
+        .iter()
+        .all(|p| Path::new(p).exists());
+    if let (Ok(t), true) = (DeviceToolchain::discover(), have_clippy) {
         println!(
-            "setup: device toolchain already there ({DEBIAN_RUSTC}, {DEBIAN_CARGO}, rust-web-src, {DEBIAN_CARGO_CLIPPY})"
+            "setup: device toolchain already there ({}, {}, {:?}; {DEBIAN_CARGO_CLIPPY})",
+            t.rustc.display(),
+            t.cargo.display(),
+            t.source
         );
     } else {
         println!("setup: installing Debian {}", DEVICE_PACKAGES.join(" "));
@@ -168,93 +173,36 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// A command of the device toolchain (`program`: Debian's cargo or cargo-clippy) for the nvptx64
-/// build of `gpu/`, with the variables of this (rustup) process cleared so that the device build
-/// is the same from xtask, CI and a shell.
-fn device_cargo(program: &str, rustflags: &str) -> Result<Command> {
-    if !Path::new(DEBIAN_RUSTC).exists() || !Path::new(DEBIAN_RUST_SRC).exists() {
-        return Err(format!(
-            "the device toolchain is missing ({DEBIAN_RUSTC} with rust-web-src); run `cargo xtask setup`"
-        ));
-    }
-    if !Path::new(program).exists() {
-        return Err(format!(
-            "{program} is missing (Debian packages {}); run `cargo xtask setup`",
-            DEVICE_PACKAGES.join(" ")
-        ));
-    }
-    let root = root();
-    let mut cmd = Command::new(program);
-    // Start from a clean slate: this process runs under rustup's cargo, whose variables must not
-    // leak into the device build (toolchain pin, wrappers, flags, target dir).
-    for var in [
-        "RUSTUP_TOOLCHAIN",
-        "RUSTC_WRAPPER",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_BUILD_RUSTFLAGS",
-        "RUSTDOCFLAGS",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-        "CARGO",
-        "RUSTC_LINKER",
-    ] {
-        cmd.env_remove(var);
-    }
-    // cargo-clippy runs `$CARGO` and finds clippy-driver next to itself; rustup's proxies
-    // (~/.cargo/bin) must not come first on PATH.
-    let path = std::env::var("PATH").unwrap_or_default();
-    let path: Vec<&str> = path
-        .split(':')
-        .filter(|d| !d.ends_with("/.cargo/bin"))
-        .collect();
-    cmd.current_dir(&root)
-        .env("PATH", format!("/usr/bin:{}", path.join(":")))
-        .env("CARGO", DEBIAN_CARGO)
-        .env("RUSTC", DEBIAN_RUSTC)
-        .env("RUSTC_BOOTSTRAP", "1")
-        .env("RUSTFLAGS", rustflags)
-        .env("CARGO_PROFILE_RELEASE_LTO", "fat")
-        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
-        .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
-        .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
-        .env("CARGO_PROFILE_RELEASE_DEBUG", "false");
-    Ok(cmd)
+/// Whether `setup` has something to install: the device toolchain (with Debian's clippy for
+/// clippy-ptx) or ptxas is missing.
+fn needs_setup() -> bool {
+    let clippy = [DEBIAN_CARGO_CLIPPY, DEBIAN_CLIPPY_DRIVER]
+        .iter()
+        .all(|p| Path::new(p).exists());
+    DeviceToolchain::discover().is_err() || !clippy || ptxas::find().is_none()
 }
 
-/// The cargo arguments (after the subcommand) of the device build.
-const DEVICE_ARGS: [&str; 7] = [
-    "--release",
-    "--target",
-    "nvptx64-nvidia-cuda",
-    "-Zbuild-std=core",
-    "-p",
-    "warpline-gpu",
-    "--target-dir",
-];
+/// `setup` when something is missing (what a fresh clone needs before building PTX).
+fn setup_if_needed(what: &str) -> Result<()> {
+    if needs_setup() {
+        println!("{what}: the device toolchain or ptxas is missing; running `cargo xtask setup`");
+        setup()?;
+    }
+    Ok(())
+}
 
 fn build_ptx(require_ptxas: bool) -> Result<()> {
-    let target_dir = root().join("target/nvptx");
-    // Warnings are shown (not allowed away); `clippy-ptx` denies them.
-    let mut cmd = device_cargo(DEBIAN_CARGO, &format!("{DEVICE_RUSTFLAGS} --emit=asm"))?;
-    cmd.arg("build").args(DEVICE_ARGS).arg(&target_dir);
+    let b = gpu_builder();
     println!("build-ptx: building gpu/ for nvptx64-nvidia-cuda (sm_90, PTX ISA 8.0)");
-    run(&mut cmd)?;
-    let built = target_dir.join("nvptx64-nvidia-cuda/release/deps/warpline_gpu.s");
-    let ptx =
-        fs::read_to_string(&built).map_err(|e| format!("reading {}: {e}", built.display()))?;
-    let out = ptx_path();
-    fs::create_dir_all(out.parent().unwrap()).map_err(|e| e.to_string())?;
-    // Write only on change, so the host build is not redone needlessly.
-    if fs::read_to_string(&out).ok().as_deref() != Some(ptx.as_str()) {
-        fs::write(&out, &ptx).map_err(|e| format!("writing {}: {e}", out.display()))?;
-    }
-    println!("build-ptx: wrote {} ({} bytes)", out.display(), ptx.len());
-    match ptxas::find() {
-        Some(ptxas) => {
-            let report = ptxas::assemble(&ptxas, &out)?;
-            print!("{}", ptxas::table(&report));
-        }
+    let built = b.build().map_err(|e| e.to_string())?;
+    let size = fs::metadata(&built.path).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "build-ptx: wrote {} ({size} bytes; kernels: {})",
+        built.path.display(),
+        built.entries.join(", ")
+    );
+    match built.resources {
+        Some(r) => print!("{}", ptxas::table(Arch::Sm90, &r)),
         None if require_ptxas => {
             return Err("ptxas not found (set PTXAS or run `cargo xtask setup`)".into());
         }
@@ -264,15 +212,42 @@ fn build_ptx(require_ptxas: bool) -> Result<()> {
 }
 
 /// Clippy over the nvptx64 build of `device/` and `gpu/` (the device code is cfg'd out of the host build, so the
-/// workspace clippy never sees it), every warning an error. Its own target directory, as the
-/// flags differ from build-ptx's.
+/// workspace clippy never sees it), every warning an error, with Debian's clippy (rust-web-clippy)
+/// in the builder's clean environment. Its own target directory, as the flags differ from
+/// build-ptx's.
 fn clippy_ptx() -> Result<()> {
-    let target_dir = root().join("target/nvptx-clippy");
-    let mut cmd = device_cargo(DEBIAN_CARGO_CLIPPY, DEVICE_RUSTFLAGS)?;
-    cmd.arg("clippy")
-        .args(DEVICE_ARGS)
-        .arg(&target_dir)
-        .args(["-p", "warpline-device"])
+    let toolchain = DeviceToolchain::discover().map_err(|e| e.to_string())?;
+    if !Path::new(DEBIAN_CARGO_CLIPPY).exists() || !Path::new(DEBIAN_CLIPPY_DRIVER).exists() {
+        return Err(format!(
+            "{DEBIAN_CARGO_CLIPPY} is missing (Debian packages {}); run `cargo xtask setup`",
+            DEVICE_PACKAGES.join(" ")
+        ));
+    }
+    if toolchain.rustc != Path::new(DEBIAN_RUSTC) {
+        println!(
+            "clippy-ptx: note: clippy-driver is Debian's; the device rustc is {}",
+            toolchain.rustc.display()
+        );
+    }
+    let b = gpu_builder();
+    let mut cmd = toolchain.command(Some(Path::new(DEBIAN_CARGO_CLIPPY)));
+    cmd.current_dir(root())
+        .env("RUSTFLAGS", b.rustflags())
+        .env("CARGO_PROFILE_RELEASE_LTO", "fat")
+        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
+        .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
+        .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
+        .args(["clippy", "--release", "--target", warpline_builder::TARGET])
+        .args([
+            "-Zbuild-std=core",
+            "-p",
+            "warpline-gpu",
+            "-p",
+            "warpline-device",
+        ])
+        .arg("--target-dir")
+        .arg(root().join("target/nvptx-clippy"))
         .args(["--", "-D", "warnings"]);
     println!("clippy-ptx: clippy on device/ and gpu/ for nvptx64-nvidia-cuda, -D warnings");
     run(&mut cmd)
@@ -283,6 +258,7 @@ fn cargo() -> Command {
 }
 
 fn test() -> Result<()> {
+    setup_if_needed("test")?;
     build_ptx(true)?;
     clippy_ptx()?;
     let root = root();
@@ -302,6 +278,56 @@ fn test() -> Result<()> {
     println!("test: cargo test --workspace");
     run(cargo().current_dir(&root).args(["test", "--workspace"]))?;
     Ok(())
+}
+
+/// Whether the host package `warpline` has a cargo feature `name` (from `cargo metadata`).
+fn warpline_has_feature(name: &str) -> bool {
+    let Ok(out) = cargo()
+        .current_dir(root())
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .output()
+    else {
+        return false;
+    };
+    let Ok(meta) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+        return false;
+    };
+    meta["packages"].as_array().is_some_and(|ps| {
+        ps.iter()
+            .any(|p| p["name"] == "warpline" && p["features"].get(name).is_some())
+    })
+}
+
+fn run_main() -> Result<()> {
+    setup_if_needed("run-main")?;
+    build_ptx(false)?;
+    let args = [
+        "pipeline",
+        "--streams",
+        "3",
+        "--batches",
+        "16",
+        "--batch-elems",
+        "16777216",
+        "--verify",
+        "--compare-one-stream",
+    ];
+    println!(
+        "run-main: cargo run --release -p warpline --features cli -- {}",
+        args.join(" ")
+    );
+    run(cargo()
+        .current_dir(root())
+        .args([
+            "run",
+            "--release",
+            "-p",
+            "warpline",
+            "--features",
+            "cli",
+            "--",
+        ])
+        .args(args))
 }
 
 /// Executables a cargo command builds, from its JSON messages, each with its bundle name:
@@ -346,6 +372,48 @@ fn built_executables(args: &[&str]) -> Result<Vec<(String, PathBuf)>> {
     Ok(exes)
 }
 
+/// The binaries of the workspace packages whose manifest lies under `examples` (built with
+/// `cargo build --release --bins --workspace`), each with its target name. None when there is no
+/// such folder.
+fn example_executables(examples: &Path) -> Result<Vec<(String, PathBuf)>> {
+    if !examples.is_dir() {
+        return Ok(Vec::new());
+    }
+    let out = cargo()
+        .current_dir(root())
+        .args(["build", "--release", "--bins", "--workspace"])
+        .arg("--message-format=json-render-diagnostics")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err("cargo build --release --bins --workspace failed".into());
+    }
+    let examples = examples.canonicalize().map_err(|e| e.to_string())?;
+    let mut exes = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(exe), Some(manifest)) =
+            (msg["executable"].as_str(), msg["manifest_path"].as_str())
+        else {
+            continue;
+        };
+        let is_bin = msg["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|v| v == "bin"));
+        if is_bin && Path::new(manifest).starts_with(&examples) {
+            let name = msg["target"]["name"]
+                .as_str()
+                .unwrap_or("unknown")
+                .to_string();
+            exes.push((name, PathBuf::from(exe)));
+        }
+    }
+    Ok(exes)
+}
+
 fn gpu_bundle() -> Result<()> {
     build_ptx(false)?;
     let root = root();
@@ -366,10 +434,21 @@ fn gpu_bundle() -> Result<()> {
     for (name, exe) in built_executables(&["bench", "--bench", "*", "--no-run"])? {
         copy(&name, &exe, "benches")?;
     }
-    for (name, exe) in
-        built_executables(&["build", "--release", "-p", "warpline", "--bin", "warpline"])?
-    {
+    let mut cli = vec!["build", "--release", "-p", "warpline", "--bin", "warpline"];
+    if warpline_has_feature("cli") {
+        cli.extend(["--features", "cli"]);
+    }
+    for (name, exe) in built_executables(&cli)? {
         copy(&name, &exe, ".")?;
+    }
+    // The example programs (workspace members under examples/, e.g. saxpy and softmax), if any.
+    let examples = root.join("examples");
+    let example_bins = example_executables(&examples)?;
+    if !example_bins.is_empty() {
+        fs::create_dir_all(dir.join("examples")).map_err(|e| e.to_string())?;
+    }
+    for (name, exe) in example_bins {
+        copy(&name, &exe, "examples")?;
     }
     fs::copy(ptx_path(), dir.join("warpline_gpu.ptx")).map_err(|e| e.to_string())?;
     fs::write(dir.join("run.sh"), RUN_SH).map_err(|e| e.to_string())?;
@@ -378,6 +457,7 @@ fn gpu_bundle() -> Result<()> {
         .map_err(|e| e.to_string())?
         .chain(fs::read_dir(dir.join("tests")).map_err(|e| e.to_string())?)
         .chain(fs::read_dir(dir.join("benches")).map_err(|e| e.to_string())?)
+        .chain(fs::read_dir(dir.join("examples")).into_iter().flatten())
         .filter_map(|e| e.ok()?.metadata().ok())
         .filter(|m| m.is_file())
         .map(|m| m.len())
@@ -395,7 +475,7 @@ fn gpu_bundle() -> Result<()> {
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs warpline's GPU tests, the CLI and the benches from this folder (no Rust toolchain needed).
-# Usage: ./run.sh [tests|cli|bench|all] ; logs go to $LOGS (default ./logs).
+# Usage: ./run.sh [tests|cli|examples|bench|all] ; logs go to $LOGS (default ./logs).
 set -uo pipefail
 cd "$(dirname "$0")"
 export WARPLINE_BIN="$PWD/warpline"
@@ -410,6 +490,11 @@ fi
 if [[ $what == cli || $what == all ]]; then
   for s in 1 3; do
     ./warpline pipeline --streams $s --batches 16 --batch-elems 16777216 --verify 2>&1 | tee -a "$LOGS/cli.log" || rc=1
+  done
+fi
+if [[ $what == examples || $what == all ]] && [[ -d examples ]]; then
+  for x in examples/*; do
+    echo "== $x"; "$x" 2>&1 | tee "$LOGS/example-$(basename "$x").log" || rc=1
   done
 fi
 if [[ $what == bench || $what == all ]]; then

@@ -1,0 +1,659 @@
+//! # warpline-builder
+//!
+//! Builds a Rust kernel crate to one PTX module for `nvptx64-nvidia-cuda` (Hopper: `sm_90` or
+//! `sm_90a`), from a build script or from an xtask, with rustc's own NVPTX back end:
+//!
+//! ```no_run
+//! // build.rs of a host crate whose kernels live in ../kernels
+//! use warpline_builder::{Arch, PtxBuilder};
+//!
+//! let b = PtxBuilder::new("../kernels").arch(Arch::Sm90);
+//! b.emit_rerun_if_changed().unwrap();
+//! let built = b.build().unwrap_or_else(|e| {
+//!     eprintln!("{e}");
+//!     std::process::exit(1)
+//! });
+//! println!("cargo:rustc-env=KERNELS_PTX={}", built.path.display());
+//! // in the host crate: include_str!(env!("KERNELS_PTX"))
+//! ```
+//!
+//! The kernel crate needs `crate-type = ["cdylib"]` (the post-LTO assembly of the cdylib is the
+//! PTX), `#![no_std]` on nvptx64, a `#[panic_handler]` and the features
+//! `#![feature(abi_ptx)]` (plus `stdarch_nvptx`, `asm_experimental_arch` if it uses them).
+//!
+//! What a build does:
+//! 1. finds the device toolchain ([`DeviceToolchain::discover`]: `WARPLINE_DEVICE_RUSTC` /
+//!    `WARPLINE_DEVICE_CARGO`, else Debian's `rustc-web`/`cargo-web`/`rust-web-src`, else rustup
+//!    nightly with `rust-src`);
+//! 2. runs `cargo build --release --target nvptx64-nvidia-cuda -Zbuild-std=core --manifest-path
+//!    <crate>/Cargo.toml -p <package> --target-dir <target dir>` in a clean environment (no variable
+//!    of the calling cargo leaks in: see [`toolchain::is_leaky_var`]) with
+//!    `RUSTFLAGS="-C target-cpu=<arch> -C target-feature=+ptx<isa> -C linker=/bin/true --emit=asm"`
+//!    and fat LTO, one codegen unit, `panic=abort`, `opt-level=3`;
+//! 3. copies `<target dir>/nvptx64-nvidia-cuda/release/deps/<lib>.s` to `<out dir>/<lib>.ptx`,
+//!    writing only when the text changed (so the mtime moves only on a real change), and checks the
+//!    module's `.target` and `.version`;
+//! 4. where ptxas is found ([`ptxas::find`]), assembles the module for the architecture and
+//!    returns each kernel's resources.
+
+#![deny(missing_docs)]
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+mod manifest;
+pub mod ptxas;
+pub mod toolchain;
+
+pub use manifest::CrateNames;
+pub use ptxas::KernelResources;
+pub use toolchain::{DeviceToolchain, ToolchainSource, ENV_DEVICE_CARGO, ENV_DEVICE_RUSTC};
+
+/// The rustc target of every build.
+pub const TARGET: &str = "nvptx64-nvidia-cuda";
+
+/// The GPU architecture the PTX is generated for (`-C target-cpu`, ptxas `-arch`, PTX `.target`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// `sm_90`: Hopper, forward-compatible PTX (the default).
+    #[default]
+    Sm90,
+    /// `sm_90a`: Hopper with the architecture-specific features (wgmma, setmaxnreg, ...); such
+    /// PTX runs only on compute capability 9.0 exactly. Needs PTX ISA 8.0 or newer.
+    Sm90a,
+}
+
+impl Arch {
+    /// The name rustc, ptxas and PTX use: `"sm_90"` or `"sm_90a"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm90 => "sm_90",
+            Arch::Sm90a => "sm_90a",
+        }
+    }
+
+    /// The oldest PTX ISA that has this target: 7.8 for `sm_90`, 8.0 for `sm_90a`.
+    pub fn min_ptx_isa(self) -> PtxIsa {
+        match self {
+            Arch::Sm90 => PtxIsa::new(7, 8),
+            Arch::Sm90a => PtxIsa::V8_0,
+        }
+    }
+}
+
+/// A PTX ISA version (`.version major.minor` in the module), chosen with rustc's target feature
+/// `+ptx<major><minor>` (`+ptx80` for 8.0). rustc 1.96 knows 7.8 and 8.0 to 8.8.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PtxIsa {
+    /// Major version.
+    pub major: u8,
+    /// Minor version (0 to 9).
+    pub minor: u8,
+}
+
+impl PtxIsa {
+    /// PTX ISA 8.0 (CUDA 12.0), the default: enough for sm_90 and sm_90a, loadable by every CUDA
+    /// 12 driver.
+    pub const V8_0: PtxIsa = PtxIsa { major: 8, minor: 0 };
+
+    /// PTX ISA `major.minor`.
+    pub const fn new(major: u8, minor: u8) -> Self {
+        PtxIsa { major, minor }
+    }
+
+    /// The rustc target feature: `+ptx80` for 8.0.
+    pub fn target_feature(self) -> String {
+        format!("+ptx{}{}", self.major, self.minor)
+    }
+}
+
+impl Default for PtxIsa {
+    fn default() -> Self {
+        PtxIsa::V8_0
+    }
+}
+
+impl fmt::Display for PtxIsa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// What a build can fail with. Every message says what to do.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// No device toolchain: the list says what was tried.
+    ToolchainMissing {
+        /// What was looked for and why it did not qualify.
+        tried: Vec<String>,
+    },
+    /// A builder setting that cannot work (e.g. a PTX ISA too old for the architecture).
+    Config {
+        /// What is wrong and what is allowed.
+        message: String,
+    },
+    /// A `Cargo.toml` that cannot be read as a kernel crate's manifest.
+    Manifest {
+        /// The manifest.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A file or folder could not be read or written.
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The device cargo could not be started or failed (its diagnostics went to stderr).
+    Cargo {
+        /// The command, as run.
+        command: String,
+        /// Why: the exit status, or the error starting it.
+        status: String,
+    },
+    /// The device build succeeded but left no PTX where expected (not a `cdylib`?).
+    NoPtx {
+        /// Where the `.s` file was expected.
+        expected: PathBuf,
+    },
+    /// The emitted module is not what was asked for (`.target`/`.version` differ).
+    WrongModule {
+        /// What differs.
+        message: String,
+    },
+    /// ptxas could not be run or rejected the module.
+    Ptxas {
+        /// ptxas's output or the error starting it.
+        message: String,
+    },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::ToolchainMissing { tried } => write!(
+                f,
+                "no device toolchain for {TARGET} (a rustc with the NVPTX back end and the rust-src \
+                 library source for -Zbuild-std=core) was found.\n\
+                 tried:\n  - {}\n\
+                 fix: run `cargo xtask setup` (installs Debian's rustc-web, cargo-web, rust-web-src and ptxas),\n\
+                 \x20    or point {ENV_DEVICE_RUSTC} and {ENV_DEVICE_CARGO} at a rustc/cargo that have them,\n\
+                 \x20    or install a rustup nightly with rust-src (`rustup toolchain install nightly --component rust-src`).",
+                tried.join("\n  - ")
+            ),
+            BuildError::Config { message } => write!(f, "PTX builder: {message}"),
+            BuildError::Manifest { path, message } => {
+                write!(f, "kernel crate manifest {}: {message}", path.display())
+            }
+            BuildError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            BuildError::Cargo { command, status } => write!(
+                f,
+                "the device build failed ({status}); its diagnostics are above.\ncommand: {command}"
+            ),
+            BuildError::NoPtx { expected } => write!(
+                f,
+                "the device build left no PTX at {}; the kernel crate needs crate-type = [\"cdylib\"]",
+                expected.display()
+            ),
+            BuildError::WrongModule { message } => write!(f, "emitted PTX module: {message}"),
+            BuildError::Ptxas { message } => write!(f, "ptxas: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BuildError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> BuildError + '_ {
+    move |source| BuildError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A built PTX module.
+#[derive(Clone, Debug)]
+pub struct BuiltPtx {
+    /// The module: `<out dir>/<lib name>.ptx` (absolute).
+    pub path: PathBuf,
+    /// Its kernels (`.entry` names), in module order.
+    pub entries: Vec<String>,
+    /// Each kernel's resources from ptxas for the builder's architecture; `None` when no ptxas was
+    /// found or [`PtxBuilder::ptxas`] turned it off.
+    pub resources: Option<Vec<KernelResources>>,
+}
+
+/// Builds one kernel crate to PTX. See the crate docs for what a build runs.
+#[derive(Clone, Debug)]
+pub struct PtxBuilder {
+    crate_dir: PathBuf,
+    arch: Arch,
+    ptx_isa: PtxIsa,
+    out_dir: Option<PathBuf>,
+    target_dir: Option<PathBuf>,
+    extra_rustflags: Vec<String>,
+    toolchain: Option<DeviceToolchain>,
+    run_ptxas: bool,
+}
+
+impl PtxBuilder {
+    /// A builder for the kernel crate in `kernel_crate_dir` (the folder of its `Cargo.toml`;
+    /// relative paths are taken from the current directory, which in a build script is the
+    /// manifest folder of the crate being built). Defaults: `sm_90`, PTX ISA 8.0, out dir as
+    /// [`PtxBuilder::out_dir`] says, ptxas run when found.
+    pub fn new(kernel_crate_dir: impl Into<PathBuf>) -> Self {
+        PtxBuilder {
+            crate_dir: kernel_crate_dir.into(),
+            arch: Arch::default(),
+            ptx_isa: PtxIsa::default(),
+            out_dir: None,
+            target_dir: None,
+            extra_rustflags: Vec::new(),
+            toolchain: None,
+            run_ptxas: true,
+        }
+    }
+
+    /// The architecture (default `sm_90`).
+    pub fn arch(mut self, arch: Arch) -> Self {
+        self.arch = arch;
+        self
+    }
+
+    /// The PTX ISA (default 8.0). At least [`Arch::min_ptx_isa`], else `build` fails with
+    /// [`BuildError::Config`].
+    pub fn ptx_isa(mut self, isa: PtxIsa) -> Self {
+        self.ptx_isa = isa;
+        self
+    }
+
+    /// Where `<lib name>.ptx` is written. Default: `$OUT_DIR` when `OUT_DIR` is set (a build
+    /// script), else `<kernel crate>/target/ptx`.
+    pub fn out_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.out_dir = Some(dir.into());
+        self
+    }
+
+    /// The device cargo's `--target-dir` (never the calling cargo's target directory, whose lock
+    /// the calling cargo holds while a build script runs). Default: `$OUT_DIR/nvptx-target` in a
+    /// build script, else `<kernel crate>/target/nvptx`. Builds with the same settings can share one
+    /// (core is then compiled once).
+    pub fn target_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.target_dir = Some(dir.into());
+        self
+    }
+
+    /// More rustc flags for the kernel crates (appended to `RUSTFLAGS`, one flag an item, e.g.
+    /// `["-C", "llvm-args=-nvptx-sched4reg"]`).
+    pub fn extra_rustflags<I, S>(mut self, flags: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.extra_rustflags
+            .extend(flags.into_iter().map(Into::into));
+        self
+    }
+
+    /// Use this toolchain instead of [`DeviceToolchain::discover`].
+    pub fn toolchain(mut self, toolchain: DeviceToolchain) -> Self {
+        self.toolchain = Some(toolchain);
+        self
+    }
+
+    /// Whether to run ptxas (when found) for the resource report (default true).
+    pub fn ptxas(mut self, run: bool) -> Self {
+        self.run_ptxas = run;
+        self
+    }
+
+    /// The kernel crate's folder, as given.
+    pub fn crate_dir(&self) -> &Path {
+        &self.crate_dir
+    }
+
+    /// The `RUSTFLAGS` of the device build without `--emit=asm` (also right for clippy on it):
+    /// `-C target-cpu=<arch> -C target-feature=+ptx<isa> -C linker=/bin/true` and the extra flags.
+    pub fn rustflags(&self) -> String {
+        let mut flags = format!(
+            "-C target-cpu={} -C target-feature={} -C linker=/bin/true",
+            self.arch.name(),
+            self.ptx_isa.target_feature()
+        );
+        for f in &self.extra_rustflags {
+            flags.push(' ');
+            flags.push_str(f);
+        }
+        flags
+    }
+
+    fn resolved_out_dir(&self) -> PathBuf {
+        self.out_dir
+            .clone()
+            .unwrap_or_else(|| match std::env::var_os("OUT_DIR") {
+                Some(d) => PathBuf::from(d),
+                None => self.crate_dir.join("target/ptx"),
+            })
+    }
+
+    fn resolved_target_dir(&self) -> PathBuf {
+        self.target_dir
+            .clone()
+            .unwrap_or_else(|| match std::env::var_os("OUT_DIR") {
+                Some(d) => PathBuf::from(d).join("nvptx-target"),
+                None => self.crate_dir.join("target/nvptx"),
+            })
+    }
+
+    /// The kernel crate's package and library names, from its `Cargo.toml`.
+    ///
+    /// # Errors
+    /// [`BuildError::Io`] / [`BuildError::Manifest`] when the manifest cannot be read or has no
+    /// `[package] name`.
+    pub fn crate_names(&self) -> Result<CrateNames, BuildError> {
+        manifest::names(&self.crate_dir)
+    }
+
+    /// Every path whose change must rebuild the PTX: for the kernel crate and, transitively, each
+    /// path dependency (`path = "..."`, also through `workspace = true`): its `Cargo.toml`, its
+    /// `build.rs`, its `src/` folder and every file under it. Absolute where the crate exists.
+    ///
+    /// # Errors
+    /// [`BuildError::Io`] / [`BuildError::Manifest`] for a manifest that cannot be read.
+    pub fn rerun_if_changed_paths(&self) -> Result<Vec<PathBuf>, BuildError> {
+        manifest::rerun_paths(&self.crate_dir)
+    }
+
+    /// For a build script: prints `cargo:rerun-if-changed=` for each of
+    /// [`PtxBuilder::rerun_if_changed_paths`] (and the rustc of a toolchain set with
+    /// [`PtxBuilder::toolchain`]) and `cargo:rerun-if-env-changed=` for
+    /// `WARPLINE_DEVICE_RUSTC`, `WARPLINE_DEVICE_CARGO` and `PTXAS`.
+    ///
+    /// # Errors
+    /// As [`PtxBuilder::rerun_if_changed_paths`].
+    pub fn emit_rerun_if_changed(&self) -> Result<(), BuildError> {
+        for p in self.rerun_if_changed_paths()? {
+            println!("cargo:rerun-if-changed={}", p.display());
+        }
+        if let Some(t) = &self.toolchain {
+            // An upgraded device rustc must rebuild the module too.
+            println!("cargo:rerun-if-changed={}", t.rustc.display());
+        }
+        for v in [ENV_DEVICE_RUSTC, ENV_DEVICE_CARGO, ptxas::ENV_PTXAS] {
+            println!("cargo:rerun-if-env-changed={v}");
+        }
+        Ok(())
+    }
+
+    /// Builds the PTX module; see the crate docs for the steps. The device cargo's diagnostics
+    /// go to this process's stderr (its stdout too, so nothing reaches a build script's stdout).
+    ///
+    /// # Errors
+    /// [`BuildError::ToolchainMissing`], [`BuildError::Config`], [`BuildError::Manifest`],
+    /// [`BuildError::Cargo`] (compile errors), [`BuildError::NoPtx`], [`BuildError::WrongModule`],
+    /// [`BuildError::Io`], [`BuildError::Ptxas`] (ptxas found and rejected the module).
+    pub fn build(&self) -> Result<BuiltPtx, BuildError> {
+        if self.ptx_isa < self.arch.min_ptx_isa() {
+            return Err(BuildError::Config {
+                message: format!(
+                    "{} needs PTX ISA {} or newer, {} was asked for",
+                    self.arch.name(),
+                    self.arch.min_ptx_isa(),
+                    self.ptx_isa
+                ),
+            });
+        }
+        let toolchain = match &self.toolchain {
+            Some(t) => t.clone(),
+            None => DeviceToolchain::discover()?,
+        };
+        let crate_dir = self
+            .crate_dir
+            .canonicalize()
+            .map_err(io_err(&self.crate_dir))?;
+        let names = manifest::names(&crate_dir)?;
+        let out_dir = self.resolved_out_dir();
+        let target_dir = self.resolved_target_dir();
+        fs::create_dir_all(&out_dir).map_err(io_err(&out_dir))?;
+        fs::create_dir_all(&target_dir).map_err(io_err(&target_dir))?;
+
+        let mut cmd = toolchain.command(None);
+        cmd.current_dir(&crate_dir)
+            .env("RUSTFLAGS", format!("{} --emit=asm", self.rustflags()))
+            .env("CARGO_PROFILE_RELEASE_LTO", "fat")
+            .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
+            .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
+            .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
+            .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
+            .args(["build", "--release", "--target", TARGET, "-Zbuild-std=core"])
+            .arg("--manifest-path")
+            .arg(crate_dir.join("Cargo.toml"))
+            .args(["-p", &names.package])
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .stdout(Stdio::from(io::stderr()))
+            .stderr(Stdio::inherit());
+        let shown = format!("{cmd:?}");
+        let status = cmd.status().map_err(|e| BuildError::Cargo {
+            command: shown.clone(),
+            status: format!("could not start {}: {e}", toolchain.cargo.display()),
+        })?;
+        if !status.success() {
+            return Err(BuildError::Cargo {
+                command: shown,
+                status: status.to_string(),
+            });
+        }
+
+        let emitted = target_dir
+            .join(TARGET)
+            .join("release/deps")
+            .join(format!("{}.s", names.lib));
+        let ptx = match fs::read_to_string(&emitted) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(BuildError::NoPtx { expected: emitted })
+            }
+            Err(e) => return Err(io_err(&emitted)(e)),
+        };
+        self.check_module(&ptx)?;
+        let out = out_dir.join(format!("{}.ptx", names.lib));
+        if fs::read_to_string(&out).ok().as_deref() != Some(ptx.as_str()) {
+            // Write then rename, so a reader never sees half a module.
+            let tmp = out.with_extension("ptx.tmp");
+            fs::write(&tmp, &ptx).map_err(io_err(&tmp))?;
+            fs::rename(&tmp, &out).map_err(io_err(&out))?;
+        }
+        let path = out.canonicalize().map_err(io_err(&out))?;
+        let resources = match (self.run_ptxas, ptxas::find()) {
+            (true, Some(p)) => Some(ptxas::assemble(&p, &path, self.arch)?),
+            _ => None,
+        };
+        Ok(BuiltPtx {
+            path,
+            entries: ptx_entries(&ptx),
+            resources,
+        })
+    }
+
+    fn check_module(&self, ptx: &str) -> Result<(), BuildError> {
+        let directive = |d: &str| {
+            ptx.lines()
+                .find_map(|l| l.trim().strip_prefix(d))
+                .map(|v| v.trim().to_string())
+        };
+        let want_target = self.arch.name();
+        let want_version = self.ptx_isa.to_string();
+        let target = directive(".target ");
+        let version = directive(".version ");
+        if target.as_deref() != Some(want_target) || version.as_deref() != Some(&want_version) {
+            return Err(BuildError::WrongModule {
+                message: format!(
+                    "asked for .target {want_target} .version {want_version}, got .target {} .version {} \
+                     (is PTX ISA {want_version} known to this rustc? `rustc --print target-features --target {TARGET}` lists the ptxNN features)",
+                    target.as_deref().unwrap_or("(none)"),
+                    version.as_deref().unwrap_or("(none)")
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The kernel (`.entry`) names of a PTX module, in module order.
+pub fn ptx_entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| {
+            let rest = l.trim().split(".entry ").nth(1)?;
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$')
+                .collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-kernel")
+    }
+
+    #[test]
+    fn flags_follow_arch_and_isa() {
+        let b = PtxBuilder::new("k")
+            .arch(Arch::Sm90a)
+            .ptx_isa(PtxIsa::new(8, 4))
+            .extra_rustflags(["-C", "llvm-args=-x"]);
+        assert_eq!(
+            b.rustflags(),
+            "-C target-cpu=sm_90a -C target-feature=+ptx84 -C linker=/bin/true -C llvm-args=-x"
+        );
+        assert_eq!(
+            PtxBuilder::new("k").rustflags(),
+            "-C target-cpu=sm_90 -C target-feature=+ptx80 -C linker=/bin/true"
+        );
+    }
+
+    #[test]
+    fn sm_90a_refuses_ptx_isa_below_8_0() {
+        let e = PtxBuilder::new(fixture())
+            .arch(Arch::Sm90a)
+            .ptx_isa(PtxIsa::new(7, 8))
+            .build()
+            .unwrap_err();
+        assert!(matches!(e, BuildError::Config { .. }), "{e}");
+        assert!(e.to_string().contains("sm_90a needs PTX ISA 8.0"), "{e}");
+    }
+
+    #[test]
+    fn module_directives_are_checked() {
+        let b = PtxBuilder::new("k");
+        assert!(b.check_module(".version 8.0\n.target sm_90\n").is_ok());
+        let e = b.check_module(".version 7.8\n.target sm_90\n").unwrap_err();
+        assert!(
+            e.to_string().contains("got .target sm_90 .version 7.8"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn entries_are_read_in_order() {
+        let ptx = ".visible .entry fill(\n.param .u64 a\n)\n.func helper(\n.entry other_k()\n";
+        assert_eq!(ptx_entries(ptx), ["fill", "other_k"]);
+    }
+
+    #[test]
+    fn names_come_from_the_manifest() {
+        let n = PtxBuilder::new(fixture()).crate_names().unwrap();
+        assert_eq!(n.package, "tiny-kernel");
+        assert_eq!(n.lib, "tiny_kernel");
+    }
+
+    #[test]
+    fn rerun_list_covers_sources_manifests_and_path_deps() {
+        let root =
+            std::env::temp_dir().join(format!("warpline-builder-rerun-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let w = |p: &str, s: &str| {
+            let p = root.join(p);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, s).unwrap();
+        };
+        w(
+            "Cargo.toml",
+            "[workspace]\nmembers=[\"k\",\"lib\",\"wsdep\"]\n[workspace.dependencies]\nwsdep = { path = \"wsdep\" }\n",
+        );
+        w(
+            "k/Cargo.toml",
+            "[package]\nname=\"k\"\n[dependencies]\nlib = { path = \"../lib\" }\nwsdep.workspace = true\nserde = \"1\"\n[dev-dependencies]\ndevonly = { path = \"../devonly\" }\n",
+        );
+        w("k/build.rs", "fn main(){}");
+        w("k/src/lib.rs", "");
+        w("k/src/kernels/a.rs", "");
+        w(
+            "lib/Cargo.toml",
+            "[package]\nname=\"lib\"\n[dependencies]\ndeep = { path = \"../deep\" }\n",
+        );
+        w("lib/src/lib.rs", "");
+        w("deep/Cargo.toml", "[package]\nname=\"deep\"\n");
+        w("deep/src/lib.rs", "");
+        w("wsdep/Cargo.toml", "[package]\nname=\"wsdep\"\n");
+        w("wsdep/src/lib.rs", "");
+        w("devonly/Cargo.toml", "[package]\nname=\"devonly\"\n");
+        w("devonly/src/lib.rs", "");
+        let root = root.canonicalize().unwrap();
+        let got = PtxBuilder::new(root.join("k"))
+            .rerun_if_changed_paths()
+            .unwrap();
+        let rel: Vec<String> = got
+            .iter()
+            .map(|p| p.strip_prefix(&root).unwrap().display().to_string())
+            .collect();
+        let mut want = vec![
+            "deep/Cargo.toml",
+            "deep/src",
+            "deep/src/lib.rs",
+            "k/Cargo.toml",
+            "k/build.rs",
+            "k/src",
+            "k/src/kernels/a.rs",
+            "k/src/lib.rs",
+            "lib/Cargo.toml",
+            "lib/src",
+            "lib/src/lib.rs",
+            "wsdep/Cargo.toml",
+            "wsdep/src",
+            "wsdep/src/lib.rs",
+        ];
+        want.sort();
+        assert_eq!(rel, want);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_missing_manifest_is_an_io_error_naming_it() {
+        let e = PtxBuilder::new("/nonexistent/kernels")
+            .crate_names()
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("/nonexistent/kernels/Cargo.toml"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,155 @@
+//! Stale-PTX guards that CI sees:
+//! - the builder rebuilds a kernel crate's PTX when its source changes (on a copy of the fixture
+//!   kernel crate `builder/tests/fixtures/tiny-kernel`; SKIPPED where there is no device toolchain);
+//! - host/build.rs's rerun-if-changed list covers gpu/ and device/ (edits there rebuild the PTX);
+//! - the embedded PTX carries the contract hash of the host's `gpu/src/contract.rs`, and
+//!   `check_contract` refuses a module whose hash differs or is absent.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use warpline_builder::{DeviceToolchain, PtxBuilder};
+
+// The host's check, compiled into this test crate (the host crate keeps it crate-private).
+mod error {
+    pub(crate) use warpline::error::Error;
+}
+#[path = "../host/src/contract_check.rs"]
+mod contract_check;
+
+use contract_check::{check_contract, ptx_contract_hash};
+use error::Error;
+
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for e in fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+#[test]
+fn editing_a_kernel_rebuilds_its_ptx() {
+    if let Err(e) = DeviceToolchain::discover() {
+        println!("SKIPPED editing_a_kernel_rebuilds_its_ptx: no device toolchain ({e})");
+        return;
+    }
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let krate = tmp.join(format!("tiny-kernel-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&krate);
+    copy_dir(
+        &workspace().join("builder/tests/fixtures/tiny-kernel"),
+        &krate,
+    );
+    // A persistent device target dir: core is compiled once across runs.
+    let b = PtxBuilder::new(&krate)
+        .out_dir(krate.join("out"))
+        .target_dir(tmp.join("tiny-kernel-nvptx"));
+
+    let first = b.build().expect("first build");
+    assert_eq!(
+        first.path,
+        krate.join("out/tiny_kernel.ptx").canonicalize().unwrap()
+    );
+    assert_eq!(first.entries, ["fill"]);
+    let ptx1 = fs::read_to_string(&first.path).unwrap();
+    assert!(ptx1.contains("12345"), "FILL_VALUE not in the PTX:\n{ptx1}");
+    let mtime1 = fs::metadata(&first.path).unwrap().modified().unwrap();
+
+    // Nothing changed: same module, file not rewritten.
+    let again = b.build().expect("unchanged rebuild");
+    assert_eq!(fs::read_to_string(&again.path).unwrap(), ptx1);
+    assert_eq!(
+        fs::metadata(&again.path).unwrap().modified().unwrap(),
+        mtime1
+    );
+
+    // Edit the kernel's constant: the PTX must follow.
+    let src = krate.join("src/lib.rs");
+    let text = fs::read_to_string(&src).unwrap();
+    assert!(text.contains("FILL_VALUE: u32 = 12345"));
+    fs::write(
+        &src,
+        text.replace("FILL_VALUE: u32 = 12345", "FILL_VALUE: u32 = 54321"),
+    )
+    .unwrap();
+    let second = b.build().expect("rebuild after edit");
+    let ptx2 = fs::read_to_string(&second.path).unwrap();
+    assert_ne!(
+        ptx1, ptx2,
+        "the PTX did not change after editing the kernel"
+    );
+    assert!(ptx2.contains("54321") && !ptx2.contains("12345"), "{ptx2}");
+    if let Some(r) = &second.resources {
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].name, "fill");
+    }
+    fs::remove_dir_all(&krate).unwrap();
+}
+
+#[test]
+fn host_build_reruns_on_gpu_and_device_sources() {
+    let root = workspace().canonicalize().unwrap();
+    let paths = PtxBuilder::new(root.join("gpu"))
+        .rerun_if_changed_paths()
+        .unwrap();
+    for want in [
+        "gpu/Cargo.toml",
+        "gpu/build.rs",
+        "gpu/src",
+        "gpu/src/lib.rs",
+        "gpu/src/contract.rs",
+        "device/Cargo.toml",
+        "device/src",
+        "device/src/lib.rs",
+    ] {
+        assert!(paths.contains(&root.join(want)), "{want} not in {paths:?}");
+    }
+    assert!(paths.iter().all(|p| p.exists()), "{paths:?}");
+}
+
+#[test]
+fn embedded_ptx_carries_the_hosts_contract_hash() {
+    assert_eq!(
+        ptx_contract_hash(warpline::PTX),
+        Some(warpline_gpu::CONTRACT_HASH),
+        "the embedded PTX was built from another gpu/src/contract.rs"
+    );
+    check_contract(warpline::PTX, warpline_gpu::CONTRACT_HASH).unwrap();
+}
+
+#[test]
+fn check_contract_refuses_a_ptx_with_another_contract_hash() {
+    let host = warpline_gpu::CONTRACT_HASH;
+    let line = warpline::PTX
+        .lines()
+        .find(|l| l.contains("warpline_contract_hash"))
+        .expect("no warpline_contract_hash in the PTX");
+    let other = host ^ 1;
+    let bytes: Vec<String> = other.to_le_bytes().iter().map(|b| b.to_string()).collect();
+    let forged_line = format!(
+        ".visible .global .align 8 .b8 warpline_contract_hash[8] = {{{}}};",
+        bytes.join(", ")
+    );
+    let stale = warpline::PTX.replace(line, &forged_line);
+    match check_contract(&stale, host) {
+        Err(Error::ContractMismatch {
+            ptx_hash,
+            host_hash,
+        }) => assert_eq!((ptx_hash, host_hash), (Some(other), host)),
+        r => panic!("a stale PTX was accepted: {r:?}"),
+    }
+    let without = warpline::PTX.replace(line, "");
+    let e = check_contract(&without, host).unwrap_err();
+    assert!(matches!(e, Error::ContractMismatch { ptx_hash: None, .. }));
+    assert!(e.to_string().contains("rebuild"), "{e}");
+}
