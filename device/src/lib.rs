@@ -16,7 +16,9 @@
 //! The crate has no kernels. A kernel crate depends on it, enables the `panic-handler` feature (or
 //! defines its own `#[panic_handler]`), and is built to PTX by `warpline`'s builder or
 //! `cargo xtask build-ptx`. On the host the instruction wrappers are compiled out; the constants
-//! below are available everywhere.
+//! below are available everywhere. `cargo doc` on the host documents the device-only modules too
+//! (they are also compiled under `cfg(doc)`, where rustdoc does not type-check function bodies,
+//! so the nvptx inline assembly and intrinsics in them need no host stand-ins).
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 // Device code is linted on its own build (`cargo xtask clippy-ptx`, part of `cargo xtask test`):
 // every unsafe operation in its own documented block, every public item documented.
@@ -29,30 +31,30 @@ pub const WARP_SIZE: u32 = 32;
 /// Bytes of one `mbarrier` object in shared memory (PTX ISA §9.7.13.15: 8 bytes, 8-byte aligned).
 pub const MBARRIER_BYTES: usize = 8;
 
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod bulk;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod clock;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod cluster;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod cp_async;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod math;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod mbarrier;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod pdl;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod pipeline;
 pub mod roles;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod signal;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod smem;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod thread;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod warp;
 
 /// Declares, in the invoking kernel crate, the module-scope PTX the device library needs: the

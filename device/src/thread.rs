@@ -1,6 +1,8 @@
 //! Thread, block and grid indices (PTX ISA §10, special registers `%tid`, `%ctaid`, `%ntid`,
 //! `%nctaid`) and the CTA-wide barrier.
 
+// A module-level import is resolved even under rustdoc (unlike paths in function bodies).
+#[cfg(target_arch = "nvptx64")]
 use core::arch::nvptx;
 
 /// `threadIdx.x`.
