@@ -248,9 +248,9 @@ impl<'d> BatchPipeline<'d> {
             streams: &self.streams,
             drained: false,
         };
-        self.prewarm_pool(batch_elems.min(n))?;
         let total = n.div_ceil(batch_elems);
         let cap = IN_FLIGHT_PER_STREAM * self.streams.len();
+        self.prewarm_pool(batch_elems.min(n), cap.min(total))?;
         let wall = Instant::now();
         let origin = self.streams[0].record()?;
         let mut in_flight: VecDeque<Enqueued> = VecDeque::with_capacity(cap);
@@ -322,10 +322,12 @@ impl<'d> BatchPipeline<'d> {
         })
     }
 
-    /// Grows the pool to what one round of batches needs, so the timed run does no cuMemAlloc.
-    fn prewarm_pool(&self, batch_elems: usize) -> Result<()> {
+    /// Grows the pool to what the in-flight window of `batches` batches needs (three buffers of
+    /// `batch_elems` floats each), so the timed run does no `cuMemAlloc`: the pool keeps what it
+    /// reserved (release threshold `u64::MAX`).
+    fn prewarm_pool(&self, batch_elems: usize, batches: usize) -> Result<()> {
         let s = &self.streams[0];
-        let bufs = (0..3 * self.streams.len())
+        let bufs = (0..3 * batches)
             .map(|_| self.pool.alloc_async::<f32>(s, batch_elems))
             .collect::<Result<Vec<_>>>()?;
         drop(bufs);
