@@ -317,7 +317,7 @@ fn main() {
     let dev = match Device::open(0) {
         Ok(d) => d,
         Err(e @ (Error::NoDriver | Error::NoDevice { .. })) => {
-            println!("pdl bench SKIPPED: {e}");
+            warpline_suite::support::skip("pdl bench", e);
             return;
         }
         Err(e) => {

@@ -2,13 +2,37 @@
 
 use rand::Rng;
 
+/// The environment variable that turns every GPU skip into a failure (`WARPLINE_REQUIRE_GPU=1`):
+/// skipping without a driver is right for CI, but on a GPU host a skip would hide a test that
+/// never ran. gpu-bundle's run.sh and scripts/device-run.sh set it.
+pub const REQUIRE_GPU_ENV: &str = "WARPLINE_REQUIRE_GPU";
+
+/// True when [`REQUIRE_GPU_ENV`] is `1`.
+pub fn gpu_required() -> bool {
+    std::env::var(REQUIRE_GPU_ENV).as_deref() == Ok("1")
+}
+
+/// Reports that the GPU part of `test` does not run, for `reason`: prints `SKIPPED ...`, or,
+/// when `require` is true, panics so that the test fails.
+pub fn skip_or_fail(test: &str, reason: impl std::fmt::Display, require: bool) {
+    if require {
+        panic!("{test} would be skipped ({reason}), but {REQUIRE_GPU_ENV}=1 requires the GPU");
+    }
+    eprintln!("SKIPPED {test}: {reason}");
+}
+
+/// [`skip_or_fail`] with `require` read from [`REQUIRE_GPU_ENV`].
+pub fn skip(test: &str, reason: impl std::fmt::Display) {
+    skip_or_fail(test, reason, gpu_required());
+}
+
 /// Opens GPU 0, or prints why the GPU part of `test` is skipped and returns `None`
 /// (no CUDA driver on this machine, or no device).
 pub fn gpu_or_skip(test: &str) -> Option<warpline::Device> {
     match warpline::Device::open(0) {
         Ok(dev) => Some(dev),
         Err(e @ (warpline::Error::NoDriver | warpline::Error::NoDevice { .. })) => {
-            eprintln!("SKIPPED {test}: {e}");
+            skip(test, e);
             None
         }
         Err(e) => panic!("{test}: opening GPU 0 failed: {e}"),
@@ -96,9 +120,25 @@ pub fn gpu_in_new_context_or_skip(test: &str) -> Option<warpline::Device> {
     match warpline::Device::open_in_new_context(0) {
         Ok(dev) => Some(dev),
         Err(e @ (warpline::Error::NoDriver | warpline::Error::NoDevice { .. })) => {
-            eprintln!("SKIPPED {test}: {e}");
+            skip(test, e);
             None
         }
         Err(e) => panic!("{test}: opening GPU 0 in a new context failed: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::skip_or_fail;
+
+    #[test]
+    fn a_skip_only_prints_when_the_gpu_is_not_required() {
+        skip_or_fail("probe", "no CUDA driver", false);
+    }
+
+    #[test]
+    #[should_panic(expected = "WARPLINE_REQUIRE_GPU=1 requires the GPU")]
+    fn a_skip_fails_when_the_gpu_is_required() {
+        skip_or_fail("probe", "no CUDA driver", true);
     }
 }

@@ -110,7 +110,7 @@ fn in_child() -> bool {
 #[test]
 fn finding_01_fence_is_live_in_every_queue_configuration() {
     if !warpline::device::driver_present() {
-        eprintln!("SKIPPED finding_01 fence matrix: no CUDA driver on this machine");
+        warpline_suite::support::skip("finding_01 fence matrix", "no CUDA driver on this machine");
         return;
     }
     for conns in [Some("1"), Some("2"), None] {
@@ -211,7 +211,10 @@ fn fence_child() {
 #[test]
 fn one_context_design_hangs_with_one_connection() {
     if !warpline::device::driver_present() {
-        eprintln!("SKIPPED one-context fence negative control: no CUDA driver on this machine");
+        warpline_suite::support::skip(
+            "one-context fence negative control",
+            "no CUDA driver on this machine",
+        );
         return;
     }
     run_child("one_context_child", &[("CUDA_DEVICE_MAX_CONNECTIONS", "1")]);

@@ -171,7 +171,7 @@ fn cluster_tile_gemm_size_8_where_it_fits() {
         return;
     };
     if kernels::gemm_max_active_clusters(&dev, 8).unwrap() == 0 {
-        eprintln!("SKIPPED cluster 8: the device cannot schedule it");
+        warpline_suite::support::skip("cluster 8", "the device cannot schedule it");
         return;
     }
     check(

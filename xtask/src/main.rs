@@ -479,6 +479,8 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 set -uo pipefail
 cd "$(dirname "$0")"
 export WARPLINE_BIN="$PWD/warpline"
+# On a GPU host a skipped GPU test is a failure.
+export WARPLINE_REQUIRE_GPU=1
 LOGS=${LOGS:-./logs}; mkdir -p "$LOGS"
 what=${1:-all}
 rc=0

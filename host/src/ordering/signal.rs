@@ -457,6 +457,10 @@ mod tests {
         let dev = match Device::open(0) {
             Ok(d) => d,
             Err(e @ (Error::NoDriver | Error::NoDevice { .. })) => {
+                assert!(
+                    std::env::var("WARPLINE_REQUIRE_GPU").as_deref() != Ok("1"),
+                    "finding 20 bounds would be skipped ({e}), but WARPLINE_REQUIRE_GPU=1"
+                );
                 eprintln!("SKIPPED finding 20 bounds: {e}");
                 return;
             }
