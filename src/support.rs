@@ -29,13 +29,23 @@ pub fn skip(test: &str, reason: impl std::fmt::Display) {
 /// Opens GPU 0, or prints why the GPU part of `test` is skipped and returns `None`
 /// (no CUDA driver on this machine, or no device).
 pub fn gpu_or_skip(test: &str) -> Option<warpline::Device> {
-    match warpline::Device::open(0) {
+    device_or_skip(test, "", warpline::Device::open(0))
+}
+
+/// The opened device, or `None` after [`skip`] when there is no driver or no device; any other
+/// error fails `test`.
+fn device_or_skip(
+    test: &str,
+    how: &str,
+    opened: warpline::Result<warpline::Device>,
+) -> Option<warpline::Device> {
+    match opened {
         Ok(dev) => Some(dev),
         Err(e @ (warpline::Error::NoDriver | warpline::Error::NoDevice { .. })) => {
             skip(test, e);
             None
         }
-        Err(e) => panic!("{test}: opening GPU 0 failed: {e}"),
+        Err(e) => panic!("{test}: opening GPU 0{how} failed: {e}"),
     }
 }
 
@@ -117,14 +127,11 @@ pub fn assert_compiled_without_spills(report: &str, kernel: &str) {
 /// Opens GPU 0 on a fresh context of its own ([`warpline::Device::open_in_new_context`]), or
 /// prints why the GPU part of `test` is skipped and returns `None`.
 pub fn gpu_in_new_context_or_skip(test: &str) -> Option<warpline::Device> {
-    match warpline::Device::open_in_new_context(0) {
-        Ok(dev) => Some(dev),
-        Err(e @ (warpline::Error::NoDriver | warpline::Error::NoDevice { .. })) => {
-            skip(test, e);
-            None
-        }
-        Err(e) => panic!("{test}: opening GPU 0 in a new context failed: {e}"),
-    }
+    device_or_skip(
+        test,
+        " in a new context",
+        warpline::Device::open_in_new_context(0),
+    )
 }
 
 #[cfg(test)]
