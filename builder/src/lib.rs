@@ -98,6 +98,8 @@ impl PtxIsa {
     /// PTX ISA 8.0 (CUDA 12.0), the default: enough for sm_90 and sm_90a, loadable by every CUDA
     /// 12 driver.
     pub const V8_0: PtxIsa = PtxIsa { major: 8, minor: 0 };
+    /// PTX ISA 8.3 (CUDA 12.3): adds `fence.proxy.tensormap`, wanted by the TMA kernels.
+    pub const V8_3: PtxIsa = PtxIsa { major: 8, minor: 3 };
 
     /// PTX ISA `major.minor`.
     pub const fn new(major: u8, minor: u8) -> Self {
@@ -246,6 +248,7 @@ pub struct PtxBuilder {
     extra_rustflags: Vec<String>,
     toolchain: Option<DeviceToolchain>,
     run_ptxas: bool,
+    features: Vec<String>,
 }
 
 impl PtxBuilder {
@@ -263,6 +266,7 @@ impl PtxBuilder {
             extra_rustflags: Vec::new(),
             toolchain: None,
             run_ptxas: true,
+            features: Vec::new(),
         }
     }
 
@@ -313,6 +317,18 @@ impl PtxBuilder {
         self
     }
 
+    /// Cargo features of the kernel crate to enable (`--features`), e.g. one that selects the
+    /// kernels of an `sm_90a` module. Builds with different features need different
+    /// [`PtxBuilder::target_dir`]s (the module file has the same name).
+    pub fn features<I, S>(mut self, features: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.features.extend(features.into_iter().map(Into::into));
+        self
+    }
+
     /// Whether to run ptxas (when found) for the resource report (default true).
     pub fn ptxas(mut self, run: bool) -> Self {
         self.run_ptxas = run;
@@ -325,10 +341,13 @@ impl PtxBuilder {
     }
 
     /// The `RUSTFLAGS` of the device build without `--emit=asm` (also right for clippy on it):
-    /// `-C target-cpu=<arch> -C target-feature=+ptx<isa> -C linker=/bin/true` and the extra flags.
+    /// `-C target-cpu=<arch> -C target-feature=+ptx<isa> -C linker=/bin/true
+    /// -Zmir-enable-passes=-JumpThreading` and the extra flags. MIR jump threading is off because
+    /// it can duplicate a warp-synchronous `asm!` (`bar.sync`, `*.sync.aligned`) into divergent
+    /// branches, which deadlocks (rust-lang/rust#137086; inline asm is not `convergent`).
     pub fn rustflags(&self) -> String {
         let mut flags = format!(
-            "-C target-cpu={} -C target-feature={} -C linker=/bin/true",
+            "-C target-cpu={} -C target-feature={} -C linker=/bin/true -Zmir-enable-passes=-JumpThreading",
             self.arch.name(),
             self.ptx_isa.target_feature()
         );
@@ -438,6 +457,11 @@ impl PtxBuilder {
             .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
             .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
             .args(["build", "--release", "--target", TARGET, "-Zbuild-std=core"])
+            .args(if self.features.is_empty() {
+                vec![]
+            } else {
+                vec!["--features".to_string(), self.features.join(",")]
+            })
             .arg("--manifest-path")
             .arg(crate_dir.join("Cargo.toml"))
             .args(["-p", &names.package])
@@ -469,6 +493,7 @@ impl PtxBuilder {
             Err(e) => return Err(io_err(&emitted)(e)),
         };
         self.check_module(&ptx)?;
+        let ptx = apply_launch_bounds(&ptx)?;
         let out = out_dir.join(format!("{}.ptx", names.lib));
         if fs::read_to_string(&out).ok().as_deref() != Some(ptx.as_str()) {
             // Write then rename, so a reader never sees half a module.
@@ -512,6 +537,78 @@ impl PtxBuilder {
     }
 }
 
+/// Prefix of the marker globals that `warpline_device::launch_bounds!` puts in the module:
+/// `warpline_launch_bounds__<entry>`, 8 bytes = max threads per CTA, min CTAs per SM (u32 LE).
+pub const LAUNCH_BOUNDS_PREFIX: &str = "warpline_launch_bounds__";
+
+/// rustc emits no launch bounds, but ptxas needs them to honour `setmaxnreg` (C7508, "unable to
+/// determine register count at entry") and to cap registers for large CTAs. For each marker
+/// global [`LAUNCH_BOUNDS_PREFIX`]`<entry>` in the module, inserts `.maxntid T, 1, 1` and
+/// `.minnctapersm C` (PTX ISA §11.4 "Performance-Tuning Directives") between the entry's
+/// parameter list and its body. Modules without markers are returned unchanged.
+///
+/// # Errors
+/// [`BuildError::WrongModule`] when a marker is malformed or names no entry of the module.
+pub fn apply_launch_bounds(ptx: &str) -> Result<String, BuildError> {
+    let bad = |message: String| BuildError::WrongModule { message };
+    let mut bounds = Vec::new();
+    for line in ptx.lines() {
+        let Some(rest) = line.split(LAUNCH_BOUNDS_PREFIX).nth(1) else {
+            continue;
+        };
+        if !line.contains(".global") {
+            continue; // a use of the marker, not its definition
+        }
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '$')
+            .collect();
+        let bytes: Vec<u32> = line
+            .split_once('{')
+            .and_then(|(_, b)| b.split_once('}'))
+            .map(|(b, _)| b.split(',').filter_map(|v| v.trim().parse().ok()).collect())
+            .unwrap_or_default();
+        if bytes.len() != 8 || bytes.iter().any(|b| *b > 255) {
+            return Err(bad(format!(
+                "launch-bounds marker for `{name}` is not 8 initialised bytes: {line}"
+            )));
+        }
+        let word = |i: usize| bytes[i..i + 4].iter().rev().fold(0u32, |a, b| a << 8 | b);
+        bounds.push((name, word(0), word(4)));
+    }
+    if bounds.is_empty() {
+        return Ok(ptx.to_string());
+    }
+    let mut out = String::with_capacity(ptx.len() + 64 * bounds.len());
+    let mut pending: Option<(u32, u32)> = None;
+    let mut found = vec![false; bounds.len()];
+    for line in ptx.lines() {
+        if let Some(rest) = line.trim().split(".entry ").nth(1) {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '$')
+                .collect();
+            if let Some(i) = bounds.iter().position(|b| b.0 == name) {
+                found[i] = true;
+                pending = Some((bounds[i].1, bounds[i].2));
+            }
+        }
+        if pending.is_some() && line.trim() == "{" {
+            let (threads, ctas) = pending.take().unwrap_or_default();
+            out.push_str(&format!(".maxntid {threads}, 1, 1\n.minnctapersm {ctas}\n"));
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if let Some(i) = found.iter().position(|f| !f) {
+        return Err(bad(format!(
+            "launch-bounds marker names `{}`, which is not an entry of the module",
+            bounds[i].0
+        )));
+    }
+    Ok(out)
+}
+
 /// The kernel (`.entry`) names of a PTX module, in module order.
 pub fn ptx_entries(ptx: &str) -> Vec<String> {
     ptx.lines()
@@ -542,12 +639,42 @@ mod tests {
             .extra_rustflags(["-C", "llvm-args=-x"]);
         assert_eq!(
             b.rustflags(),
-            "-C target-cpu=sm_90a -C target-feature=+ptx84 -C linker=/bin/true -C llvm-args=-x"
+            "-C target-cpu=sm_90a -C target-feature=+ptx84 -C linker=/bin/true -Zmir-enable-passes=-JumpThreading -C llvm-args=-x"
         );
         assert_eq!(
             PtxBuilder::new("k").rustflags(),
-            "-C target-cpu=sm_90 -C target-feature=+ptx80 -C linker=/bin/true"
+            "-C target-cpu=sm_90 -C target-feature=+ptx80 -C linker=/bin/true -Zmir-enable-passes=-JumpThreading"
         );
+    }
+
+    #[test]
+    fn launch_bounds_go_between_parameters_and_body() {
+        let ptx = ".version 8.3\n.target sm_90a\n\
+            .visible .global .align 4 .b8 warpline_launch_bounds__k1[8] = {128, 1, 0, 0, 1, 0, 0, 0};\n\
+            .visible .entry k1(\n\t.param .u64 k1_param_0\n)\n{\n\tret;\n}\n\
+            .visible .entry k2()\n{\n\tret;\n}\n";
+        let out = apply_launch_bounds(ptx).unwrap();
+        assert!(
+            out.contains(")\n.maxntid 384, 1, 1\n.minnctapersm 1\n{\n\tret;"),
+            "{out}"
+        );
+        assert_eq!(
+            out.matches(".maxntid").count(),
+            1,
+            "k2 has no marker: {out}"
+        );
+        assert_eq!(
+            apply_launch_bounds(".entry k()\n{\n}\n").unwrap(),
+            ".entry k()\n{\n}\n"
+        );
+        let e = apply_launch_bounds(
+            ".global .align 4 .b8 warpline_launch_bounds__gone[8] = {32, 0, 0, 0, 1, 0, 0, 0};\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("not an entry"), "{e}");
+        let e = apply_launch_bounds(".global .align 4 .b8 warpline_launch_bounds__k[8];\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("not 8 initialised bytes"), "{e}");
     }
 
     #[test]

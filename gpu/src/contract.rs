@@ -268,3 +268,128 @@ pub mod pdl {
     const _: () = assert!(TILE_N / THREAD_COLS * (TILE_M / THREAD_ROWS) == 128);
     const _: () = assert!(STAGE_BYTES.is_multiple_of(128) && A_TILE_BYTES.is_multiple_of(16));
 }
+
+/// Tensor-core GEMM for Hopper (sm_90a module, `gpu/src/kernels/tc_gemm.rs`):
+/// `C[M,N] = alpha * A[M,K] * B[K,N] + beta * C`, BF16 or FP16 inputs, FP32 accumulation, FP32 or
+/// 16-bit (same type as the inputs) output. A is row-major (K contiguous). B is either
+/// column-major (K contiguous, "K-major": entries ending `_bcol`) or row-major (N contiguous,
+/// "N-major": entries ending `_brow`). C is row-major with row pitch `ldc` elements.
+///
+/// Structure (chapter 11, Figures 11-10/11-11, done with TMA and wgmma): one producer warpgroup
+/// (one thread issues TMA loads into a `STAGES`-deep ring completing on mbarriers with expect-tx)
+/// and two consumer warpgroups (wgmma `m64n256k16`, 64 rows of the `BM x BN` CTA tile each,
+/// "cooperative"), a persistent grid walking output tiles in a grouped raster order, clusters of 1
+/// or 2 CTAs along M that multicast the B tile both CTAs share, and a TMA-store epilogue that
+/// overlaps the next tile's mainloop. Calls `griddepcontrol.wait` before its first global access
+/// and `launch_dependents` once its last mainloop load is issued, so it may be launched with PDL.
+///
+/// Kernel parameters, in order (all entries):
+/// `(tmap_a: u64, tmap_b: u64, tmap_c: u64, c: u64, m: u32, n: u32, k: u32, ldc: u32, alpha: f32,
+///   beta: f32, out_f32: u32, raster: u32, group: u32)`:
+/// - `tmap_a`, `tmap_b`, `tmap_c`: device (global-memory) addresses of 128-byte, 64-byte aligned
+///   `CUtensorMap`s made by `cuTensorMapEncodeTiled` (see [`tc_gemm::A_BOX`], ...);
+/// - `c`: device address of C (read when `beta != 0`), `ldc` its row pitch in elements;
+/// - `out_f32`: 1 when C is f32, 0 when C has the input type;
+/// - `raster`: [`tc_gemm::RASTER_ALONG_M`] or [`tc_gemm::RASTER_ALONG_N`]; `group`: tiles per
+///   raster group (>= 1).
+pub mod tc_gemm {
+    use super::*;
+
+    /// Entry: BF16 inputs, B column-major (K-major).
+    pub const KERNEL_BF16_BCOL: &str = "tc_gemm_bf16_bcol";
+    /// Entry: BF16 inputs, B row-major (N-major).
+    pub const KERNEL_BF16_BROW: &str = "tc_gemm_bf16_brow";
+    /// Entry: FP16 inputs, B column-major (K-major).
+    pub const KERNEL_F16_BCOL: &str = "tc_gemm_f16_bcol";
+    /// Entry: FP16 inputs, B row-major (N-major).
+    pub const KERNEL_F16_BROW: &str = "tc_gemm_f16_brow";
+
+    /// Bytes of one BF16/FP16 element.
+    pub const IN_BYTES: usize = 2;
+    /// Rows of C per CTA tile (two consumer warpgroups x 64).
+    pub const BM: usize = 128;
+    /// Columns of C per CTA tile (the N of `wgmma.m64n256k16`).
+    pub const BN: usize = 256;
+    /// K per stage: 64 16-bit elements = 128 bytes, the span of the 128-byte swizzle.
+    pub const BK: usize = 64;
+    /// K of one wgmma instruction.
+    pub const WGMMA_K: usize = 16;
+    /// Rows of C per consumer warpgroup (the M of the wgmma instruction).
+    pub const WG_M: usize = 64;
+    /// Pipeline depth (shared-memory stages of `[A | B]`).
+    pub const STAGES: usize = 4;
+    /// Threads per warpgroup.
+    pub const WARPGROUP_THREADS: u32 = 4 * WARP_SIZE;
+    /// Consumer warpgroups (each computes `WG_M` rows of the tile).
+    pub const CONSUMER_WARPGROUPS: u32 = 2;
+    /// Threads per CTA: one producer warpgroup plus the consumers.
+    pub const THREADS_PER_CTA: u32 = WARPGROUP_THREADS * (1 + CONSUMER_WARPGROUPS);
+    /// Registers per thread the producer warpgroup keeps (`setmaxnreg.dec`).
+    pub const PRODUCER_REGS: u32 = 40;
+    /// Registers per thread a consumer warpgroup gets (`setmaxnreg.inc`).
+    pub const CONSUMER_REGS: u32 = 232;
+    /// Cluster sizes the kernel supports (along M; the pair shares and multicasts B).
+    pub const CLUSTER_SIZES: [u32; 2] = [1, 2];
+
+    /// TMA box of A, `{inner (K), outer (M)}` elements, 128-byte swizzle.
+    pub const A_BOX: [u32; 2] = [BK as u32, BM as u32];
+    /// TMA box of a K-major (column-major) B, `{inner (K), outer (N)}`: half the tile's N, so a
+    /// cluster of 2 loads one half per CTA and multicasts it (a lone CTA issues both halves).
+    pub const B_BOX_KMAJOR: [u32; 2] = [BK as u32, (BN / 2) as u32];
+    /// TMA box of an N-major (row-major) B, `{inner (N), outer (K)}`: 64 columns (128 bytes, the
+    /// swizzle span) by `BK` rows; a tile's B half takes `BN / 2 / 64` boxes.
+    pub const B_BOX_NMAJOR: [u32; 2] = [64, BK as u32];
+    /// Bytes of one row of the C staging chunk (the 128-byte swizzle span): 32 f32 or 64 16-bit.
+    pub const C_CHUNK_ROW_BYTES: usize = 128;
+    /// TMA box of C with f32 output, `{inner (N), outer (M)}`.
+    pub const C_BOX_F32: [u32; 2] = [(C_CHUNK_ROW_BYTES / F32_BYTES) as u32, WG_M as u32];
+    /// TMA box of C with 16-bit output.
+    pub const C_BOX_16: [u32; 2] = [(C_CHUNK_ROW_BYTES / IN_BYTES) as u32, WG_M as u32];
+
+    /// Bytes of one stage's A tile (`BM x BK`).
+    pub const A_STAGE_BYTES: usize = BM * BK * IN_BYTES;
+    /// Bytes of one stage's B tile (`BN x BK`).
+    pub const B_STAGE_BYTES: usize = BN * BK * IN_BYTES;
+    /// Bytes of one C staging chunk (`WG_M` rows x 128 bytes).
+    pub const C_CHUNK_BYTES: usize = WG_M * C_CHUNK_ROW_BYTES;
+    /// C staging chunks per consumer warpgroup (double-buffered TMA stores).
+    pub const C_CHUNKS: usize = 2;
+
+    /// Shared-memory layout, byte offsets from the 1024-byte aligned base (dynamic shared memory
+    /// rounded up; the launch asks for [`SMEM_BYTES`], which includes the 1 KiB of slack):
+    /// `STAGES x A | STAGES x B | 2 warpgroups x C_CHUNKS x C chunk | full[STAGES] | empty[STAGES]`.
+    pub const A_OFFSET: usize = 0;
+    /// Offset of stage 0's B tile.
+    pub const B_OFFSET: usize = A_OFFSET + STAGES * A_STAGE_BYTES;
+    /// Offset of the C staging chunks.
+    pub const C_OFFSET: usize = B_OFFSET + STAGES * B_STAGE_BYTES;
+    /// Offset of the pipeline's mbarriers.
+    pub const BARRIERS_OFFSET: usize =
+        C_OFFSET + CONSUMER_WARPGROUPS as usize * C_CHUNKS * C_CHUNK_BYTES;
+    /// Alignment the 128-byte swizzle needs for every tile base.
+    pub const SWIZZLE_ALIGN: usize = 1024;
+    /// Dynamic shared memory per CTA, bytes (layout + barriers + alignment slack).
+    pub const SMEM_BYTES: usize = BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES + SWIZZLE_ALIGN;
+
+    /// Raster order: consecutive tiles walk down M within a group of `group` N-columns of tiles.
+    pub const RASTER_ALONG_M: u32 = 0;
+    /// Raster order: consecutive tiles walk along N within a group of `group` M-rows of tiles.
+    pub const RASTER_ALONG_N: u32 = 1;
+    /// Default raster group (tiles).
+    pub const DEFAULT_GROUP: u32 = 8;
+
+    const _: () = {
+        assert!(BM == CONSUMER_WARPGROUPS as usize * WG_M);
+        assert!(BK * IN_BYTES == 128 && BK.is_multiple_of(WGMMA_K));
+        assert!(A_STAGE_BYTES.is_multiple_of(SWIZZLE_ALIGN));
+        assert!(B_STAGE_BYTES.is_multiple_of(SWIZZLE_ALIGN));
+        assert!(C_CHUNK_BYTES.is_multiple_of(SWIZZLE_ALIGN));
+        assert!((BN / 2).is_multiple_of(64));
+        assert!(SMEM_BYTES <= 227 * 1024);
+        assert!(
+            PRODUCER_REGS * WARPGROUP_THREADS
+                + CONSUMER_REGS * WARPGROUP_THREADS * CONSUMER_WARPGROUPS
+                <= 65536
+        );
+    };
+}

@@ -38,3 +38,8 @@ pub use stream::{Event, Stream};
 
 /// The PTX module built from `gpu/` (sm_90, PTX ISA 8.0), embedded at build time.
 pub const PTX: &str = include_str!(env!("WARPLINE_PTX_PATH"));
+
+/// The sm_90a module built from `gpu/` with its feature `sm90a` (PTX ISA 8.3): the tensor-core
+/// kernels (wgmma, TMA tensor copies, setmaxnreg), which only compute capability 9.0 runs.
+/// Loaded on first use by the tensor-core GEMM.
+pub const SM90A_PTX: &str = include_str!(env!("WARPLINE_SM90A_PTX_PATH"));

@@ -1,7 +1,17 @@
 //! The kernels of the PTX module. Each file is one kernel (or one family), its roles as separate
 //! functions so the kernel body reads like its role diagram.
 
+//!
+//! The crate is built into two modules: without feature `sm90a` (sm_90, every kernel below but
+//! the tensor-core ones) and with it (sm_90a: only `tc_gemm`, which needs wgmma and setmaxnreg).
+
+#[cfg(not(feature = "sm90a"))]
 mod gemm;
+#[cfg(not(feature = "sm90a"))]
 mod pdl;
+#[cfg(not(feature = "sm90a"))]
 mod signal;
+#[cfg(feature = "sm90a")]
+mod tc_gemm;
+#[cfg(not(feature = "sm90a"))]
 mod vector_add;

@@ -1,0 +1,1 @@
+//! Tensor-core GEMM (sm_90a): see `contract::tc_gemm`.
