@@ -136,6 +136,43 @@ fn cluster_kernel_ptx_uses_multicast_dsmem_and_cluster_barriers() {
     }
 }
 
+/// One FP32 GEMM path (issue 11): the tile kernels and the split-K pair run the same mainloop
+/// (A and B from shared memory in 16-byte vectors, FMA into registers, no local memory) and the
+/// same 16-byte-store epilogue; PDL is an option of the path, off in the tile kernels.
+#[test]
+fn every_fp32_gemm_runs_the_shared_mainloop_and_epilogue() {
+    use warpline_gpu::contract::{gemm, pdl};
+    for k in [
+        gemm::CLUSTER_KERNEL,
+        gemm::PLAIN_KERNEL,
+        pdl::PRIMARY_GEMM_KERNEL,
+        pdl::SECONDARY_GEMM_KERNEL,
+    ] {
+        let body = entry_body(k);
+        for needle in ["ld.shared.v4.f32", "fma.rn.f32", "st.global.v4.f32"] {
+            assert!(body.contains(needle), "{k} lacks `{needle}`");
+        }
+        // A is read as vectors too (no scalar shared loads), and the register tile stays in
+        // registers (no local-memory depot).
+        assert!(
+            !body.contains("ld.shared.f32"),
+            "{k} has scalar shared loads"
+        );
+        assert!(!body.contains(".local"), "{k} uses local memory");
+    }
+    for k in [gemm::CLUSTER_KERNEL, gemm::PLAIN_KERNEL] {
+        assert!(!entry_body(k).contains("griddepcontrol"), "{k}: PDL is off");
+    }
+    // The register tile: 8 rows per thread in both, 2 column vectors of the 128-wide tile and 1
+    // of the split-K 64-wide tile.
+    assert_eq!(
+        (gemm::THREAD_ROWS, gemm::COL_VECS, pdl::COL_VECS),
+        (8, 2, 1)
+    );
+    assert_eq!(gemm::A_PITCH, gemm::K_CHUNK + gemm::A_PAD);
+    assert_eq!(pdl::A_PITCH, pdl::K_CHUNK + pdl::A_PAD);
+}
+
 #[test]
 fn tile_gemm_matches_cpu_reference() {
     let Some(dev) = gpu_or_skip("tile_gemm vs f64 reference") else {

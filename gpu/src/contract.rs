@@ -52,6 +52,10 @@ pub mod vector_add {
 /// `cluster_tile_gemm` (a cluster of 1..=8 CTAs splits each tile's rows; the leader CTA loads each
 /// chunk of B once and multicasts it into every CTA of the cluster) and `tile_gemm` (one CTA per
 /// tile, loads everything itself).
+///
+/// The register tile and the stage shape below (from [`VEC`] to [`A_PITCH`]) are those of every
+/// FP32 GEMM of the module: the split-K GEMM of [`super::pdl`] runs the same mainloop and epilogue
+/// (gpu/src/kernels/gemm.rs) with its own `TILE_M x TILE_N` tile and [`super::pdl::K_CHUNK`].
 pub mod gemm {
     use super::*;
 
@@ -71,19 +75,43 @@ pub mod gemm {
     /// Largest cluster (portable cluster size limit).
     pub const MAX_CLUSTER: u32 = 8;
     /// Cluster sizes the kernel supports: each CTA computes `TILE / cluster` rows with
-    /// `8 / cluster` compute warps (16 rows per warp).
+    /// `8 / cluster` compute warps ([`WARP_ROWS`] rows per warp).
     pub const CLUSTER_SIZES: [u32; 4] = [1, 2, 4, 8];
     /// Warps of the loader role (bulk copies global -> shared).
     pub const LOADER_WARPS: u32 = 1;
     /// Compute warps of a whole cluster (and of a `tile_gemm` CTA): 256 threads, each with an 8x8
     /// block of C, cover the 128x128 tile.
     pub const CLUSTER_COMPUTE_WARPS: u32 = 8;
-    /// Column groups of the compute threads (16 per warp); a thread owns columns
-    /// `4g..4g+4` and `64+4g..64+4g+4`.
+
+    /// Floats in one 16-byte vector (`ld.shared.v4`, `st.global.v4`, a 16-byte `cp.async`): the
+    /// k-depth of one A load of the mainloop, the width of one B load and of one C store.
+    pub const VEC: usize = 4;
+    /// Compute threads side by side along the columns of C: a "row group" is `COL_GROUPS`
+    /// consecutive compute threads that own the same rows, thread `g` of it columns
+    /// `VEC g .. VEC g + VEC` of each [`COL_SPAN`]-wide column block.
     pub const COL_GROUPS: u32 = 16;
-    /// Row pitch of a stage's A chunk in shared memory, floats (64 + 4 padding: the two row
-    /// groups of a warp read adjacent rows, 4 banks apart, so they do not conflict).
-    pub const A_PITCH: usize = K_CHUNK + 4;
+    /// Row groups per compute warp (`WARP_SIZE / COL_GROUPS` = 2): compute thread `t` is in row
+    /// group `t / COL_GROUPS`.
+    pub const ROW_GROUPS_PER_WARP: u32 = WARP_SIZE / COL_GROUPS;
+    /// Columns one row group covers with one vector per thread (`COL_GROUPS x VEC` = 64): a
+    /// thread's column vectors lie `COL_SPAN` apart.
+    pub const COL_SPAN: usize = COL_GROUPS as usize * VEC;
+    /// Rows of C per compute thread (its rows lie "number of row groups of the CTA" apart).
+    pub const THREAD_ROWS: usize = 8;
+    /// Rows of C per compute warp (`ROW_GROUPS_PER_WARP x THREAD_ROWS` = 16).
+    pub const WARP_ROWS: u32 = ROW_GROUPS_PER_WARP * THREAD_ROWS as u32;
+    /// Column vectors per compute thread of a tile (`TILE / COL_SPAN` = 2: a thread owns an 8x8
+    /// block of C).
+    pub const COL_VECS: usize = TILE / COL_SPAN;
+    /// Floats of padding after each A row of a stage: a warp's two row groups read adjacent rows,
+    /// `A_PAD` banks apart, so their 16-byte loads do not conflict (and rows stay 16-byte aligned).
+    pub const A_PAD: usize = 4;
+    /// Row pitch of a stage's A chunk in shared memory, floats.
+    pub const A_PITCH: usize = K_CHUNK + A_PAD;
+    /// k-steps of the mainloop per unrolled iteration (`K_UNROLL / VEC` vector steps): unrolling a
+    /// whole 64-deep chunk spills.
+    pub const K_UNROLL: usize = 16;
+
     /// Bytes of one global row-piece of the A chunk (one bulk copy).
     pub const A_ROW_CHUNK_BYTES: usize = K_CHUNK * F32_BYTES;
     /// Bytes of one stage's B chunk (contiguous in global memory: one bulk copy).
@@ -98,7 +126,7 @@ pub mod gemm {
     pub const fn band_rows(cluster: u32) -> u32 {
         TILE as u32 / cluster
     }
-    /// Compute warps per CTA for a cluster of `cluster` CTAs (16 rows of the band each).
+    /// Compute warps per CTA for a cluster of `cluster` CTAs ([`WARP_ROWS`] rows of the band each).
     pub const fn compute_warps(cluster: u32) -> u32 {
         CLUSTER_COMPUTE_WARPS / cluster
     }
@@ -145,14 +173,17 @@ pub mod gemm {
 
     const _: () = {
         assert!(TILE.is_multiple_of(K_CHUNK));
-        assert!(COL_GROUPS * 8 == TILE as u32);
+        assert!(K_CHUNK.is_multiple_of(K_UNROLL) && K_UNROLL == 4 * VEC);
+        assert!(VEC * F32_BYTES == 16 && A_PAD.is_multiple_of(VEC));
+        assert!(WARP_SIZE.is_multiple_of(COL_GROUPS));
+        assert!(COL_VECS * COL_SPAN == TILE);
+        assert!(CLUSTER_COMPUTE_WARPS * WARP_ROWS == TILE as u32);
         assert!(BARRIERS_OFFSET + 2 * MAX_STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
         assert!(SMEM_BYTES <= 227 * 1024);
         let mut i = 0;
         while i < CLUSTER_SIZES.len() {
             let n = CLUSTER_SIZES[i];
-            // 16 rows per compute warp: 2 row groups x 8 rows per thread.
-            assert!(compute_warps(n) * 16 == band_rows(n));
+            assert!(compute_warps(n) * WARP_ROWS == band_rows(n));
             assert!(stages(n) <= MAX_STAGES);
             assert!(a_stage_bytes(n).is_multiple_of(128) && stage_bytes(n).is_multiple_of(128));
             assert!(smem_bytes(n) <= SMEM_BYTES);
@@ -217,8 +248,8 @@ pub mod pdl {
     pub const TILE_M: usize = 64;
     /// Columns of C per cluster tile.
     pub const TILE_N: usize = 64;
-    /// Depth (K) of one pipeline stage.
-    pub const TILE_K: usize = 32;
+    /// Depth (K) of one pipeline stage (the concept of [`super::gemm::K_CHUNK`]).
+    pub const K_CHUNK: usize = 32;
     /// Pipeline depth.
     pub const STAGES: usize = 3;
     /// CTAs per cluster: the two CTAs split K in halves and reduce through DSMEM.
@@ -229,27 +260,27 @@ pub mod pdl {
     pub const CONSUMER_WARPS: u32 = 4;
     /// Threads per GEMM CTA.
     pub const GEMM_THREADS: u32 = WARP_SIZE * (PRODUCER_WARPS + CONSUMER_WARPS);
-    /// Rows of C each consumer thread owns (8 x 4 accumulators per thread).
-    pub const THREAD_ROWS: usize = 8;
-    /// Columns of C each consumer thread owns (one 16-byte vector).
-    pub const THREAD_COLS: usize = 4;
+    pub use super::gemm::{A_PAD, COL_GROUPS, COL_SPAN, THREAD_ROWS, VEC};
+    /// Column vectors per consumer thread (`TILE_N / COL_SPAN` = 1: 8 x 4 accumulators per
+    /// thread, rows `TILE_M / THREAD_ROWS` apart).
+    pub const COL_VECS: usize = TILE_N / COL_SPAN;
     /// Row/column elements must be multiples of this (16-byte rows for cp.async 16).
-    pub const ROW_ALIGN_ELEMS: usize = 4;
+    pub const ROW_ALIGN_ELEMS: usize = VEC;
 
     /// Shared-memory layout (bytes from the start of dynamic shared memory):
     /// `[full mbarriers x STAGES][empty mbarriers x STAGES][pad]`, then `STAGES x [A | B]`
-    /// (A: `TILE_M x TILE_K` with row stride `A_ROW_STRIDE`, B: `TILE_K x TILE_N`, row-major f32), then the `TILE_M x TILE_N`
-    /// split-K partial that rank 1 hands to rank 0 through DSMEM.
+    /// (A: `TILE_M x K_CHUNK` with row pitch `A_PITCH`, B: `K_CHUNK x TILE_N`, row-major f32),
+    /// then the `TILE_M x TILE_N` split-K partial that rank 1 hands to rank 0 through DSMEM.
     pub const BARRIERS_OFFSET: usize = 0;
     /// Offset of stage 0's A tile (128-byte aligned).
     pub const BUFFERS_OFFSET: usize = 128;
-    /// Row stride of a staged A tile, in f32: `TILE_K` plus 4 floats of padding so the 8 rows a
-    /// warp reads at one k fall in different banks (keeps 16-byte alignment of every row).
-    pub const A_ROW_STRIDE: usize = TILE_K + 4;
+    /// Row pitch of a staged A tile, in f32: `K_CHUNK` plus [`A_PAD`] (the concept of
+    /// [`super::gemm::A_PITCH`]).
+    pub const A_PITCH: usize = K_CHUNK + A_PAD;
     /// Bytes of one A tile.
-    pub const A_TILE_BYTES: usize = TILE_M * A_ROW_STRIDE * F32_BYTES;
+    pub const A_TILE_BYTES: usize = TILE_M * A_PITCH * F32_BYTES;
     /// Bytes of one B tile.
-    pub const B_TILE_BYTES: usize = TILE_K * TILE_N * F32_BYTES;
+    pub const B_TILE_BYTES: usize = K_CHUNK * TILE_N * F32_BYTES;
     /// Bytes of one stage `[A | B]`.
     pub const STAGE_BYTES: usize = A_TILE_BYTES + B_TILE_BYTES;
     /// Offset of the split-K partial tile.
@@ -263,9 +294,10 @@ pub mod pdl {
 
     const _: () = assert!(BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
     const _: () = assert!(
-        (CONSUMER_WARPS * WARP_SIZE) as usize * THREAD_ROWS * THREAD_COLS == TILE_M * TILE_N
+        (CONSUMER_WARPS * WARP_SIZE) as usize * THREAD_ROWS * COL_VECS * VEC == TILE_M * TILE_N
     );
-    const _: () = assert!(TILE_N / THREAD_COLS * (TILE_M / THREAD_ROWS) == 128);
+    const _: () = assert!(COL_VECS * COL_SPAN == TILE_N && TILE_M.is_multiple_of(THREAD_ROWS));
+    const _: () = assert!(K_CHUNK.is_multiple_of(super::gemm::K_UNROLL));
     const _: () = assert!(STAGE_BYTES.is_multiple_of(128) && A_TILE_BYTES.is_multiple_of(16));
 }
 

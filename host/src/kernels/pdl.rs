@@ -377,8 +377,9 @@ pub enum GemmKernel {
 
 /// Queues `C = A · B` with `primary_gemm` or `secondary_gemm`: clusters of `CLUSTER_CTAS` (2) CTAs
 /// per `TILE_M x TILE_N` (64 x 64) tile of C, each CTA half of K, one producer warp staging
-/// `TILE_K` (32)-deep A and B tiles with cp.async into `STAGES` (3) mbarrier-tracked stages,
-/// four consumer warps computing with FMA, split-K partials reduced through DSMEM.
+/// `K_CHUNK` (32)-deep A and B tiles with cp.async into `STAGES` (3) mbarrier-tracked stages,
+/// four consumer warps computing with FMA (the mainloop and epilogue of `cluster_tile_gemm`, an
+/// 8 x 4 block of C per thread), split-K partials reduced through DSMEM.
 ///
 /// Shapes: `a.len() == m k`, `b.len() == k n`, `c.len() == m n`; `m, n, k` in 1 to
 /// [`GEMM_MAX_DIM`], `n` and `k` multiples of 4. Alignment: 16 bytes for `a`, `b`, `c`.
