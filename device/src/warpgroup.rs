@@ -32,7 +32,7 @@ pub fn thread_in_warpgroup() -> u32 {
 /// call blocks forever.
 #[inline(always)]
 pub unsafe fn setmaxnreg_inc<const REGS: u32>() {
-    const { assert!(REGS >= 24 && REGS <= 256 && REGS % 8 == 0) };
+    const { assert!(REGS >= 24 && REGS <= 256 && REGS.is_multiple_of(8)) };
     // SAFETY: immediate operand; the caller's contract above.
     unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {r};", r = const REGS, options(nostack)) };
 }
@@ -45,7 +45,7 @@ pub unsafe fn setmaxnreg_inc<const REGS: u32>() {
 /// (ptxas allocates accordingly).
 #[inline(always)]
 pub unsafe fn setmaxnreg_dec<const REGS: u32>() {
-    const { assert!(REGS >= 24 && REGS <= 256 && REGS % 8 == 0) };
+    const { assert!(REGS >= 24 && REGS <= 256 && REGS.is_multiple_of(8)) };
     // SAFETY: immediate operand; the caller's contract above.
     unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {r};", r = const REGS, options(nostack)) };
 }
