@@ -563,16 +563,18 @@ pub fn apply_launch_bounds(ptx: &str) -> Result<String, BuildError> {
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '$')
             .collect();
-        let bytes: Vec<u32> = line
+        // LLVM drops trailing zero bytes of an initialiser (`{128, 1, 0, 0, 1}`): pad them back.
+        let mut bytes: Vec<u32> = line
             .split_once('{')
             .and_then(|(_, b)| b.split_once('}'))
             .map(|(b, _)| b.split(',').filter_map(|v| v.trim().parse().ok()).collect())
             .unwrap_or_default();
-        if bytes.len() != 8 || bytes.iter().any(|b| *b > 255) {
+        if bytes.is_empty() || bytes.len() > 8 || bytes.iter().any(|b| *b > 255) {
             return Err(bad(format!(
                 "launch-bounds marker for `{name}` is not 8 initialised bytes: {line}"
             )));
         }
+        bytes.resize(8, 0);
         let word = |i: usize| bytes[i..i + 4].iter().rev().fold(0u32, |a, b| a << 8 | b);
         bounds.push((name, word(0), word(4)));
     }
@@ -650,7 +652,7 @@ mod tests {
     #[test]
     fn launch_bounds_go_between_parameters_and_body() {
         let ptx = ".version 8.3\n.target sm_90a\n\
-            .visible .global .align 4 .b8 warpline_launch_bounds__k1[8] = {128, 1, 0, 0, 1, 0, 0, 0};\n\
+            .visible .global .align 4 .b8 warpline_launch_bounds__k1[8] = {128, 1, 0, 0, 1};\n\
             .visible .entry k1(\n\t.param .u64 k1_param_0\n)\n{\n\tret;\n}\n\
             .visible .entry k2()\n{\n\tret;\n}\n";
         let out = apply_launch_bounds(ptx).unwrap();

@@ -55,7 +55,13 @@ pub mod smem;
 #[cfg(any(target_arch = "nvptx64", doc))]
 pub mod thread;
 #[cfg(any(target_arch = "nvptx64", doc))]
+pub mod tma;
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod warp;
+#[cfg(any(target_arch = "nvptx64", doc))]
+pub mod warpgroup;
+#[cfg(any(target_arch = "nvptx64", doc))]
+pub mod wgmma;
 
 /// Declares, in the invoking kernel crate, the module-scope PTX the device library needs: the
 /// dynamic shared-memory window `warpline_dyn_smem` (`.extern .shared .align 128`, PTX ISA
@@ -66,6 +72,24 @@ macro_rules! kernel_module {
     () => {
         #[cfg(target_arch = "nvptx64")]
         ::core::arch::global_asm!(".extern .shared .align 128 .b8 warpline_dyn_smem[];");
+    };
+}
+
+/// Declares launch bounds for kernel entry `$entry`: at most `$max_threads` threads per CTA and at
+/// least `$min_ctas` CTAs per SM. rustc emits no launch bounds, so this puts a marker global
+/// `warpline_launch_bounds__<entry>` (two little-endian u32) in the module, and
+/// `warpline-builder` turns it into `.maxntid $max_threads, 1, 1` and `.minnctapersm $min_ctas`
+/// on the entry (PTX ISA §11.4). Kernels that use `setmaxnreg` need it: without bounds ptxas
+/// cannot tell the register count at entry and ignores `setmaxnreg` (warning C7508).
+#[macro_export]
+macro_rules! launch_bounds {
+    ($entry:ident, $max_threads:expr, $min_ctas:expr) => {
+        #[cfg(target_arch = "nvptx64")]
+        const _: () = {
+            #[used]
+            #[unsafe(export_name = concat!("warpline_launch_bounds__", stringify!($entry)))]
+            static BOUNDS: [u32; 2] = [$max_threads, $min_ctas];
+        };
     };
 }
 

@@ -36,3 +36,46 @@ pub fn fma(a: f32, b: f32, c: f32) -> f32 {
     };
     r
 }
+
+/// `cvt.rn.bf16x2.f32`: `lo` and `hi` rounded to BF16 (nearest even), packed as `lo | hi << 16`
+/// (PTX ISA §9.7.9.21, `cvt` with `.bf16x2`: the first source goes to the upper half).
+#[inline(always)]
+pub fn pack_bf16x2(lo: f32, hi: f32) -> u32 {
+    let d: u32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        core::arch::asm!("cvt.rn.bf16x2.f32 {d}, {h}, {l};", d = out(reg32) d, h = in(reg32) hi,
+            l = in(reg32) lo, options(pure, nomem, nostack))
+    };
+    d
+}
+
+/// `cvt.rn.f16x2.f32`: `lo` and `hi` rounded to FP16 (nearest even), packed as `lo | hi << 16`.
+#[inline(always)]
+pub fn pack_f16x2(lo: f32, hi: f32) -> u32 {
+    let d: u32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        core::arch::asm!("cvt.rn.f16x2.f32 {d}, {h}, {l};", d = out(reg32) d, h = in(reg32) hi,
+            l = in(reg32) lo, options(pure, nomem, nostack))
+    };
+    d
+}
+
+/// The BF16 value with bits `bits`, widened to f32 (exact).
+#[inline(always)]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// `cvt.f32.f16`: the FP16 value with bits `bits`, widened to f32 (exact).
+#[inline(always)]
+pub fn f16_to_f32(bits: u16) -> f32 {
+    let d: f32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        core::arch::asm!("cvt.f32.f16 {d}, {h};", d = out(reg32) d, h = in(reg16) bits,
+            options(pure, nomem, nostack))
+    };
+    d
+}

@@ -167,3 +167,126 @@ impl<const STAGES: u32> Pipeline<STAGES> {
         self.empty(state).arrive();
     }
 }
+
+/// The TMA-transaction pipeline, after CUTLASS's `PipelineTmaAsync` (sm90_pipeline.hpp): per stage
+/// a "full" mbarrier completed by one producer arrival plus the bytes the TMA copies into the
+/// stage (expect-tx), and an "empty" mbarrier completed by one release per consumer (warpgroup,
+/// warp or thread: the init count says which) *of every CTA that writes into the stage* — with
+/// cluster multicast, a producer fills the same stage of every CTA of its mask, so it must wait
+/// until all of them released it.
+///
+/// Verbs (one set for both roles): [`Self::producer_acquire`] (wait for the empty barrier, arm the
+/// full barrier's transaction bytes; the TMA copies then complete on the returned barrier),
+/// [`Self::producer_tail`] (before exit: wait until every stage was released, so no remote
+/// release lands on an exited CTA), [`Self::consumer_wait`], [`Self::consumer_release`]. The
+/// producer starts at [`PipelineState::new`] waiting on parity 1 of the empty barriers, which
+/// passes at once on fresh barriers ("producer start state").
+#[derive(Clone, Copy)]
+pub struct TmaPipeline<const STAGES: u32> {
+    base: u32,
+}
+
+impl<const STAGES: u32> TmaPipeline<STAGES> {
+    /// Shared-memory bytes the barriers take: `STAGES` full then `STAGES` empty barriers.
+    pub const BYTES: u32 = 2 * STAGES * MBARRIER_BYTES as u32;
+
+    /// The pipeline whose barriers start at shared-window address `base`.
+    ///
+    /// # Safety
+    /// As [`Pipeline::at`], with this protocol: per stage and phase, one
+    /// [`Self::producer_acquire`] in this CTA arming exactly the bytes that the TMA copies then
+    /// write into this CTA's stage (from this CTA or, multicast, from others), and exactly the
+    /// `consumer_arrivals` given to [`Self::init`] releases, from this CTA's and the other
+    /// writing CTAs' consumers together. Barrier initialisation is published to the whole cluster
+    /// (`fence_init` then a cluster barrier) before any CTA uses the pipeline.
+    #[inline(always)]
+    pub const unsafe fn at(base: u32) -> Self {
+        Self { base }
+    }
+
+    /// Initialises the barriers: full barriers expect 1 arrival (the producer's) plus
+    /// transaction bytes, empty barriers `consumer_arrivals` releases per phase.
+    ///
+    /// # Safety
+    /// As [`Pipeline::init`] (`consumer_arrivals` in `1..2^20`).
+    #[inline(always)]
+    pub unsafe fn init(self, consumer_arrivals: u32) {
+        let mut s = 0;
+        while s < STAGES {
+            // SAFETY: the barriers of stage s lie inside the region (contract of `at`); the caller
+            // upholds `Mbarrier::init`'s contract.
+            unsafe {
+                self.barrier(s).init(1);
+                self.barrier(STAGES + s).init(consumer_arrivals);
+            }
+            s += 1;
+        }
+    }
+
+    #[inline(always)]
+    const fn barrier(self, i: u32) -> Mbarrier {
+        // SAFETY: callers pass i < 2 * STAGES: a barrier of the region vouched for by `at`.
+        unsafe { Mbarrier::at(self.base + i * MBARRIER_BYTES as u32) }
+    }
+
+    /// The "stage is filled" barrier of `state`'s stage: the TMA copies into the stage complete
+    /// on it.
+    #[inline(always)]
+    pub const fn full(self, state: PipelineState<STAGES>) -> Mbarrier {
+        self.barrier(state.stage)
+    }
+
+    /// The "stage is free" barrier of `state`'s stage.
+    #[inline(always)]
+    pub const fn empty(self, state: PipelineState<STAGES>) -> Mbarrier {
+        self.barrier(STAGES + state.stage)
+    }
+
+    /// Producer (one thread): waits until every consumer of every writing CTA released `state`'s
+    /// stage, then arms its full barrier with this phase's producer arrival and `tx_bytes` (every
+    /// byte that lands in *this* CTA's stage, multicast copies from other CTAs included). Returns
+    /// the full barrier, for the TMA copies to complete on.
+    #[inline(always)]
+    pub fn producer_acquire(self, state: PipelineState<STAGES>, tx_bytes: u32) -> Mbarrier {
+        self.empty(state).wait_parity(state.phase ^ 1);
+        let full = self.full(state);
+        full.arrive_expect_tx(tx_bytes);
+        full
+    }
+
+    /// Producer, after its last [`Self::producer_acquire`] (with the state advanced past it):
+    /// waits until the consumers released every stage, i.e. until no consumer of any CTA can
+    /// still arrive on this CTA's barriers or read a stage this producer filled.
+    #[inline(always)]
+    pub fn producer_tail(self, mut state: PipelineState<STAGES>) {
+        let mut s = 0;
+        while s < STAGES {
+            self.empty(state).wait_parity(state.phase ^ 1);
+            state.advance();
+            s += 1;
+        }
+    }
+
+    /// Consumer: waits until `state`'s stage is filled (producer arrival and every byte landed).
+    #[inline(always)]
+    pub fn consumer_wait(self, state: PipelineState<STAGES>) {
+        self.full(state).wait_parity(state.phase);
+    }
+
+    /// Consumer: one release of `state`'s stage on the empty barrier of CTA `rank` of the cluster
+    /// (this CTA too, as its own rank). A consumer releases once per writing CTA, e.g. thread `r`
+    /// of each consumer warpgroup releases on rank `r` for `r < cluster_size()`.
+    ///
+    /// # Safety
+    /// `rank` is a live CTA of this cluster that multicast into this stage (or this CTA); this
+    /// release is one of the counts given to its [`Self::init`] for the phase, and that CTA does
+    /// not exit before the release lands (its producer runs [`Self::producer_tail`], or a cluster
+    /// barrier precedes any exit). The consumer's reads of the stage are complete (for wgmma:
+    /// after the `wait_group` that covers them).
+    #[inline(always)]
+    pub unsafe fn consumer_release(self, state: PipelineState<STAGES>, rank: u32) {
+        let remote = super::cluster::map_shared_rank(self.empty(state).addr(), rank);
+        // SAFETY: the caller's contract above is `remote_arrive`'s.
+        unsafe { super::cluster::remote_arrive(remote) };
+    }
+}

@@ -124,6 +124,35 @@ impl Shared<f32> {
     }
 }
 
+impl Shared<f32> {
+    /// `st.shared.v2.f32` of an 8-byte vector at this address (8-byte aligned).
+    ///
+    /// # Safety
+    /// See [`Shared`].
+    #[inline(always)]
+    pub unsafe fn store_v2(self, v: [f32; 2]) {
+        // SAFETY: the caller upholds this function's `# Safety` contract.
+        unsafe {
+            asm!("st.shared.v2.f32 [{a}], {{{x}, {y}}};", x = in(reg32) v[0], y = in(reg32) v[1],
+                a = in(reg32) self.addr, options(nostack));
+        }
+    }
+}
+
+impl Shared<u32> {
+    /// `st.shared.b32` (4-byte aligned), e.g. two packed 16-bit values.
+    ///
+    /// # Safety
+    /// See [`Shared`].
+    #[inline(always)]
+    pub unsafe fn store(self, v: u32) {
+        // SAFETY: the caller upholds this function's `# Safety` contract.
+        unsafe {
+            asm!("st.shared.b32 [{a}], {v};", v = in(reg32) v, a = in(reg32) self.addr, options(nostack));
+        }
+    }
+}
+
 /// `st.global.v4.f32`: a 16-byte store to global memory.
 ///
 /// # Safety

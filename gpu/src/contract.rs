@@ -403,10 +403,15 @@ pub mod tc_gemm {
     /// Dynamic shared memory per CTA, bytes (layout + barriers + alignment slack).
     pub const SMEM_BYTES: usize = BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES + SWIZZLE_ALIGN;
 
-    /// Raster order: consecutive tiles walk down M within a group of `group` N-columns of tiles.
+    /// Raster order: consecutive tiles walk down M within a band of `group` tile rows (cluster
+    /// tiles: `cluster` M tiles each), then move one tile along N (Triton's grouped order).
     pub const RASTER_ALONG_M: u32 = 0;
-    /// Raster order: consecutive tiles walk along N within a group of `group` M-rows of tiles.
+    /// Raster order: consecutive tiles walk along N within a band of `group` tile columns, then
+    /// move one (cluster) tile down M.
     pub const RASTER_ALONG_N: u32 = 1;
+    /// Largest number of cluster tiles `ceil(ceil(M / BM) / cluster) * ceil(N / BN)` a launch may
+    /// have (the scheduler counts them in 32 bits; the launcher checks).
+    pub const MAX_UNITS: u64 = u32::MAX as u64;
     /// Default raster group (tiles).
     pub const DEFAULT_GROUP: u32 = 8;
 

@@ -229,28 +229,51 @@ fn clippy_ptx() -> Result<()> {
             toolchain.rustc.display()
         );
     }
-    let b = gpu_builder();
-    let mut cmd = toolchain.command(Some(Path::new(DEBIAN_CARGO_CLIPPY)));
-    cmd.current_dir(root())
-        .env("RUSTFLAGS", b.rustflags())
-        .env("CARGO_PROFILE_RELEASE_LTO", "fat")
-        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
-        .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
-        .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
-        .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
-        .args(["clippy", "--release", "--target", warpline_builder::TARGET])
-        .args([
-            "-Zbuild-std=core",
-            "-p",
-            "warpline-gpu",
-            "-p",
-            "warpline-device",
-        ])
-        .arg("--target-dir")
-        .arg(root().join("target/nvptx-clippy"))
-        .args(["--", "-D", "warnings"]);
-    println!("clippy-ptx: clippy on device/ and gpu/ for nvptx64-nvidia-cuda, -D warnings");
-    run(&mut cmd)
+    // Both modules' builds: sm_90 (every kernel but the tensor-core ones) and sm_90a with
+    // feature `sm90a` (the tensor-core kernels), as host/build.rs builds them.
+    let configs = [
+        (gpu_builder(), None, "target/nvptx-clippy"),
+        (
+            PtxBuilder::new(root().join("gpu"))
+                .arch(Arch::Sm90a)
+                .ptx_isa(PtxIsa::V8_3),
+            Some("sm90a"),
+            "target/nvptx-clippy-sm90a",
+        ),
+    ];
+    for (b, feature, dir) in configs {
+        let mut cmd = toolchain.command(Some(Path::new(DEBIAN_CARGO_CLIPPY)));
+        cmd.current_dir(root())
+            .env("RUSTFLAGS", b.rustflags())
+            .env("CARGO_PROFILE_RELEASE_LTO", "fat")
+            .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
+            .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
+            .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
+            .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
+            .args(["clippy", "--release", "--target", warpline_builder::TARGET])
+            .args([
+                "-Zbuild-std=core",
+                "-p",
+                "warpline-gpu",
+                "-p",
+                "warpline-device",
+            ]);
+        if let Some(f) = feature {
+            cmd.args(["--features", &format!("warpline-gpu/{f}")]);
+        }
+        cmd.arg("--target-dir")
+            .arg(root().join(dir))
+            .args(["--", "-D", "warnings"]);
+        println!(
+            "clippy-ptx: clippy on device/ and gpu/ for nvptx64-nvidia-cuda ({}{}), -D warnings",
+            b.rustflags().split_whitespace().nth(1).unwrap_or(""),
+            feature
+                .map(|f| format!(", feature {f}"))
+                .unwrap_or_default()
+        );
+        run(&mut cmd)?;
+    }
+    Ok(())
 }
 
 fn cargo() -> Command {

@@ -1,1 +1,767 @@
-//! Tensor-core GEMM (sm_90a): see `contract::tc_gemm`.
+//! Tensor-core GEMM for Hopper (sm_90a): `C = alpha * A * B + beta * C` with TMA loads into a
+//! 4-stage ring of 128-byte-swizzled shared memory, `wgmma.m64n256k16` on two consumer
+//! warpgroups, clusters of 1 or 2 CTAs multicasting B, a persistent grid over a grouped raster
+//! of output tiles, and a TMA-store epilogue. Shapes, layouts and parameters: `contract::tc_gemm`.
+//!
+//! Roles, one warpgroup each (chapter 11, Figures 11-10/11-11: a warp-specialized multistage
+//! pipeline fed by TMA, in clusters, overlapped with its neighbours by PDL):
+//!
+//! ```text
+//!   producer (warpgroup 0, one thread)   consumers (warpgroups 1, 2: rows 0..64, 64..128)
+//!   per tile, per 64-deep k-block:       per tile, per k-block:
+//!     producer_acquire(stage)  <-empty--   consumer_release(stage) on every CTA of the cluster
+//!     TMA A (own rows), TMA B  --full-->   consumer_wait(stage); 4 x wgmma m64n256k16
+//!   launch_dependents after the last load  epilogue: alpha/beta in registers -> swizzled smem
+//!   producer_tail                            chunk -> TMA store (overlaps the next mainloop)
+//! ```
+//!
+//! Clusters of 2 are two CTAs with adjacent M tiles and the same N tile: each CTA loads one
+//! half of the shared B tile and multicasts it into both, so every stage's full barrier expects
+//! the A tile plus the whole B tile, and every consumer warpgroup releases the stage on both
+//! CTAs' empty barriers (`TmaPipeline`).
+
+use crate::contract::tc_gemm::*;
+use crate::device::bulk;
+use crate::device::cluster;
+use crate::device::math::{bf16_to_f32, f16_to_f32, pack_bf16x2, pack_f16x2};
+use crate::device::mbarrier;
+use crate::device::pdl;
+use crate::device::pipeline::{PipelineState, TmaPipeline};
+use crate::device::smem::{dynamic_smem_base, Shared};
+use crate::device::thread::{block_dim_x, thread_idx_x};
+use crate::device::tma::TensorMap;
+use crate::device::warpgroup::{
+    setmaxnreg_dec, setmaxnreg_inc, thread_in_warpgroup, warpgroup_idx, NamedBarrier,
+};
+use crate::device::wgmma::{self, MatrixDescriptor, Swizzle};
+
+const RING_STAGES: u32 = STAGES as u32;
+type Ring = TmaPipeline<RING_STAGES>;
+type State = PipelineState<RING_STAGES>;
+
+/// FP32 accumulators per consumer thread: a 64 x 256 warpgroup tile over 128 threads.
+const ACC: usize = WG_M * BN / WARPGROUP_THREADS as usize;
+/// Bytes that land in one CTA's stage: its A tile and the whole B tile.
+const STAGE_TX_BYTES: u32 = (A_STAGE_BYTES + B_STAGE_BYTES) as u32;
+/// Rows of a 128-byte-swizzle atom; wgmma's stride-dimension byte offset is one atom.
+const ATOM_BYTES: u32 = 8 * 128;
+/// Bytes of one 128-row half of a K-major B stage (one TMA box).
+const B_HALF_BYTES: u32 = (B_STAGE_BYTES / 2) as u32;
+/// Bytes of one 64-column box of an N-major B stage (`BK` rows x 128 bytes).
+const B_NMAJOR_BOX_BYTES: u32 = (BK * 128) as u32;
+/// Number of `WGMMA_K` slices in a stage.
+const K_SLICES: u32 = (BK / WGMMA_K) as u32;
+
+const _: () = {
+    assert!(ACC == 128 && K_SLICES == 4);
+    assert!(B_NMAJOR_BOX_BYTES * 2 == B_HALF_BYTES);
+    assert!(B_BOX_NMAJOR[0] * IN_BYTES as u32 == 128 && B_BOX_NMAJOR[1] == BK as u32);
+};
+
+/// Input element type: picks the wgmma instruction and widens C for `beta`.
+trait Input {
+    /// `wgmma.mma_async.m64n256k16.f32.<type>.<type>`.
+    ///
+    /// # Safety
+    /// As [`wgmma::mma_async_m64n256k16_f32_bf16`].
+    unsafe fn mma<const TRANS_B: u32>(
+        d: &mut [f32; ACC],
+        a: MatrixDescriptor,
+        b: MatrixDescriptor,
+        scale_d: u32,
+    );
+    /// The 16-bit value with these bits, as f32.
+    fn widen(bits: u16) -> f32;
+    /// Two f32 rounded to this type, packed low | high << 16.
+    fn pack(lo: f32, hi: f32) -> u32;
+}
+
+struct Bf16;
+struct F16;
+
+impl Input for Bf16 {
+    #[inline(always)]
+    unsafe fn mma<const TRANS_B: u32>(
+        d: &mut [f32; ACC],
+        a: MatrixDescriptor,
+        b: MatrixDescriptor,
+        scale_d: u32,
+    ) {
+        // SAFETY: forwarded to the caller.
+        unsafe { wgmma::mma_async_m64n256k16_f32_bf16::<TRANS_B>(d, a, b, scale_d) }
+    }
+    #[inline(always)]
+    fn widen(bits: u16) -> f32 {
+        bf16_to_f32(bits)
+    }
+    #[inline(always)]
+    fn pack(lo: f32, hi: f32) -> u32 {
+        pack_bf16x2(lo, hi)
+    }
+}
+
+impl Input for F16 {
+    #[inline(always)]
+    unsafe fn mma<const TRANS_B: u32>(
+        d: &mut [f32; ACC],
+        a: MatrixDescriptor,
+        b: MatrixDescriptor,
+        scale_d: u32,
+    ) {
+        // SAFETY: forwarded to the caller.
+        unsafe { wgmma::mma_async_m64n256k16_f32_f16::<TRANS_B>(d, a, b, scale_d) }
+    }
+    #[inline(always)]
+    fn widen(bits: u16) -> f32 {
+        f16_to_f32(bits)
+    }
+    #[inline(always)]
+    fn pack(lo: f32, hi: f32) -> u32 {
+        pack_f16x2(lo, hi)
+    }
+}
+
+/// B's layout: how the producer loads a stage of B and how wgmma reads it.
+trait BLayout {
+    /// One `wgmma.m64n256k16` with this layout's `imm-trans-b` (0: K-major B, 1: N-major B).
+    ///
+    /// # Safety
+    /// As [`wgmma::mma_async_m64n256k16_f32_bf16`].
+    unsafe fn mma<I: Input>(
+        d: &mut [f32; ACC],
+        a: MatrixDescriptor,
+        b: MatrixDescriptor,
+        scale_d: u32,
+    );
+    /// Descriptor of the stage's B tile starting at `b` (the first `WGMMA_K` slice).
+    fn descriptor(b: u32) -> MatrixDescriptor;
+    /// Bytes from one `WGMMA_K` slice of the B tile to the next.
+    const SLICE_BYTES: u32;
+    /// Loads half `half` (N columns `half*128..half*128+128` of the tile) of B for k-block `kb`
+    /// into the stage at `b`, multicast to the CTAs of `mask` (0: no multicast).
+    ///
+    /// # Safety
+    /// As [`TensorMap::load_2d`] / [`TensorMap::load_2d_multicast`].
+    unsafe fn load_half(
+        map: TensorMap,
+        b: u32,
+        n0: u32,
+        kb: u32,
+        half: u32,
+        full: mbarrier::Mbarrier,
+        mask: u16,
+    );
+}
+
+/// B column-major: N rows of K contiguous elements; tiles as N rows x 128 bytes.
+struct KMajor;
+/// B row-major: K rows of N contiguous elements; tiles as four 64-column boxes of `BK` rows.
+struct NMajor;
+
+/// Issues one 2-D TMA load, multicast when `mask != 0`.
+///
+/// # Safety
+/// As [`TensorMap::load_2d`] (and [`TensorMap::load_2d_multicast`] when `mask != 0`).
+#[inline(always)]
+unsafe fn tma_load(
+    map: TensorMap,
+    dst: u32,
+    c0: u32,
+    c1: u32,
+    full: mbarrier::Mbarrier,
+    mask: u16,
+) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        if mask == 0 {
+            map.load_2d(dst, c0 as i32, c1 as i32, full)
+        } else {
+            map.load_2d_multicast(dst, c0 as i32, c1 as i32, full, mask)
+        }
+    }
+}
+
+impl BLayout for KMajor {
+    #[inline(always)]
+    unsafe fn mma<I: Input>(
+        d: &mut [f32; ACC],
+        a: MatrixDescriptor,
+        b: MatrixDescriptor,
+        scale_d: u32,
+    ) {
+        // SAFETY: forwarded to the caller.
+        unsafe { I::mma::<0>(d, a, b, scale_d) }
+    }
+    const SLICE_BYTES: u32 = (WGMMA_K * IN_BYTES) as u32;
+    #[inline(always)]
+    fn descriptor(b: u32) -> MatrixDescriptor {
+        MatrixDescriptor::new(b, 16, ATOM_BYTES, Swizzle::B128)
+    }
+    #[inline(always)]
+    unsafe fn load_half(
+        map: TensorMap,
+        b: u32,
+        n0: u32,
+        kb: u32,
+        half: u32,
+        full: mbarrier::Mbarrier,
+        mask: u16,
+    ) {
+        let n = n0 + half * B_BOX_KMAJOR[1];
+        // SAFETY: forwarded to the caller; the half lies inside the stage's B tile.
+        unsafe { tma_load(map, b + half * B_HALF_BYTES, kb * BK as u32, n, full, mask) }
+    }
+}
+
+impl BLayout for NMajor {
+    #[inline(always)]
+    unsafe fn mma<I: Input>(
+        d: &mut [f32; ACC],
+        a: MatrixDescriptor,
+        b: MatrixDescriptor,
+        scale_d: u32,
+    ) {
+        // SAFETY: forwarded to the caller.
+        unsafe { I::mma::<1>(d, a, b, scale_d) }
+    }
+    const SLICE_BYTES: u32 = (WGMMA_K * 128) as u32;
+    #[inline(always)]
+    fn descriptor(b: u32) -> MatrixDescriptor {
+        // Leading byte offset: from one 64-column box to the next.
+        MatrixDescriptor::new(b, B_NMAJOR_BOX_BYTES, ATOM_BYTES, Swizzle::B128)
+    }
+    #[inline(always)]
+    unsafe fn load_half(
+        map: TensorMap,
+        b: u32,
+        n0: u32,
+        kb: u32,
+        half: u32,
+        full: mbarrier::Mbarrier,
+        mask: u16,
+    ) {
+        let mut j = 0;
+        while j < 2 {
+            let box_ = half * 2 + j;
+            // SAFETY: forwarded to the caller; the box lies inside the stage's B tile.
+            unsafe {
+                tma_load(
+                    map,
+                    b + box_ * B_NMAJOR_BOX_BYTES,
+                    n0 + box_ * B_BOX_NMAJOR[0],
+                    kb * BK as u32,
+                    full,
+                    mask,
+                )
+            };
+            j += 1;
+        }
+    }
+}
+
+/// The persistent tile scheduler. Work units are cluster tiles: `cluster` M tiles (adjacent, one
+/// per CTA) by one N tile. Cluster `c` of `clusters` takes units `c, c + clusters, ...`, so both
+/// CTAs of a cluster walk the same units. Units map to tiles in groups (bands) of `group` unit
+/// rows (RASTER_ALONG_M: consecutive units go down M within the band, then along N) or unit
+/// columns (RASTER_ALONG_N), so the tiles in flight at once share A rows and B columns in L2.
+#[derive(Clone, Copy)]
+struct Scheduler {
+    m_units: u32,
+    n_tiles: u32,
+    units: u32,
+    first: u32,
+    stride: u32,
+    along_n: bool,
+    group: u32,
+}
+
+impl Scheduler {
+    /// `(m unit, n tile)` of unit `u`.
+    #[inline(always)]
+    fn unit(self, u: u32) -> (u32, u32) {
+        let (major, minor) = if self.along_n {
+            (self.m_units, self.n_tiles)
+        } else {
+            (self.n_tiles, self.m_units)
+        };
+        // Bands of `group` along the minor dimension; in a band, consecutive units walk the minor
+        // dimension first.
+        let band_units = (self.group * major).max(1);
+        let band = u / band_units;
+        let first = band * self.group;
+        let width = (if minor - first < self.group {
+            minor - first
+        } else {
+            self.group
+        })
+        .max(1);
+        let local = u - band * band_units;
+        let mi = first + local % width;
+        let ma = local / width;
+        if self.along_n {
+            (ma, mi)
+        } else {
+            (mi, ma)
+        }
+    }
+}
+
+/// Everything the roles share.
+#[derive(Clone, Copy)]
+struct Gemm {
+    map_a: TensorMap,
+    map_b: TensorMap,
+    map_c: TensorMap,
+    c: u64,
+    m: u32,
+    n: u32,
+    ldc: u32,
+    alpha: f32,
+    beta: f32,
+    k_blocks: u32,
+    sched: Scheduler,
+    /// 1024-byte aligned shared-window base of the layout.
+    smem: u32,
+    ring: Ring,
+    rank: u32,
+    cluster: u32,
+}
+
+impl Gemm {
+    #[inline(always)]
+    fn a_stage(self, stage: u32) -> u32 {
+        self.smem + (A_OFFSET + stage as usize * A_STAGE_BYTES) as u32
+    }
+    #[inline(always)]
+    fn b_stage(self, stage: u32) -> u32 {
+        self.smem + (B_OFFSET + stage as usize * B_STAGE_BYTES) as u32
+    }
+    #[inline(always)]
+    fn c_chunk(self, consumer: u32, buf: u32) -> u32 {
+        self.smem
+            + (C_OFFSET + (consumer as usize * C_CHUNKS + buf as usize) * C_CHUNK_BYTES) as u32
+    }
+    /// First row and column of this CTA's tile of unit `u`.
+    #[inline(always)]
+    fn tile_origin(self, u: u32) -> (u32, u32) {
+        let (mu, nt) = self.sched.unit(u);
+        ((mu * self.cluster + self.rank) * BM as u32, nt * BN as u32)
+    }
+}
+
+/// Producer role (one thread of warpgroup 0): walks the tiles and k-blocks, TMA-loading A (this
+/// CTA's rows) and B (both halves alone, or its half multicast to the pair) into the ring.
+#[inline(always)]
+fn producer<L: BLayout>(g: Gemm) {
+    g.map_a.acquire();
+    g.map_b.acquire();
+    // A and B may be written by the previous kernel on the stream (PDL).
+    pdl::wait();
+    let mut state = State::new();
+    let mut u = g.sched.first;
+    while u < g.sched.units {
+        let (m0, n0) = g.tile_origin(u);
+        let mut kb = 0;
+        while kb < g.k_blocks {
+            let full = g.ring.producer_acquire(state, STAGE_TX_BYTES);
+            let (a, b) = (g.a_stage(state.stage()), g.b_stage(state.stage()));
+            // SAFETY: the stage is free in every CTA of the cluster (producer_acquire), 1024-byte
+            // aligned, and its full barrier is armed for A plus the whole B tile, which the loads
+            // below (and, in a pair, the peer's multicast half) deliver.
+            unsafe {
+                g.map_a.load_2d(a, (kb * BK as u32) as i32, m0 as i32, full);
+                if g.cluster == 1 {
+                    L::load_half(g.map_b, b, n0, kb, 0, full, 0);
+                    L::load_half(g.map_b, b, n0, kb, 1, full, 0);
+                } else {
+                    L::load_half(g.map_b, b, n0, kb, g.rank, full, 0b11);
+                }
+            }
+            state.advance();
+            kb += 1;
+        }
+        u += g.sched.stride;
+    }
+    // Every load is issued: the next kernel's prologue may start (its `griddepcontrol.wait`
+    // still waits for this grid to finish).
+    pdl::launch_dependents();
+    g.ring.producer_tail(state);
+}
+
+/// Consumer role (warpgroup `1 + consumer`): rows `64 * consumer ..` of every tile.
+#[inline(always)]
+fn consumer<I: Input, L: BLayout, const OUT_F32: bool>(g: Gemm, consumer: u32) {
+    // C may be read (beta) and is written: after the previous kernel completes (PDL).
+    pdl::wait();
+    let tid = thread_in_warpgroup();
+    // SAFETY: barrier 1 + consumer is used only by this warpgroup's 128 threads, convergently.
+    let bar = unsafe { NamedBarrier::new(1 + consumer, WARPGROUP_THREADS) };
+    // From a constant (not a repeat expression, which rustc lowers to a store loop that keeps the
+    // array out of registers); the first wgmma of each tile overwrites it (scale_d = 0) anyway.
+    const ZERO: [f32; ACC] = [0.0; ACC];
+    let mut acc = ZERO;
+    let mut state = State::new();
+    let mut chunk = 0u32;
+    let mut u = g.sched.first;
+    while u < g.sched.units {
+        let (m0, n0) = g.tile_origin(u);
+        mainloop::<I, L>(g, consumer, &mut acc, &mut state);
+        epilogue::<I, OUT_F32>(g, consumer, &acc, m0, n0, &mut chunk, bar);
+        u += g.sched.stride;
+    }
+    if tid == 0 {
+        // The last TMA stores have read their shared chunks before the CTA may exit.
+        bulk::wait_group::<0>();
+    }
+}
+
+/// The mainloop of one tile: per k-block, wait for the stage, four `m64n256k16` wgmmas, wait for
+/// them, release the stage on every CTA that wrote into it.
+#[inline(always)]
+fn mainloop<I: Input, L: BLayout>(g: Gemm, consumer: u32, acc: &mut [f32; ACC], state: &mut State) {
+    let tid = thread_in_warpgroup();
+    let mut kb = 0;
+    while kb < g.k_blocks {
+        g.ring.consumer_wait(*state);
+        let a = MatrixDescriptor::new(
+            g.a_stage(state.stage()) + consumer * (WG_M * BK * IN_BYTES) as u32,
+            16,
+            ATOM_BYTES,
+            Swizzle::B128,
+        );
+        let b = L::descriptor(g.b_stage(state.stage()));
+        wgmma::fence_operands(acc);
+        // SAFETY: all 128 threads of the warpgroup run this loop with the same trip count and
+        // descriptors; the stage holds A and B as the descriptors say (TMA completion observed by
+        // consumer_wait) and is not released before wait_group below.
+        unsafe {
+            wgmma::fence();
+            let mut s = 0;
+            while s < K_SLICES {
+                let scale_d = (kb != 0 || s != 0) as u32;
+                L::mma::<I>(acc, a.offset(s * 32), b.offset(s * L::SLICE_BYTES), scale_d);
+                s += 1;
+            }
+            wgmma::commit_group();
+            wgmma::wait_group::<0>();
+        }
+        wgmma::fence_operands(acc);
+        if tid < g.cluster {
+            // SAFETY: thread `r < cluster` of each consumer warpgroup releases the stage once on
+            // CTA `r`, matching the init count 2 * cluster; every CTA's producer runs
+            // producer_tail before the final cluster barrier, so the target is live.
+            unsafe { g.ring.consumer_release(*state, tid) };
+        }
+        state.advance();
+        kb += 1;
+    }
+}
+
+/// Byte address of (row, byte column) in a 128-byte-swizzled chunk of 128-byte rows.
+#[inline(always)]
+fn swizzled(chunk: u32, row: u32, byte: u32) -> u32 {
+    chunk + row * 128 + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15))
+}
+
+/// Epilogue of one tile: `alpha * acc + beta * C` into swizzled shared chunks of 128-byte rows,
+/// each TMA-stored as soon as it is complete (double-buffered: a chunk's buffer is reused once
+/// the store two chunks back has read it). The stores run while the next tile's mainloop does.
+#[inline(always)]
+fn epilogue<I: Input, const OUT_F32: bool>(
+    g: Gemm,
+    consumer: u32,
+    acc: &[f32; ACC],
+    m0: u32,
+    n0: u32,
+    chunk: &mut u32,
+    bar: NamedBarrier,
+) {
+    macro_rules! chunks {
+        ($($ch:literal)*) => {
+            $(epilogue_chunk::<I, OUT_F32, $ch>(g, consumer, acc, m0, n0, chunk, bar);)*
+        };
+    }
+    chunks!(0 1 2 3 4 5 6 7);
+}
+
+/// Chunk `CH` of the epilogue (f32 output: 32 columns, 8 chunks; 16-bit: 64 columns, 4 chunks).
+#[inline(always)]
+fn epilogue_chunk<I: Input, const OUT_F32: bool, const CH: usize>(
+    g: Gemm,
+    consumer: u32,
+    acc: &[f32; ACC],
+    m0: u32,
+    n0: u32,
+    chunk: &mut u32,
+    bar: NamedBarrier,
+) {
+    let out_bytes: usize = if OUT_F32 { 4 } else { 2 };
+    let cols = C_CHUNK_ROW_BYTES / out_bytes;
+    if CH >= BN / cols {
+        return;
+    }
+    let tid = thread_in_warpgroup();
+    let (warp, lane) = (tid / 32, tid % 32);
+    let buf = g.c_chunk(consumer, *chunk & (C_CHUNKS as u32 - 1));
+    if tid == 0 {
+        // The store that last used this buffer (two chunks ago) has read it.
+        bulk::wait_group_read::<{ C_CHUNKS as u32 - 1 }>();
+    }
+    bar.sync();
+    let row0 = m0 + consumer * WG_M as u32;
+    let r = warp * 16 + lane / 4; // row in the warpgroup's 64 (and r + 8)
+    let col = 2 * (lane % 4); // column in the n8 block
+                              // Literal indices only, so the accumulators stay in registers.
+    macro_rules! n8_blocks {
+        ($($i:literal)*) => {$(
+            if $i < cols / 8 {
+                let nb = CH * (cols / 8) + $i; // n8 block of the tile
+                let c = (nb * 8) as u32 + col; // column in the tile
+                let byte = (c - (CH * cols) as u32) * out_bytes as u32;
+                store_pair::<I, OUT_F32>(g, buf, row0, n0, r, c, byte, [acc[4 * nb], acc[4 * nb + 1]]);
+                store_pair::<I, OUT_F32>(g, buf, row0, n0, r + 8, c, byte, [acc[4 * nb + 2], acc[4 * nb + 3]]);
+            }
+        )*};
+    }
+    n8_blocks!(0 1 2 3 4 5 6 7);
+    // Generic-proxy writes before the async-proxy (TMA) read.
+    bulk::fence_proxy_async_shared();
+    bar.sync();
+    if tid == 0 {
+        // SAFETY: the chunk is complete (bar), fenced, 1024-byte aligned and in C's box layout;
+        // only this warpgroup writes these rows of C.
+        unsafe {
+            g.map_c
+                .store_2d(buf, (n0 + (CH * cols) as u32) as i32, row0 as i32);
+        }
+        bulk::commit_group();
+    }
+    *chunk += 1;
+}
+
+/// `alpha * v + beta * C[row0 + r][n0 + c ..= n0 + c + 1]` into the swizzled chunk `buf` at row
+/// `r`, byte column `byte`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn store_pair<I: Input, const OUT_F32: bool>(
+    g: Gemm,
+    buf: u32,
+    row0: u32,
+    n0: u32,
+    r: u32,
+    c: u32,
+    byte: u32,
+    acc: [f32; 2],
+) {
+    let mut v = [g.alpha * acc[0], g.alpha * acc[1]];
+    if g.beta != 0.0 {
+        let (gr, gc) = (row0 + r, n0 + c);
+        let old = |j: u32| -> f32 {
+            let idx = gr as u64 * g.ldc as u64 + (gc + j) as u64;
+            // SAFETY: callers check (gr, gc + j) is inside C (m, n), whose pitch ldc >= n the
+            // launcher validated; nobody else writes this element of C now (this CTA owns the
+            // tile).
+            unsafe {
+                if OUT_F32 {
+                    (g.c as *const f32).add(idx as usize).read()
+                } else {
+                    I::widen((g.c as *const u16).add(idx as usize).read())
+                }
+            }
+        };
+        if gr < g.m && gc < g.n {
+            v[0] += g.beta * old(0);
+        }
+        if gr < g.m && gc + 1 < g.n {
+            v[1] += g.beta * old(1);
+        }
+    }
+    // SAFETY: the address lies in this warpgroup's chunk buffer (r < 64, byte < 128, aligned for
+    // the store), which no TMA store reads any more (wait_group_read + barrier in the caller).
+    unsafe {
+        if OUT_F32 {
+            Shared::<f32>::at(swizzled(buf, r, byte)).store_v2(v);
+        } else {
+            Shared::<u32>::at(swizzled(buf, r, byte)).store(I::pack(v[0], v[1]));
+        }
+    }
+}
+
+/// The kernel body shared by every entry.
+///
+/// # Safety
+/// The launch contract of the entries.
+#[inline(always)]
+unsafe fn tc_gemm<I: Input, L: BLayout>(p: Params) {
+    let cluster = cluster::cluster_size();
+    if block_dim_x() != THREADS_PER_CTA || !(cluster == 1 || cluster == 2) || p.group == 0 {
+        // SAFETY: `trap` aborts the kernel; no preconditions.
+        unsafe { core::arch::nvptx::trap() };
+    }
+    let smem = (dynamic_smem_base() + SWIZZLE_ALIGN as u32 - 1) & !(SWIZZLE_ALIGN as u32 - 1);
+    // SAFETY: the barriers lie inside the launch's SMEM_BYTES of dynamic shared memory, used for
+    // nothing else; init below is published by fence_init + the cluster barrier before any use,
+    // and the roles keep to the counts (1 producer arrival + STAGE_TX_BYTES; 2 * cluster
+    // releases).
+    let ring = unsafe { Ring::at(smem + BARRIERS_OFFSET as u32) };
+    let m_tiles = p.m.div_ceil(BM as u32);
+    let m_units = m_tiles.div_ceil(cluster.max(1));
+    let n_tiles = p.n.div_ceil(BN as u32);
+    let g = Gemm {
+        // SAFETY: the launch contract: device addresses of valid tensor maps.
+        map_a: unsafe { TensorMap::at(p.tmap_a) },
+        // SAFETY: as above.
+        map_b: unsafe { TensorMap::at(p.tmap_b) },
+        // SAFETY: as above.
+        map_c: unsafe { TensorMap::at(p.tmap_c) },
+        c: p.c,
+        m: p.m,
+        n: p.n,
+        ldc: p.ldc,
+        alpha: p.alpha,
+        beta: p.beta,
+        k_blocks: p.k.div_ceil(BK as u32),
+        sched: Scheduler {
+            m_units,
+            n_tiles,
+            units: m_units * n_tiles,
+            first: cluster::cluster_idx_x(),
+            stride: cluster::cluster_count_x(),
+            along_n: p.raster == RASTER_ALONG_N,
+            group: p.group,
+        },
+        smem,
+        ring,
+        rank: cluster::cta_rank(),
+        cluster,
+    };
+    let tid = thread_idx_x();
+    if tid == 0 {
+        // SAFETY: one thread initialises the barriers before anyone uses them.
+        unsafe { ring.init(2 * cluster) };
+        mbarrier::fence_init();
+        g.map_a.prefetch();
+        g.map_b.prefetch();
+        g.map_c.prefetch();
+    }
+    // SAFETY: every thread of the cluster, convergent (no divergence since entry but the
+    // reconverged `if` above).
+    unsafe { cluster::sync_cluster() };
+
+    if warpgroup_idx() == 0 {
+        // SAFETY: the whole producer warpgroup, convergently; launch bounds are declared.
+        unsafe { setmaxnreg_dec::<PRODUCER_REGS>() };
+        if tid == 0 {
+            producer::<L>(g);
+        }
+    } else {
+        // SAFETY: the whole consumer warpgroup, convergently; PRODUCER_REGS + 2 * CONSUMER_REGS
+        // warpgroup budgets fit the CTA's registers (contract assertion).
+        unsafe { setmaxnreg_inc::<CONSUMER_REGS>() };
+        let consumer_idx = warpgroup_idx() - 1;
+        if p.out_f32 != 0 {
+            consumer::<I, L, true>(g, consumer_idx);
+        } else {
+            consumer::<I, L, false>(g, consumer_idx);
+        }
+    }
+    // SAFETY: every lane of every warp reaches this point (the roles above return), full mask.
+    unsafe { crate::device::warp::sync_warp() };
+    // No CTA exits while its peer may still multicast into it or release its barriers.
+    // SAFETY: every thread of the cluster, warps reconverged by sync_warp.
+    unsafe { cluster::sync_cluster() };
+}
+
+/// The entry parameters (see `contract::tc_gemm`).
+struct Params {
+    tmap_a: u64,
+    tmap_b: u64,
+    tmap_c: u64,
+    c: u64,
+    m: u32,
+    n: u32,
+    k: u32,
+    ldc: u32,
+    alpha: f32,
+    beta: f32,
+    out_f32: u32,
+    raster: u32,
+    group: u32,
+}
+
+macro_rules! entry {
+    ($name:ident, $input:ty, $layout:ty, $doc:literal) => {
+        #[doc = $doc]
+        ///
+        /// Launch: `THREADS_PER_CTA` threads, `SMEM_BYTES` dynamic shared memory, cluster dims
+        /// `(1|2, 1, 1)`, a grid of whole clusters (persistent: any count >= 1 is correct).
+        /// Parameters and layouts: `contract::tc_gemm`; another block or cluster size traps.
+        ///
+        /// # Safety
+        /// The tensor maps describe A, B and C as the contract says (dtype, dims `{K, M}`,
+        /// `{K, N}` or `{N, K}`, `{N, M}`, boxes, 128-byte swizzle) and stay valid until the
+        /// kernel completes; `c`/`ldc` address C (which overlaps neither A nor B) when
+        /// `beta != 0`.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            tmap_a: u64,
+            tmap_b: u64,
+            tmap_c: u64,
+            c: u64,
+            m: u32,
+            n: u32,
+            k: u32,
+            ldc: u32,
+            alpha: f32,
+            beta: f32,
+            out_f32: u32,
+            raster: u32,
+            group: u32,
+        ) {
+            let p = Params {
+                tmap_a,
+                tmap_b,
+                tmap_c,
+                c,
+                m,
+                n,
+                k,
+                ldc,
+                alpha,
+                beta,
+                out_f32,
+                raster,
+                group,
+            };
+            // SAFETY: the launch contract above.
+            unsafe { tc_gemm::<$input, $layout>(p) }
+        }
+        crate::device::launch_bounds!($name, THREADS_PER_CTA, 1);
+    };
+}
+
+entry!(
+    tc_gemm_bf16_bcol,
+    Bf16,
+    KMajor,
+    "BF16 GEMM, B column-major (K-major)."
+);
+entry!(
+    tc_gemm_bf16_brow,
+    Bf16,
+    NMajor,
+    "BF16 GEMM, B row-major (N-major)."
+);
+entry!(
+    tc_gemm_f16_bcol,
+    F16,
+    KMajor,
+    "FP16 GEMM, B column-major (K-major)."
+);
+entry!(
+    tc_gemm_f16_brow,
+    F16,
+    NMajor,
+    "FP16 GEMM, B row-major (N-major)."
+);
