@@ -27,7 +27,10 @@
 //! `launch_dependents` after its last store of C, behind a CTA or cluster barrier.
 //!
 //! Tile schedule, stage ring of `stages(N)` k-chunk stages `[A band chunk | B chunk]`, a "full"
-//! and an "empty" mbarrier per stage (the device `Pipeline`):
+//! and an "empty" mbarrier per stage (the device `TmaPipeline`: the loader's `producer_acquire`
+//! arms the full barrier with the bytes that land in this CTA, multicast included, and each
+//! compute thread's `consumer_release` arrives on the empty barrier of every CTA of the cluster;
+//! the split-K schedule's cp.async ring is the device `Pipeline`):
 //!
 //! ```text
 //!   leader CTA (rank 0)                                every CTA r of the cluster
@@ -70,7 +73,7 @@ use crate::contract::pdl as split;
 use crate::contract::{F32_BYTES, WARP_SIZE};
 use crate::device::clock::global_timer_ns;
 use crate::device::mbarrier::fence_init;
-use crate::device::pipeline::{Pipeline, PipelineState};
+use crate::device::pipeline::{Pipeline, PipelineState, TmaPipeline};
 use crate::device::smem::{dynamic_smem_base, store_global_v4, Shared};
 use crate::device::thread::{block_dim_x, block_idx_x, grid_dim_x, sync_threads, thread_idx_x};
 use crate::device::warp::sync_warp;
@@ -149,32 +152,97 @@ impl<T: Tiling, const R: usize, const CV: usize> Fits<T, R, CV> {
     };
 }
 
-/// A CTA's stage ring: the pipeline's `2 x S` barriers and `S` stages of `T`.
-struct Stages<T, const S: u32> {
-    pipe: Pipeline<S>,
+/// The consumer side of a stage ring as the shared compute role uses it: wait until a stage is
+/// filled, release it.
+trait Ring<const S: u32>: Copy {
+    /// Waits until `st`'s stage is filled.
+    fn wait(self, st: PipelineState<S>);
+    /// This compute thread is done reading `st`'s stage: its release(s) of it. Every thread
+    /// releases itself rather than one lane per warp after `bar.warp.sync`: compute-sanitizer's
+    /// racecheck only credits a thread's own arrival for its reads.
+    ///
+    /// # Safety
+    /// The ring's protocol: one call per compute thread, stage and phase, after its reads of the
+    /// stage; the ring's own contract (see the implementations).
+    unsafe fn release(self, st: PipelineState<S>);
+}
+
+/// The split-K schedule's ring: this CTA's cp.async producer warp fills each stage and commits it
+/// with one arrival per producer thread; each compute thread releases it locally.
+impl<const S: u32> Ring<S> for Pipeline<S> {
+    #[inline(always)]
+    fn wait(self, st: PipelineState<S>) {
+        self.consumer_wait(st);
+    }
+    #[inline(always)]
+    unsafe fn release(self, st: PipelineState<S>) {
+        self.consumer_release(st);
+    }
+}
+
+/// The tile schedule's ring: a [`TmaPipeline`] whose full barriers the loader arms with the bytes
+/// its bulk copies (and, in a cluster of `N`, the leader's multicast) deliver into this CTA's
+/// stage, and whose empty barriers count a release from every compute thread of every CTA that
+/// reads what the leader multicast (the whole cluster).
+#[derive(Clone, Copy)]
+struct McastRing<const N: u32, const S: u32> {
+    pipe: TmaPipeline<S>,
+    /// Launched as a cluster kernel: release on each of the `N` CTAs' empty barriers (otherwise on
+    /// this CTA's, `N = 1`).
+    clustered: bool,
+}
+
+impl<const N: u32, const S: u32> Ring<S> for McastRing<N, S> {
+    #[inline(always)]
+    fn wait(self, st: PipelineState<S>) {
+        self.pipe.consumer_wait(st);
+    }
+    /// # Safety
+    /// When `clustered`: the launch is a cluster of `N` CTAs that all initialised and published
+    /// their barriers (same layout) and stay resident until the kernel's final cluster barrier,
+    /// each empty barrier counting one release per compute thread of the cluster and phase.
+    #[inline(always)]
+    unsafe fn release(self, st: PipelineState<S>) {
+        if self.clustered {
+            let mut r = 0;
+            while r < N {
+                // SAFETY: CTA r < N of this cluster multicast into (or, r = this rank, filled)
+                // this stage, is live until the final cluster barrier, and counts this release
+                // (contract above).
+                unsafe { self.pipe.consumer_release(st, r) };
+                r += 1;
+            }
+        } else {
+            self.pipe.empty(st).arrive();
+        }
+    }
+}
+
+/// A CTA's stage ring: its barriers (`R`) and the stages of `T` behind them.
+struct Stages<T, R> {
+    ring: R,
     buffers: u32,
     tiling: PhantomData<T>,
 }
 
-impl<T, const S: u32> Clone for Stages<T, S> {
+impl<T, R: Copy> Clone for Stages<T, R> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<T, const S: u32> Copy for Stages<T, S> {}
+impl<T, R: Copy> Copy for Stages<T, R> {}
 
-impl<T: Tiling, const S: u32> Stages<T, S> {
-    /// The ring whose barriers start at shared address `barriers` and stage 0 at `buffers`.
+impl<T: Tiling, R: Copy> Stages<T, R> {
+    /// The ring `ring` with stage 0 at shared address `buffers`.
     ///
     /// # Safety
-    /// As [`Pipeline::at`] for `barriers`; `buffers` is 128-byte aligned with `S x STAGE_BYTES`
-    /// bytes of this CTA's shared memory behind it, used for nothing but the stages.
+    /// `buffers` is 128-byte aligned with `stages x T::STAGE_BYTES` bytes of this CTA's shared
+    /// memory behind it, used for nothing but the stages of `ring`.
     #[inline(always)]
-    unsafe fn at(barriers: u32, buffers: u32) -> Self {
+    unsafe fn new(ring: R, buffers: u32) -> Self {
         Self {
-            // SAFETY: forwarded to the caller's contract.
-            pipe: unsafe { Pipeline::at(barriers) },
+            ring,
             buffers,
             tiling: PhantomData,
         }
@@ -321,77 +389,36 @@ unsafe fn mma_chunk<T: Tiling, const R: usize, const CV: usize>(
     }
 }
 
-/// How the compute threads hand a stage back to the loaders.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Release {
-    /// Only this CTA's loader filled the stage: arrive on this CTA's empty barrier.
-    Local,
-    /// The stage holds a multicast: arrive on the empty barrier of each of the `N` CTAs of the
-    /// cluster (release at cluster scope covers this thread's reads).
-    Cluster,
-}
-
-/// Compute thread: done reading `st`'s stage; one arrival per compute thread (`how`). Every
-/// thread arrives itself rather than one lane per warp after `bar.warp.sync`: compute-sanitizer's
-/// racecheck only credits a thread's own arrival for its reads.
-///
-/// # Safety
-/// For `Release::Cluster`: the launch is a cluster of `N` CTAs that all initialised and published
-/// their barriers (same layout) and stay resident until the kernel's final cluster barrier, and
-/// each empty barrier counts one arrival per compute thread of the cluster and phase.
-#[inline(always)]
-unsafe fn release<const N: u32, const S: u32>(
-    pipe: Pipeline<S>,
-    how: Release,
-    st: PipelineState<S>,
-) {
-    match how {
-        Release::Local => pipe.consumer_release(st),
-        Release::Cluster => {
-            let empty = pipe.empty(st);
-            let mut r = 0;
-            while r < N {
-                // SAFETY: CTA r < N of this cluster has its empty barrier at the same offset,
-                // initialised, published and resident (contract above); its init count is one
-                // arrival per compute thread of the cluster and phase.
-                unsafe { cluster::remote_arrive(cluster::map_shared_rank(empty.addr(), r)) };
-                r += 1;
-            }
-        }
-    }
-}
-
 /// Compute role, one output block: `chunks` stages from `st` on, each waited for, multiplied into
-/// a fresh register block ([`mma_chunk`]) and released ([`release`]); returns the block.
+/// a fresh register block ([`mma_chunk`]) and released ([`Ring::release`]); returns the block.
 ///
 /// # Safety
 /// Called by every thread of whole compute warps (`o` from its index in the role) with the
-/// launch's stage ring, after the barriers were published; the loaders fill the same `chunks`
-/// stages in the same order; [`release`]'s contract for `how`.
+/// launch's stage ring, after its barriers were published; the loaders fill the same `chunks`
+/// stages in the same order; the ring's release contract.
 #[inline(always)]
-unsafe fn mainloop<T: Tiling, const N: u32, const S: u32, const R: usize, const CV: usize>(
-    s: Stages<T, S>,
+unsafe fn mainloop<T: Tiling, R: Ring<S>, const S: u32, const ROWS: usize, const CV: usize>(
+    s: Stages<T, R>,
     st: &mut PipelineState<S>,
     chunks: u32,
     o: Owner,
-    how: Release,
-) -> Acc<R, CV> {
-    let mut acc = [[[0f32; VEC]; CV]; R];
+) -> Acc<ROWS, CV> {
+    let mut acc = [[[0f32; VEC]; CV]; ROWS];
     let mut chunk = 0;
     while chunk < chunks {
-        s.pipe.consumer_wait(*st);
-        // SAFETY: the stage is filled (consumer_wait) and stays so until `release`; rows
+        s.ring.wait(*st);
+        // SAFETY: the stage is filled (wait) and stays so until `release`; rows
         // `group + ROW_STEP i < ROWS` and columns `col + COL_SPAN (CV - 1) + VEC <= COLS` stay
         // inside it (Fits).
         unsafe {
-            mma_chunk::<T, R, CV>(
+            mma_chunk::<T, ROWS, CV>(
                 &mut acc,
                 s.a(st.stage()).add(o.group * T::A_PITCH),
                 s.b(st.stage()).add(o.col),
             );
         }
         // SAFETY: the contract above.
-        unsafe { release::<N, S>(s.pipe, how, *st) };
+        unsafe { s.ring.release(*st) };
         st.advance();
         chunk += 1;
     }
@@ -451,8 +478,8 @@ struct Place {
     pdl: Pdl,
 }
 
-/// Loader role of the tile schedule (one warp): per stage, arm the full barrier with the bytes
-/// this CTA receives, bulk copy this CTA's A rows (one `A_ROW_CHUNK_BYTES` copy per row), and on
+/// Loader role of the tile schedule (one warp): per stage, acquire it and arm the full barrier
+/// with the bytes this CTA receives ([`TmaPipeline::producer_acquire`]), bulk copy this CTA's A rows (one `A_ROW_CHUNK_BYTES` copy per row), and on
 /// the leader the B chunk, multicast to the cluster. With `Pdl::WaitBeforeA`, waits before the
 /// first copy.
 ///
@@ -461,7 +488,7 @@ struct Place {
 /// every CTA of the cluster initialised and published its barriers.
 #[inline(always)]
 unsafe fn tile_loader<const N: u32, const S: u32>(
-    s: Stages<Band<N>, S>,
+    s: Stages<Band<N>, McastRing<N, S>>,
     p: Place,
     lane: u32,
     a: *const f32,
@@ -482,11 +509,15 @@ unsafe fn tile_loader<const N: u32, const S: u32>(
         let tile_off = tile as usize * TILE_ELEMS;
         let mut chunk = 0;
         while chunk < CHUNKS_PER_TILE as u32 {
-            s.pipe.producer_acquire(st);
-            let full = s.pipe.full(st);
-            if lane == 0 {
-                full.arrive_expect_tx(tx);
-            }
+            // Lane 0 acquires the stage and arms this CTA's full barrier with every byte that lands
+            // in it; the other lanes wait for the same releases themselves, so each lane's copies
+            // follow its own observation of the consumers' releases (as racecheck wants it).
+            let full = if lane == 0 {
+                s.ring.pipe.producer_acquire(st, tx)
+            } else {
+                s.ring.pipe.empty(st).wait_parity(st.phase() ^ 1);
+                s.ring.pipe.full(st)
+            };
             // SAFETY: all 32 lanes of the loader warp run this loop the same number of times.
             unsafe { sync_warp() };
             let k0 = chunk as usize * K_CHUNK;
@@ -524,33 +555,22 @@ unsafe fn tile_loader<const N: u32, const S: u32>(
 /// stages, then the [`store_c`] epilogue of this thread's 8x8 block.
 ///
 /// # Safety
-/// The launch contract of [`cluster_tile_gemm`] (as [`release`] when `p.clustered`); called by
-/// every thread of the compute warps, `t` its index among them.
+/// The launch contract of [`cluster_tile_gemm`] (as [`McastRing::release`]); called by every
+/// thread of the compute warps, `t` its index among them.
 #[inline(always)]
 unsafe fn tile_compute<const N: u32, const S: u32>(
-    s: Stages<Band<N>, S>,
+    s: Stages<Band<N>, McastRing<N, S>>,
     p: Place,
     t: u32,
     c: *mut f32,
 ) {
     let o = Owner::new(t);
-    let how = if p.clustered {
-        Release::Cluster
-    } else {
-        Release::Local
-    };
     let mut st = PipelineState::<S>::new();
     let mut tile = p.first_tile;
     while tile < p.tiles {
         // SAFETY: the contract above; the loader fills CHUNKS_PER_TILE stages per tile, in order.
         let acc = unsafe {
-            mainloop::<Band<N>, N, S, THREAD_ROWS, COL_VECS>(
-                s,
-                &mut st,
-                CHUNKS_PER_TILE as u32,
-                o,
-                how,
-            )
+            mainloop::<Band<N>, _, S, THREAD_ROWS, COL_VECS>(s, &mut st, CHUNKS_PER_TILE as u32, o)
         };
         // SAFETY: rows `rank x band + group + ROW_STEP i < 128`, columns `col + COL_SPAN + VEC <=
         // 128` inside tile `tile < tiles` of C (host checked the length and 16-byte alignment);
@@ -584,15 +604,21 @@ unsafe fn tile_compute<const N: u32, const S: u32>(
 unsafe fn run<const N: u32, const S: u32>(p: Place, a: *const f32, b: *const f32, c: *mut f32) {
     let base = dynamic_smem_base();
     // SAFETY: shared memory sized by the launch contract (barriers at BARRIERS_OFFSET, stages at
-    // BUFFERS_OFFSET); thread 0 initialises the pipeline and publishes it below before any role
-    // uses it; the counts match the roles (1 expect_tx arrival per stage phase; one release per
-    // compute thread of the cluster).
+    // BUFFERS_OFFSET); thread 0 initialises the pipeline and publishes it to the cluster below
+    // before any role uses it; the protocol is TmaPipeline's (one producer_acquire per stage phase
+    // arming every byte that lands in this CTA's stage: its A rows plus the B chunk, multicast or
+    // not; one release per compute thread of the cluster). No CTA exits before the final cluster
+    // barrier, so no release or multicast reaches an exited CTA (instead of producer_tail).
     let s = unsafe {
-        Stages::<Band<N>, S>::at(base + BARRIERS_OFFSET as u32, base + BUFFERS_OFFSET as u32)
+        let ring = McastRing::<N, S> {
+            pipe: TmaPipeline::at(base + BARRIERS_OFFSET as u32),
+            clustered: p.clustered,
+        };
+        Stages::<Band<N>, _>::new(ring, base + BUFFERS_OFFSET as u32)
     };
     if thread_idx_x() == 0 {
         // SAFETY: one thread, before any use, then fence_init and a CTA/cluster barrier.
-        unsafe { s.pipe.init(1, Band::<N>::COMPUTE_THREADS * N) };
+        unsafe { s.ring.pipe.init(Band::<N>::COMPUTE_THREADS * N) };
         fence_init();
     }
     // SAFETY: every thread of the CTA (and of the cluster) gets here, warps converged (only
@@ -706,6 +732,9 @@ pub unsafe extern "ptx-kernel" fn tile_gemm(a: *const f32, b: *const f32, c: *mu
 const SPLIT_STAGES: u32 = split::STAGES as u32;
 const SPLIT_PRODUCER_THREADS: u32 = split::PRODUCER_WARPS * WARP_SIZE;
 
+/// The split-K schedule's stage ring.
+type SplitStages = Stages<SplitTile, Pipeline<SPLIT_STAGES>>;
+
 /// A split-K consumer thread's block of C.
 type SplitAcc = Acc<THREAD_ROWS, { split::COL_VECS }>;
 
@@ -778,13 +807,7 @@ impl Problem {
 /// `stage < STAGES` is free (no thread reads it until the copies are waited for and committed);
 /// `g.a` is a 16-byte aligned `m x k` f32 matrix with `k` a multiple of `VEC` (launch contract).
 #[inline(always)]
-unsafe fn load_a_tile(
-    s: Stages<SplitTile, SPLIT_STAGES>,
-    g: Problem,
-    stage: u32,
-    kt: u32,
-    lane: u32,
-) {
+unsafe fn load_a_tile(s: SplitStages, g: Problem, stage: u32, kt: u32, lane: u32) {
     const VECS_PER_ROW: u32 = SplitTile::K_CHUNK / VEC as u32;
     const BYTES: u32 = (VEC * F32_BYTES) as u32;
     let k0 = kt * SplitTile::K_CHUNK;
@@ -814,13 +837,7 @@ unsafe fn load_a_tile(
 /// # Safety
 /// As [`load_a_tile`], for `g.b`, a `k x n` matrix with `n` a multiple of `VEC`.
 #[inline(always)]
-unsafe fn load_b_tile(
-    s: Stages<SplitTile, SPLIT_STAGES>,
-    g: Problem,
-    stage: u32,
-    kt: u32,
-    lane: u32,
-) {
+unsafe fn load_b_tile(s: SplitStages, g: Problem, stage: u32, kt: u32, lane: u32) {
     const VECS_PER_ROW: u32 = SplitTile::COLS / VEC as u32;
     const BYTES: u32 = (VEC * F32_BYTES) as u32;
     let k0 = kt * SplitTile::K_CHUNK;
@@ -854,13 +871,7 @@ unsafe fn load_b_tile(
 /// The launch contract of `primary_gemm` / `secondary_gemm`; called by the producer warp after
 /// the pipeline's barriers were initialised and published.
 #[inline(always)]
-unsafe fn split_k_loader(
-    s: Stages<SplitTile, SPLIT_STAGES>,
-    g: Problem,
-    lane: u32,
-    pdl: Pdl,
-    stamps: *mut u64,
-) {
+unsafe fn split_k_loader(s: SplitStages, g: Problem, lane: u32, pdl: Pdl, stamps: *mut u64) {
     let tiles = g.kt_end - g.kt_begin;
     let prefetched = if pdl == Pdl::WaitBeforeA {
         core::cmp::min(SPLIT_STAGES, tiles)
@@ -885,7 +896,7 @@ unsafe fn split_k_loader(
     let mut pending: Option<PipelineState<SPLIT_STAGES>> = None;
     let mut i = 0;
     while i < tiles {
-        s.pipe.producer_acquire(st);
+        s.ring.producer_acquire(st);
         // SAFETY: see above; the stage is acquired.
         unsafe {
             if i >= prefetched {
@@ -896,7 +907,7 @@ unsafe fn split_k_loader(
         cp_async::commit_group();
         if let Some(prev) = pending {
             cp_async::wait_group::<1>();
-            s.pipe.producer_commit(prev);
+            s.ring.producer_commit(prev);
         }
         pending = Some(st);
         st.advance();
@@ -904,7 +915,7 @@ unsafe fn split_k_loader(
     }
     if let Some(last) = pending {
         cp_async::wait_group::<0>();
-        s.pipe.producer_commit(last);
+        s.ring.producer_commit(last);
     }
 }
 
@@ -1024,16 +1035,14 @@ pub(super) unsafe fn split_k_gemm(
     // stages; thread 0 initialises them below before the CTA barrier; producer and consumers keep
     // to the counts.
     let s = unsafe {
-        Stages::<SplitTile, SPLIT_STAGES>::at(
-            base + split::BARRIERS_OFFSET as u32,
-            base + split::BUFFERS_OFFSET as u32,
-        )
+        let pipe = Pipeline::<SPLIT_STAGES>::at(base + split::BARRIERS_OFFSET as u32);
+        SplitStages::new(pipe, base + split::BUFFERS_OFFSET as u32)
     };
     let partial = Shared::at(base + split::PARTIAL_OFFSET as u32);
     if thread_idx_x() == 0 {
         // SAFETY: one thread, before any use; published by fence_init and the CTA barrier.
         unsafe {
-            s.pipe
+            s.ring
                 .init(SPLIT_PRODUCER_THREADS, SplitTile::COMPUTE_THREADS)
         };
         fence_init();
@@ -1053,12 +1062,11 @@ pub(super) unsafe fn split_k_gemm(
         } else {
             let o = Owner::new(tid - SPLIT_PRODUCER_THREADS);
             let mut st = PipelineState::<SPLIT_STAGES>::new();
-            let acc = mainloop::<SplitTile, 1, SPLIT_STAGES, THREAD_ROWS, { split::COL_VECS }>(
+            let acc = mainloop::<SplitTile, _, SPLIT_STAGES, THREAD_ROWS, { split::COL_VECS }>(
                 s,
                 &mut st,
                 g.kt_end - g.kt_begin,
                 o,
-                Release::Local,
             );
             split_k_epilogue(partial, g, Some(o), &acc, pdl);
         }
