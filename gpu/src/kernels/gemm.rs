@@ -174,6 +174,10 @@ impl<const S: u32> Ring<S> for Pipeline<S> {
     fn wait(self, st: PipelineState<S>) {
         self.consumer_wait(st);
     }
+    /// One local arrival on `st`'s empty barrier.
+    ///
+    /// # Safety
+    /// [`Ring::release`]'s (the empty barriers count one release per compute thread and phase).
     #[inline(always)]
     unsafe fn release(self, st: PipelineState<S>) {
         self.consumer_release(st);
