@@ -49,6 +49,9 @@ const ATOM_BYTES: u32 = 8 * 128;
 const B_HALF_BYTES: u32 = (B_STAGE_BYTES / 2) as u32;
 /// Bytes of one 64-column box of an N-major B stage (`BK` rows x 128 bytes).
 const B_NMAJOR_BOX_BYTES: u32 = (BK * 128) as u32;
+/// wgmma-groups (one per k-block) a consumer leaves in flight while it releases the previous
+/// stage: 1 keeps the tensor cores fed across k-blocks, 0 drains them every k-block.
+const MMA_GROUPS_IN_FLIGHT: u32 = 1;
 /// Number of `WGMMA_K` slices in a stage.
 const K_SLICES: u32 = (BK / WGMMA_K) as u32;
 
@@ -415,11 +418,24 @@ fn consumer<I: Input, L: BLayout, const OUT_F32: bool>(g: Gemm, consumer: u32) {
     }
 }
 
-/// The mainloop of one tile: per k-block, wait for the stage, four `m64n256k16` wgmmas, wait for
-/// them, release the stage on every CTA that wrote into it.
+/// The mainloop of one tile: per k-block, wait for the stage, issue four `m64n256k16` wgmmas as
+/// one wgmma-group, then wait until at most [`MMA_GROUPS_IN_FLIGHT`] groups are pending and
+/// release the stage the completed group read, on every CTA that wrote into it. With one group in
+/// flight, the tensor cores already have the next k-block's MMAs while this warpgroup waits for
+/// and releases the previous stage.
 #[inline(always)]
 fn mainloop<I: Input, L: BLayout>(g: Gemm, consumer: u32, acc: &mut [f32; ACC], state: &mut State) {
     let tid = thread_in_warpgroup();
+    let release = |stage: State| {
+        if tid < g.cluster {
+            // SAFETY: thread `r < cluster` of each consumer warpgroup releases the stage once on
+            // CTA `r`, matching the init count 2 * cluster; every CTA's producer runs
+            // producer_tail before the final cluster barrier, so the target is live; the wgmmas
+            // that read the stage are complete (wait_group before every call).
+            unsafe { g.ring.consumer_release(stage, tid) };
+        }
+    };
+    let mut reading = *state; // the stage of the wgmma-group still in flight
     let mut kb = 0;
     while kb < g.k_blocks {
         g.ring.consumer_wait(*state);
@@ -433,7 +449,7 @@ fn mainloop<I: Input, L: BLayout>(g: Gemm, consumer: u32, acc: &mut [f32; ACC], 
         wgmma::fence_operands(acc);
         // SAFETY: all 128 threads of the warpgroup run this loop with the same trip count and
         // descriptors; the stage holds A and B as the descriptors say (TMA completion observed by
-        // consumer_wait) and is not released before wait_group below.
+        // consumer_wait) and is released only after a wait_group that covers these wgmmas.
         unsafe {
             wgmma::fence();
             let mut s = 0;
@@ -443,18 +459,23 @@ fn mainloop<I: Input, L: BLayout>(g: Gemm, consumer: u32, acc: &mut [f32; ACC], 
                 s += 1;
             }
             wgmma::commit_group();
-            wgmma::wait_group::<0>();
+            wgmma::wait_group::<MMA_GROUPS_IN_FLIGHT>();
         }
-        wgmma::fence_operands(acc);
-        if tid < g.cluster {
-            // SAFETY: thread `r < cluster` of each consumer warpgroup releases the stage once on
-            // CTA `r`, matching the init count 2 * cluster; every CTA's producer runs
-            // producer_tail before the final cluster barrier, so the target is live.
-            unsafe { g.ring.consumer_release(*state, tid) };
+        if MMA_GROUPS_IN_FLIGHT == 0 {
+            release(*state);
+        } else if kb > 0 {
+            release(reading);
         }
+        reading = *state;
         state.advance();
         kb += 1;
     }
+    if MMA_GROUPS_IN_FLIGHT > 0 {
+        // SAFETY: warpgroup-collective, as above.
+        unsafe { wgmma::wait_group::<0>() };
+        release(reading);
+    }
+    wgmma::fence_operands(acc);
 }
 
 /// Byte address of (row, byte column) in a 128-byte-swizzled chunk of 128-byte rows.
