@@ -324,6 +324,10 @@ pub mod pdl {
 /// - `out_f32`: 1 when C is f32, 0 when C has the input type;
 /// - `raster`: [`tc_gemm::RASTER_ALONG_M`] or [`tc_gemm::RASTER_ALONG_N`]; `group`: tiles per
 ///   raster group (>= 1).
+///
+/// CTA tiles are `BM x BN` (ping-pong entry: `WG_M x BN`); cluster tiles `cluster` CTA tiles
+/// along M. Grid: whole clusters, any count (persistent); `ceil(ceil(M / tile rows) / cluster) *
+/// ceil(N / BN)` must fit in `MAX_UNITS`.
 pub mod tc_gemm {
     use super::*;
 
@@ -335,6 +339,11 @@ pub mod tc_gemm {
     pub const KERNEL_F16_BCOL: &str = "tc_gemm_f16_bcol";
     /// Entry: FP16 inputs, B row-major (N-major).
     pub const KERNEL_F16_BROW: &str = "tc_gemm_f16_brow";
+    /// Entry: BF16 inputs, B column-major, *ping-pong* consumers: each consumer warpgroup computes
+    /// whole `WG_M x BN` tiles (CTA tiles of `WG_M` rows), the two taking alternate tiles so one's
+    /// epilogue overlaps the other's mainloop. A's box is [`A_BOX_PINGPONG`]; everything else as
+    /// the cooperative entries (which split each `BM x BN` tile's rows between the two).
+    pub const KERNEL_BF16_BCOL_PINGPONG: &str = "tc_gemm_bf16_bcol_pingpong";
 
     /// Bytes of one BF16/FP16 element.
     pub const IN_BYTES: usize = 2;
@@ -365,6 +374,8 @@ pub mod tc_gemm {
 
     /// TMA box of A, `{inner (K), outer (M)}` elements, 128-byte swizzle.
     pub const A_BOX: [u32; 2] = [BK as u32, BM as u32];
+    /// TMA box of A for the ping-pong entry (CTA tiles of `WG_M` rows).
+    pub const A_BOX_PINGPONG: [u32; 2] = [BK as u32, WG_M as u32];
     /// TMA box of a K-major (column-major) B, `{inner (K), outer (N)}`: half the tile's N, so a
     /// cluster of 2 loads one half per CTA and multicasts it (a lone CTA issues both halves).
     pub const B_BOX_KMAJOR: [u32; 2] = [BK as u32, (BN / 2) as u32];

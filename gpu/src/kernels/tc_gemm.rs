@@ -41,14 +41,19 @@ type State = PipelineState<RING_STAGES>;
 
 /// FP32 accumulators per consumer thread: a 64 x 256 warpgroup tile over 128 threads.
 const ACC: usize = WG_M * BN / WARPGROUP_THREADS as usize;
-/// Bytes that land in one CTA's stage: its A tile and the whole B tile.
+/// Bytes that land in one CTA's stage, cooperative: its A tile (`BM` rows) and the whole B tile.
 const STAGE_TX_BYTES: u32 = (A_STAGE_BYTES + B_STAGE_BYTES) as u32;
+/// The same for ping-pong: A is `WG_M` rows.
+const STAGE_TX_BYTES_PINGPONG: u32 = (WG_M * BK * IN_BYTES + B_STAGE_BYTES) as u32;
 /// Rows of a 128-byte-swizzle atom; wgmma's stride-dimension byte offset is one atom.
 const ATOM_BYTES: u32 = 8 * 128;
 /// Bytes of one 128-row half of a K-major B stage (one TMA box).
 const B_HALF_BYTES: u32 = (B_STAGE_BYTES / 2) as u32;
 /// Bytes of one 64-column box of an N-major B stage (`BK` rows x 128 bytes).
 const B_NMAJOR_BOX_BYTES: u32 = (BK * 128) as u32;
+/// wgmma-groups (one per k-block) a consumer leaves in flight while it releases the previous
+/// stage: 1 keeps the tensor cores fed across k-blocks, 0 drains them every k-block.
+const MMA_GROUPS_IN_FLIGHT: u32 = 1;
 /// Number of `WGMMA_K` slices in a stage.
 const K_SLICES: u32 = (BK / WGMMA_K) as u32;
 
@@ -325,6 +330,10 @@ struct Gemm {
     ring: Ring,
     rank: u32,
     cluster: u32,
+    /// Ping-pong consumers: each warpgroup computes whole `WG_M x BN` tiles, the two taking
+    /// alternate tiles (so one's epilogue overlaps the other's mainloop); otherwise cooperative:
+    /// both split each `BM x BN` tile's rows.
+    pingpong: bool,
 }
 
 impl Gemm {
@@ -341,11 +350,33 @@ impl Gemm {
         self.smem
             + (C_OFFSET + (consumer as usize * C_CHUNKS + buf as usize) * C_CHUNK_BYTES) as u32
     }
+    /// Rows of a CTA tile.
+    #[inline(always)]
+    fn tile_m(self) -> u32 {
+        if self.pingpong {
+            WG_M as u32
+        } else {
+            BM as u32
+        }
+    }
+    /// Consumer releases per stage and CTA: every consumer warpgroup reads every stage when
+    /// cooperative, one reads each stage in ping-pong.
+    #[inline(always)]
+    fn readers_per_stage(self) -> u32 {
+        if self.pingpong {
+            1
+        } else {
+            CONSUMER_WARPGROUPS
+        }
+    }
     /// First row and column of this CTA's tile of unit `u`.
     #[inline(always)]
     fn tile_origin(self, u: u32) -> (u32, u32) {
         let (mu, nt) = self.sched.unit(u);
-        ((mu * self.cluster + self.rank) * BM as u32, nt * BN as u32)
+        (
+            (mu * self.cluster + self.rank) * self.tile_m(),
+            nt * BN as u32,
+        )
     }
 }
 
@@ -363,7 +394,12 @@ fn producer<L: BLayout>(g: Gemm) {
         let (m0, n0) = g.tile_origin(u);
         let mut kb = 0;
         while kb < g.k_blocks {
-            let full = g.ring.producer_acquire(state, STAGE_TX_BYTES);
+            let tx = if g.pingpong {
+                STAGE_TX_BYTES_PINGPONG
+            } else {
+                STAGE_TX_BYTES
+            };
+            let full = g.ring.producer_acquire(state, tx);
             let (a, b) = (g.a_stage(state.stage()), g.b_stage(state.stage()));
             // SAFETY: the stage is free in every CTA of the cluster (producer_acquire), 1024-byte
             // aligned, and its full barrier is armed for A plus the whole B tile, which the loads
@@ -403,10 +439,26 @@ fn consumer<I: Input, L: BLayout, const OUT_F32: bool>(g: Gemm, consumer: u32) {
     let mut state = State::new();
     let mut chunk = 0u32;
     let mut u = g.sched.first;
+    let mut turn = 0u32; // this CTA's unit count so far (ping-pong: whose turn)
     while u < g.sched.units {
         let (m0, n0) = g.tile_origin(u);
-        mainloop::<I, L>(g, consumer, &mut acc, &mut state);
-        epilogue::<I, OUT_F32>(g, consumer, &acc, m0, n0, &mut chunk, bar);
+        if g.pingpong && turn % CONSUMER_WARPGROUPS != consumer {
+            // The other warpgroup's tile: skip its stages.
+            let mut kb = 0;
+            while kb < g.k_blocks {
+                state.advance();
+                kb += 1;
+            }
+        } else {
+            let row0 = if g.pingpong {
+                m0
+            } else {
+                m0 + consumer * WG_M as u32
+            };
+            mainloop::<I, L>(g, consumer, &mut acc, &mut state);
+            epilogue::<I, OUT_F32>(g, consumer, &acc, row0, n0, &mut chunk, bar);
+        }
+        turn += 1;
         u += g.sched.stride;
     }
     if tid == 0 {
@@ -415,16 +467,34 @@ fn consumer<I: Input, L: BLayout, const OUT_F32: bool>(g: Gemm, consumer: u32) {
     }
 }
 
-/// The mainloop of one tile: per k-block, wait for the stage, four `m64n256k16` wgmmas, wait for
-/// them, release the stage on every CTA that wrote into it.
+/// The mainloop of one tile: per k-block, wait for the stage, issue four `m64n256k16` wgmmas as
+/// one wgmma-group, then wait until at most [`MMA_GROUPS_IN_FLIGHT`] groups are pending and
+/// release the stage the completed group read, on every CTA that wrote into it. With one group in
+/// flight, the tensor cores already have the next k-block's MMAs while this warpgroup waits for
+/// and releases the previous stage.
 #[inline(always)]
 fn mainloop<I: Input, L: BLayout>(g: Gemm, consumer: u32, acc: &mut [f32; ACC], state: &mut State) {
     let tid = thread_in_warpgroup();
+    let release = |stage: State| {
+        if tid < g.cluster {
+            // SAFETY: thread `r < cluster` of each reading warpgroup releases the stage once on
+            // CTA `r`, matching the init count readers_per_stage * cluster; every CTA's producer runs
+            // producer_tail before the final cluster barrier, so the target is live; the wgmmas
+            // that read the stage are complete (wait_group before every call).
+            unsafe { g.ring.consumer_release(stage, tid) };
+        }
+    };
+    let mut reading = *state; // the stage of the wgmma-group still in flight
     let mut kb = 0;
     while kb < g.k_blocks {
         g.ring.consumer_wait(*state);
         let a = MatrixDescriptor::new(
-            g.a_stage(state.stage()) + consumer * (WG_M * BK * IN_BYTES) as u32,
+            g.a_stage(state.stage())
+                + if g.pingpong {
+                    0
+                } else {
+                    consumer * (WG_M * BK * IN_BYTES) as u32
+                },
             16,
             ATOM_BYTES,
             Swizzle::B128,
@@ -433,7 +503,7 @@ fn mainloop<I: Input, L: BLayout>(g: Gemm, consumer: u32, acc: &mut [f32; ACC], 
         wgmma::fence_operands(acc);
         // SAFETY: all 128 threads of the warpgroup run this loop with the same trip count and
         // descriptors; the stage holds A and B as the descriptors say (TMA completion observed by
-        // consumer_wait) and is not released before wait_group below.
+        // consumer_wait) and is released only after a wait_group that covers these wgmmas.
         unsafe {
             wgmma::fence();
             let mut s = 0;
@@ -443,18 +513,23 @@ fn mainloop<I: Input, L: BLayout>(g: Gemm, consumer: u32, acc: &mut [f32; ACC], 
                 s += 1;
             }
             wgmma::commit_group();
-            wgmma::wait_group::<0>();
+            wgmma::wait_group::<MMA_GROUPS_IN_FLIGHT>();
         }
-        wgmma::fence_operands(acc);
-        if tid < g.cluster {
-            // SAFETY: thread `r < cluster` of each consumer warpgroup releases the stage once on
-            // CTA `r`, matching the init count 2 * cluster; every CTA's producer runs
-            // producer_tail before the final cluster barrier, so the target is live.
-            unsafe { g.ring.consumer_release(*state, tid) };
+        if MMA_GROUPS_IN_FLIGHT == 0 {
+            release(*state);
+        } else if kb > 0 {
+            release(reading);
         }
+        reading = *state;
         state.advance();
         kb += 1;
     }
+    if MMA_GROUPS_IN_FLIGHT > 0 {
+        // SAFETY: warpgroup-collective, as above.
+        unsafe { wgmma::wait_group::<0>() };
+        release(reading);
+    }
+    wgmma::fence_operands(acc);
 }
 
 /// Byte address of (row, byte column) in a 128-byte-swizzled chunk of 128-byte rows.
@@ -463,7 +538,7 @@ fn swizzled(chunk: u32, row: u32, byte: u32) -> u32 {
     chunk + row * 128 + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15))
 }
 
-/// Epilogue of one tile: `alpha * acc + beta * C` into swizzled shared chunks of 128-byte rows,
+/// Epilogue of one warpgroup tile (rows `row0..row0 + 64`, columns `n0..n0 + 256`): `alpha * acc + beta * C` into swizzled shared chunks of 128-byte rows,
 /// each TMA-stored as soon as it is complete (double-buffered: a chunk's buffer is reused once
 /// the store two chunks back has read it). The stores run while the next tile's mainloop does.
 #[inline(always)]
@@ -471,14 +546,14 @@ fn epilogue<I: Input, const OUT_F32: bool>(
     g: Gemm,
     consumer: u32,
     acc: &[f32; ACC],
-    m0: u32,
+    row0: u32,
     n0: u32,
     chunk: &mut u32,
     bar: NamedBarrier,
 ) {
     macro_rules! chunks {
         ($($ch:literal)*) => {
-            $(epilogue_chunk::<I, OUT_F32, $ch>(g, consumer, acc, m0, n0, chunk, bar);)*
+            $(epilogue_chunk::<I, OUT_F32, $ch>(g, consumer, acc, row0, n0, chunk, bar);)*
         };
     }
     chunks!(0 1 2 3 4 5 6 7);
@@ -490,7 +565,7 @@ fn epilogue_chunk<I: Input, const OUT_F32: bool, const CH: usize>(
     g: Gemm,
     consumer: u32,
     acc: &[f32; ACC],
-    m0: u32,
+    row0: u32,
     n0: u32,
     chunk: &mut u32,
     bar: NamedBarrier,
@@ -508,7 +583,6 @@ fn epilogue_chunk<I: Input, const OUT_F32: bool, const CH: usize>(
         bulk::wait_group_read::<{ C_CHUNKS as u32 - 1 }>();
     }
     bar.sync();
-    let row0 = m0 + consumer * WG_M as u32;
     let r = warp * 16 + lane / 4; // row in the warpgroup's 64 (and r + 8)
     let col = 2 * (lane % 4); // column in the n8 block
                               // Literal indices only, so the accumulators stay in registers.
@@ -592,7 +666,7 @@ fn store_pair<I: Input, const OUT_F32: bool>(
 /// # Safety
 /// The launch contract of the entries.
 #[inline(always)]
-unsafe fn tc_gemm<I: Input, L: BLayout>(p: Params) {
+unsafe fn tc_gemm<I: Input, L: BLayout, const PINGPONG: bool>(p: Params) {
     let cluster = cluster::cluster_size();
     if block_dim_x() != THREADS_PER_CTA || !(cluster == 1 || cluster == 2) || p.group == 0 {
         // SAFETY: `trap` aborts the kernel; no preconditions.
@@ -601,10 +675,10 @@ unsafe fn tc_gemm<I: Input, L: BLayout>(p: Params) {
     let smem = (dynamic_smem_base() + SWIZZLE_ALIGN as u32 - 1) & !(SWIZZLE_ALIGN as u32 - 1);
     // SAFETY: the barriers lie inside the launch's SMEM_BYTES of dynamic shared memory, used for
     // nothing else; init below is published by fence_init + the cluster barrier before any use,
-    // and the roles keep to the counts (1 producer arrival + STAGE_TX_BYTES; 2 * cluster
-    // releases).
+    // and the roles keep to the counts (1 producer arrival + the stage's bytes; readers per stage
+    // x cluster releases).
     let ring = unsafe { Ring::at(smem + BARRIERS_OFFSET as u32) };
-    let m_tiles = p.m.div_ceil(BM as u32);
+    let m_tiles = p.m.div_ceil(if PINGPONG { WG_M } else { BM } as u32);
     let m_units = m_tiles.div_ceil(cluster.max(1));
     let n_tiles = p.n.div_ceil(BN as u32);
     let g = Gemm {
@@ -634,11 +708,12 @@ unsafe fn tc_gemm<I: Input, L: BLayout>(p: Params) {
         ring,
         rank: cluster::cta_rank(),
         cluster,
+        pingpong: PINGPONG,
     };
     let tid = thread_idx_x();
     if tid == 0 {
         // SAFETY: one thread initialises the barriers before anyone uses them.
-        unsafe { ring.init(2 * cluster) };
+        unsafe { ring.init(g.readers_per_stage() * cluster) };
         mbarrier::fence_init();
         g.map_a.prefetch();
         g.map_b.prefetch();
@@ -690,7 +765,7 @@ struct Params {
 }
 
 macro_rules! entry {
-    ($name:ident, $input:ty, $layout:ty, $doc:literal) => {
+    ($name:ident, $input:ty, $layout:ty, $pingpong:literal, $doc:literal) => {
         #[doc = $doc]
         ///
         /// Launch: `THREADS_PER_CTA` threads, `SMEM_BYTES` dynamic shared memory, cluster dims
@@ -735,7 +810,7 @@ macro_rules! entry {
                 group,
             };
             // SAFETY: the launch contract above.
-            unsafe { tc_gemm::<$input, $layout>(p) }
+            unsafe { tc_gemm::<$input, $layout, $pingpong>(p) }
         }
         crate::device::launch_bounds!($name, THREADS_PER_CTA, 1);
     };
@@ -745,23 +820,35 @@ entry!(
     tc_gemm_bf16_bcol,
     Bf16,
     KMajor,
+    false,
     "BF16 GEMM, B column-major (K-major)."
 );
 entry!(
     tc_gemm_bf16_brow,
     Bf16,
     NMajor,
+    false,
     "BF16 GEMM, B row-major (N-major)."
 );
 entry!(
     tc_gemm_f16_bcol,
     F16,
     KMajor,
+    false,
     "FP16 GEMM, B column-major (K-major)."
 );
 entry!(
     tc_gemm_f16_brow,
     F16,
     NMajor,
+    false,
     "FP16 GEMM, B row-major (N-major)."
+);
+entry!(
+    tc_gemm_bf16_bcol_pingpong,
+    Bf16,
+    KMajor,
+    true,
+    "BF16 GEMM, B column-major, ping-pong consumers (each warpgroup takes whole 64 x 256 tiles, \
+     alternating; A box `A_BOX_PINGPONG`)."
 );
