@@ -85,6 +85,8 @@ struct Bf16;
 struct F16;
 
 impl Input for Bf16 {
+    /// # Safety
+    /// As the trait method.
     #[inline(always)]
     unsafe fn mma<const TRANS_B: u32>(
         d: &mut [f32; ACC],
@@ -106,6 +108,8 @@ impl Input for Bf16 {
 }
 
 impl Input for F16 {
+    /// # Safety
+    /// As the trait method.
     #[inline(always)]
     unsafe fn mma<const TRANS_B: u32>(
         d: &mut [f32; ACC],
@@ -187,6 +191,8 @@ unsafe fn tma_load(
 }
 
 impl BLayout for KMajor {
+    /// # Safety
+    /// As the trait method.
     #[inline(always)]
     unsafe fn mma<I: Input>(
         d: &mut [f32; ACC],
@@ -202,6 +208,8 @@ impl BLayout for KMajor {
     fn descriptor(b: u32) -> MatrixDescriptor {
         MatrixDescriptor::new(b, 16, ATOM_BYTES, Swizzle::B128)
     }
+    /// # Safety
+    /// As the trait method.
     #[inline(always)]
     unsafe fn load_half(
         map: TensorMap,
@@ -219,6 +227,8 @@ impl BLayout for KMajor {
 }
 
 impl BLayout for NMajor {
+    /// # Safety
+    /// As the trait method.
     #[inline(always)]
     unsafe fn mma<I: Input>(
         d: &mut [f32; ACC],
@@ -235,6 +245,8 @@ impl BLayout for NMajor {
         // Leading byte offset: from one 64-column box to the next.
         MatrixDescriptor::new(b, B_NMAJOR_BOX_BYTES, ATOM_BYTES, Swizzle::B128)
     }
+    /// # Safety
+    /// As the trait method.
     #[inline(always)]
     unsafe fn load_half(
         map: TensorMap,
