@@ -4,8 +4,7 @@
 //! cudarc panics when a call is made without the library.
 //!
 //! Sources: NCCL API, "Communicator Creation and Management Functions" (`ncclGetUniqueId`,
-//! `ncclCommInitRank`, `ncclCommInitAll`, `ncclCommDestroy`, `ncclCommAbort`,
-//! `ncclCommGetAsyncError`), "Collective Communication Functions" (`ncclAllReduce`), "Group
+//! `ncclCommInitRank`, `ncclCommInitAll`, `ncclCommAbort`), "Collective Communication Functions" (`ncclAllReduce`), "Group
 //! Calls" (`ncclGroupStart`, `ncclGroupEnd`).
 
 use std::ffi::{c_int, c_void};
@@ -65,14 +64,6 @@ pub(crate) fn comm_init_rank(
         result::comm_init_rank(&mut comm, nranks, id, rank)
     })?;
     Ok(comm)
-}
-
-/// `ncclCommDestroy`.
-///
-/// # Safety
-/// `comm` is live, not used afterwards, and no operation of it is pending.
-pub(crate) unsafe fn comm_destroy(comm: sys::ncclComm_t) -> Result<()> {
-    nccl("ncclCommDestroy", result::comm_destroy(comm))
 }
 
 /// `ncclCommAbort`.

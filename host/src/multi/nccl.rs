@@ -214,7 +214,7 @@ impl NcclId {
 /// One NCCL communicator: a rank on one GPU, bound to one stream (its collectives are enqueued
 /// there; make it a [`DeviceSet::high_priority_stream`] so they do not queue behind compute).
 /// Not `Sync`: NCCL communicators must not be used by two threads at once. Dropped with
-/// `ncclCommDestroy` after its stream has drained (errors are kept for
+/// `ncclCommAbort` after its stream has drained (errors are kept for
 /// [`Device::take_deferred_errors`]).
 pub struct Communicator {
     comm: cudarc::nccl::sys::ncclComm_t,
@@ -240,16 +240,14 @@ impl std::fmt::Debug for Communicator {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // ncclCommDestroy must not race pending operations of the communicator.
+        // Drain the communicator's stream, then `ncclCommAbort` (as cudarc's own `Comm` does):
+        // unlike `ncclCommDestroy`, abort never waits for the other ranks, so dropping the
+        // communicators of one process one after another cannot hang. Nothing is pending by then.
         let synced = self.stream.synchronize();
-        let r = synced.and_then(|()| {
-            bind_context(self.stream.ctx(), "ncclCommDestroy")?;
-            // SAFETY: live communicator, nothing pending on its stream, not used afterwards.
-            unsafe { raw::comm_destroy(self.comm) }
-        });
-        if let Err(e) = r {
-            // SAFETY: as above; abort frees what destroy could not.
-            let _ = unsafe { raw::comm_abort(self.comm) };
+        let bound = bind_context(self.stream.ctx(), "ncclCommAbort");
+        // SAFETY: live communicator, its stream drained (or poisoned), not used afterwards.
+        let aborted = unsafe { raw::comm_abort(self.comm) };
+        if let Err(e) = synced.and(bound).and(aborted) {
             defer_error(self.stream.ctx(), &e);
         }
     }
