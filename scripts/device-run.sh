@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, compute-sanitizer, CLI runs and benches from target/gpu-bundle
 # (build it with `cargo xtask gpu-bundle`). Usage on the GPU host, from the repository root:
-#   OUT=<log dir> bash scripts/device-run.sh [tests] [sanitize] [cli] [stress] [bench] [dram]   (default: all)
-# One log per section under $OUT: tests.log sanitize.log cli.log stress.log bench.log dram.log.
+#   OUT=<log dir> bash scripts/device-run.sh [tests] [sanitize] [cli] [stress] [bench] [dram] [mgpu]   (default: all but mgpu)
+# One log per section under $OUT: tests.log sanitize.log cli.log stress.log bench.log dram.log mgpu.log.
+# mgpu needs 2 GPUs (nvidia-h200-x2); NVLS stays off in every process it starts (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 B=target/gpu-bundle
 OUT=${OUT:-./device-logs}; mkdir -p "$OUT"
@@ -48,6 +49,20 @@ stress)
   done; done > "$OUT/stress.log" 2>&1 ;;
 bench)
   for b in $B/benches/*; do echo "== $b"; timeout 300 "$b" --bench 2>&1 | grep -v "^Benchmarking\|^$"; done > "$OUT/bench.log" 2>&1 ;;
+mgpu)
+  # Safety rule of the shared machines: NVLink multicast stays off in every process.
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 WARPLINE_REQUIRE_GPUS=2
+  { nvidia-smi topo -m
+    $B/warpline mgpu info || failed=1
+    for t in multi_gpu ordering_multi; do echo "== tests $t"; timeout 300 $B/tests/$t --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|SKIPPED" || failed=1; done
+    timeout 300 $B/warpline mgpu seeds --runs 200 || failed=1
+    timeout 300 $B/warpline mgpu peer-bw || failed=1
+    timeout 300 $B/warpline mgpu allreduce || failed=1
+    timeout 300 $B/warpline mgpu allreduce --procs 2 || failed=1
+    timeout 300 $B/warpline mgpu dp-step || failed=1
+    timeout 300 $B/warpline mgpu pipeline --verify || failed=1
+    echo "== torch references (same run)"; timeout 300 python3 scripts/torch_mgpu.py || true
+  } > "$OUT/mgpu.log" 2>&1 ;;
 dram)
   for k in "cluster --cluster 2" "plain"; do
     echo "== ncu $k"; timeout 200 ncu --metrics dram__bytes_read.sum,gpu__time_duration.sum $B/warpline gemm --tiles 4096 --kernel $k --once --no-verify 2>&1 | grep -E "dram__|gpu__time"

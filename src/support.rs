@@ -49,6 +49,43 @@ fn device_or_skip(
     }
 }
 
+/// The environment variable that turns the skips of two-GPU tests into failures
+/// (`WARPLINE_REQUIRE_GPUS=2`). Separate from [`REQUIRE_GPU_ENV`] so that a run on a one-GPU
+/// machine with `WARPLINE_REQUIRE_GPU=1` still passes (the two-GPU tests skip there); the
+/// two-GPU run (`scripts/device-run.sh mgpu`) sets both.
+pub const REQUIRE_GPUS_ENV: &str = "WARPLINE_REQUIRE_GPUS";
+
+/// Opens GPUs 0 and 1 as a [`warpline::multi::DeviceSet`], or prints why the two-GPU part of
+/// `test` is skipped and returns `None` (no driver, fewer than 2 GPUs). Skips fail when
+/// `WARPLINE_REQUIRE_GPUS=2`, or with `WARPLINE_REQUIRE_GPU=1` when there is no GPU at all.
+pub fn two_gpus_or_skip(test: &str) -> Option<warpline::multi::DeviceSet> {
+    let need_two = std::env::var(REQUIRE_GPUS_ENV)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .is_some_and(|n| n >= 2);
+    let n = match warpline::multi::device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            skip_or_fail(test, e, need_two || gpu_required());
+            return None;
+        }
+    };
+    if n < 2 {
+        skip_or_fail(
+            test,
+            format!(
+                "needs 2 GPUs, the driver reports {n} (set {REQUIRE_GPUS_ENV}=2 to fail instead)"
+            ),
+            need_two || (n == 0 && gpu_required()),
+        );
+        return None;
+    }
+    Some(
+        warpline::multi::DeviceSet::open(&[0, 1])
+            .unwrap_or_else(|e| panic!("{test}: opening GPUs 0 and 1 failed: {e}")),
+    )
+}
+
 /// `n` fresh uniform random floats in [-1, 1).
 pub fn random_f32(n: usize) -> Vec<f32> {
     let mut rng = rand::rng();

@@ -221,6 +221,27 @@ pub enum Error {
         /// `warpline_gpu::CONTRACT_HASH` of the host build.
         host_hash: u64,
     },
+    // Multi-GPU (issue 13; `warpline::multi`).
+    /// Fewer GPUs than an operation needs.
+    #[error("{what} needs {needed} GPUs; the driver reports {available}")]
+    NotEnoughDevices {
+        what: &'static str,
+        needed: usize,
+        available: usize,
+    },
+    /// One GPU cannot map the other's memory (`cuDeviceCanAccessPeer` = 0).
+    #[error("{what}: GPU {from} cannot access the memory of GPU {to} (cuDeviceCanAccessPeer reports 0); allowed: GPUs of one DeviceSet whose peer-access matrix has from -> to (see DeviceSet::peer_matrix)")]
+    PeerAccessUnavailable {
+        what: &'static str,
+        from: usize,
+        to: usize,
+    },
+    /// The NCCL library could not be loaded.
+    #[error("NCCL is not available: no libnccl could be loaded (tried {tried}); {hint}")]
+    NcclUnavailable { tried: String, hint: String },
+    /// An NCCL call failed.
+    #[error("NCCL call {call} failed: {result}")]
+    Nccl { call: &'static str, result: String },
 }
 
 /// Attaches the name of the CUDA call to a driver error. Sticky errors (see [`is_sticky`]) become

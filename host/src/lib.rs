@@ -20,6 +20,7 @@ pub mod kernels;
 pub mod launch;
 pub mod memory;
 pub mod module;
+pub mod multi;
 pub mod npy;
 pub mod ordering;
 pub mod pipeline;

@@ -37,6 +37,119 @@ enum Cmd {
     /// runs, hangs, wrong results and time per section. Exit status 1 on any hang, wrong result
     /// or error.
     Stress(StressArgs),
+    /// Two or more GPUs (issue 13): peer copies, the two-GPU layer pipeline, NCCL all-reduce,
+    /// the data-parallel step, the cross-GPU seed scenarios. NVLS stays off (NCCL_NVLS_ENABLE=0).
+    #[command(subcommand)]
+    Mgpu(MgpuCmd),
+}
+
+#[derive(Subcommand)]
+enum MgpuCmd {
+    /// GPUs, peer-access matrix, NCCL library and version.
+    Info,
+    /// Peer-copy bandwidth GPU 0 <-> GPU 1, one way and both ways, with the cuMemcpyDtoDAsync baseline.
+    PeerBw {
+        /// Bytes per copy (repeatable).
+        #[arg(long, default_values_t = [1usize << 20, 64 << 20, 1 << 30])]
+        bytes: Vec<usize>,
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+    },
+    /// The two-GPU layer pipeline against one GPU doing both stages (goal >= 1.8x).
+    Pipeline {
+        /// 128x128 f32 tiles per microbatch.
+        #[arg(long, default_value_t = 264)]
+        tiles: usize,
+        /// GEMM layers per stage.
+        #[arg(long, default_value_t = 16)]
+        layers: usize,
+        /// Microbatch slots in flight (2..=8).
+        #[arg(long, default_value_t = 3)]
+        slots: usize,
+        #[arg(long, default_value_t = 60)]
+        microbatches: usize,
+        /// Check the first and last tile of every slot against the f64 CPU reference.
+        #[arg(long)]
+        verify: bool,
+    },
+    /// NCCL all-reduce bus bandwidth, 1 MiB to 1 GiB (checked against the CPU sum).
+    Allreduce {
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        /// 0: one process driving every GPU (ncclCommInitAll); N >= 2: N processes, one GPU each
+        /// (ncclCommInitRank, the id handed over in WARPLINE_NCCL_ID).
+        #[arg(long, default_value_t = 0)]
+        procs: usize,
+    },
+    /// One rank of `allreduce --procs N` (started by it).
+    #[command(hide = true)]
+    NcclRank {
+        #[arg(long)]
+        rank: usize,
+        #[arg(long)]
+        world: usize,
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+    },
+    /// Data-parallel step: bucket all-reduces overlapped with the next bucket's compute, against
+    /// sequential and the ideal max(compute, communication).
+    DpStep {
+        #[arg(long, default_value_t = 8)]
+        buckets: usize,
+        /// 128x128 tiles per bucket (bucket = tiles x 64 KiB).
+        #[arg(long, default_value_t = 400)]
+        tiles: usize,
+        /// GEMM layers per bucket.
+        #[arg(long, default_value_t = 4)]
+        layers: usize,
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+    },
+    /// The cross-GPU seed scenarios: opposite-order signals (must complete every run) and a
+    /// cyclic dependency (must be rejected).
+    Seeds {
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        /// Bound of each run, milliseconds.
+        #[arg(long, default_value_t = 5000)]
+        bound_ms: u64,
+    },
+}
+
+fn mgpu(cmd: MgpuCmd) -> CliResult {
+    use warpline::multi::commands as c;
+    if let Some(code) = c::reexec_for_nccl_if_needed()? {
+        std::process::exit(code);
+    }
+    match cmd {
+        MgpuCmd::Info => c::info()?,
+        MgpuCmd::PeerBw { bytes, iters } => c::peer_bw(&bytes, iters)?,
+        MgpuCmd::Pipeline {
+            tiles,
+            layers,
+            slots,
+            microbatches,
+            verify,
+        } => c::pipeline(
+            warpline::multi::LayerPipelineConfig {
+                tiles,
+                layers,
+                slots,
+            },
+            microbatches,
+            verify,
+        )?,
+        MgpuCmd::Allreduce { iters, procs } => c::allreduce(iters, procs)?,
+        MgpuCmd::NcclRank { rank, world, iters } => c::nccl_rank(rank, world, iters)?,
+        MgpuCmd::DpStep {
+            buckets,
+            tiles,
+            layers,
+            steps,
+        } => c::dp_step(buckets, tiles, layers, steps)?,
+        MgpuCmd::Seeds { runs, bound_ms } => c::seeds(runs, bound_ms)?,
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -132,6 +245,7 @@ fn main() -> ExitCode {
         Cmd::Info => info().map_err(CliError::from),
         Cmd::Gemm(args) => gemm(args),
         Cmd::Stress(args) => stress_cmd(args),
+        Cmd::Mgpu(cmd) => mgpu(cmd),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -140,7 +254,12 @@ fn main() -> ExitCode {
             eprintln!("(see `warpline --help`)");
             ExitCode::from(2)
         }
-        Err(CliError::Run(e @ (Error::NoDriver | Error::NoDevice { .. }))) => {
+        Err(CliError::Run(
+            e @ (Error::NoDriver
+            | Error::NoDevice { .. }
+            | Error::NotEnoughDevices { .. }
+            | Error::NcclUnavailable { .. }),
+        )) => {
             eprintln!("warpline: no GPU: {e}");
             ExitCode::from(2)
         }

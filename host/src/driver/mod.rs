@@ -10,8 +10,12 @@
 //! - [`memops`]: stream memory operations (`cuStreamWaitValue*`, `cuStreamWriteValue*`).
 //! - [`hostmem`]: mapped host memory and 64-bit stream memory operations on it (Fence slots).
 //! - [`core`]: contexts, functions, launches, streams, events, memory.
+//! - [`peer`]: peer access between GPUs, peer copies, pool access for peers, stream priorities.
+//! - [`nccl`]: NCCL (cudarc `nccl`, loaded at run time) communicators and collectives.
 
 pub(crate) mod core;
 pub(crate) mod graph;
 pub(crate) mod hostmem;
 pub(crate) mod memops;
+pub(crate) mod nccl;
+pub(crate) mod peer;

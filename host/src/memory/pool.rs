@@ -126,6 +126,16 @@ impl MemPool {
         Ok(p)
     }
 
+    /// The driver handle (`CUmemoryPool`), for [`crate::multi::DeviceSet`] (peer access).
+    pub(crate) fn raw_pool(&self) -> sys::CUmemoryPool {
+        self.inner.pool
+    }
+
+    /// The context the pool belongs to (`CUcontext`).
+    pub(crate) fn context_raw(&self) -> sys::CUcontext {
+        self.inner.ctx.cu_ctx()
+    }
+
     /// True for a pool warpline created ([`MemPool::new`]), false for the device's default pool.
     pub fn is_owned(&self) -> bool {
         self.inner.owned

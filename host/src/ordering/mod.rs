@@ -6,6 +6,8 @@
 //!   operations; NVSHMEM's on-stream signal operations) and device-side acquire/release access.
 //! - [`TaskGraph`]: tasks on lanes with dependencies, checked for cycles and unsatisfiable waits
 //!   including the edges CUDA cannot see, enqueued producer-first, or captured as a CUDA graph.
+//! - [`MultiTaskGraph`]: a task graph over streams of several GPUs with signals on a home GPU,
+//!   checked for cycles across GPUs before anything is enqueued (issue 13).
 //! - [`synchronize_timeout`]: a bounded wait that reports pending signal waits as
 //!   [`crate::Error::Timeout`].
 //!
@@ -15,6 +17,7 @@
 mod check;
 mod fence;
 mod graph;
+mod multi;
 mod registry;
 mod signal;
 mod types;
@@ -23,6 +26,7 @@ mod watch;
 pub use check::{Edge, EdgeKind, Plan, TaskId};
 pub use fence::{Fence, FenceTicket};
 pub use graph::{CapturedGraph, GraphRun, Lane, SignalRef, TaskContext, TaskGraph};
+pub use multi::MultiTaskGraph;
 pub use signal::{Signal, SignalWord};
 pub use types::Cmp;
 pub use watch::{synchronize_timeout, OnTimeout, Watched};

@@ -368,6 +368,9 @@ impl<T: SignalWord> Signal<T> {
     fn enqueue<R>(&self, stream: &Stream, op: impl FnOnce() -> Result<R>) -> Result<R> {
         crate::device::bind_context(&self.inner.ctx, "cuCtxSetCurrent")?;
         self.order_after_init(stream)?;
+        // The operation goes on `stream`, which may belong to another GPU (a peer waiting on or
+        // setting this word, `crate::ordering::MultiTaskGraph`): its context is made current.
+        crate::device::bind_context(stream.ctx(), "cuCtxSetCurrent")?;
         let r = op()?;
         self.track(stream)?;
         Ok(r)

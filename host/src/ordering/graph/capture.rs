@@ -116,7 +116,7 @@ impl TaskGraph {
         let panics = PanicLog::default();
         // A failure or panic here drops `guard`, which ends the capture.
         self.submit(
-            dev,
+            &vec![dev; self.lanes.len()],
             &plan,
             streams,
             signals,

@@ -153,16 +153,38 @@ impl TaskGraph {
         streams: &[Stream],
         signals: &[&Signal<u64>],
     ) -> Result<GraphRun> {
+        let devs = vec![dev; self.lanes.len()];
+        self.enqueue_on(&devs, streams, signals)
+    }
+
+    /// [`TaskGraph::enqueue`] with `devs[lane]` the device of each lane's stream (several GPUs:
+    /// [`crate::ordering::MultiTaskGraph`], which checks the bindings first).
+    pub(crate) fn enqueue_on(
+        &self,
+        devs: &[&Device],
+        streams: &[Stream],
+        signals: &[&Signal<u64>],
+    ) -> Result<GraphRun> {
         let plan = self.check()?;
         self.check_bindings(streams, signals)?;
-        dev.bind()?;
+        if devs.len() != self.lanes.len() {
+            return Err(Error::LengthMismatch {
+                what: "task graph devices",
+                detail: format!(
+                    "{} devices for {} lanes; one per lane",
+                    devs.len(),
+                    self.lanes.len()
+                ),
+            });
+        }
+        devs[0].bind()?;
         let origin = &streams[0];
         let others = distinct_others(streams);
         for s in &others {
             origin.cudarc().join(s.cudarc()).call("cuStreamWaitEvent")?;
         }
         let panics = PanicLog::default();
-        let done = self.submit(dev, &plan, streams, signals, &panics, Mode::Direct)?;
+        let done = self.submit(devs, &plan, streams, signals, &panics, Mode::Direct)?;
         let mut tails = Vec::new();
         for s in std::iter::once(origin).chain(others.iter()) {
             tails.push(record(s)?);
@@ -186,10 +208,11 @@ impl TaskGraph {
     }
 
     /// Resets the signals, forks the lanes from `streams[0]` and submits every task in plan order.
-    /// Returns the event recorded after each task.
+    /// `devs[lane]` is the device of each lane's stream (all the same on one GPU; see
+    /// [`crate::ordering::MultiTaskGraph`]). Returns the event recorded after each task.
     pub(super) fn submit(
         &self,
-        dev: &Device,
+        devs: &[&Device],
         plan: &Plan,
         streams: &[Stream],
         signals: &[&Signal<u64>],
@@ -221,6 +244,7 @@ impl TaskGraph {
         for &id in plan.order() {
             let task = &self.tasks[id.index()];
             let stream = &streams[task.lane];
+            let dev = devs[task.lane];
             for &from in &incoming[id.index()] {
                 if streams[self.tasks[from].lane] != *stream {
                     let ev = done[from].as_ref().ok_or_else(|| Error::BadShape {

@@ -1,0 +1,443 @@
+//! Measurements of `warpline mgpu`: peer-copy bandwidth (one way, both ways) with a same-run
+//! baseline, NCCL all-reduce bus bandwidth, and the data-parallel step (overlapped, sequential,
+//! and the ideal `max(compute, communication)`).
+//!
+//! Bandwidths are in GB/s (1e9 bytes per second), timed with CUDA events on the streams doing the
+//! work (`cuEventElapsedTime`). All-reduce bus bandwidth follows nccl-tests:
+//! `busbw = algbw x 2 (n - 1) / n` with `algbw = bytes / time` (for 2 ranks they are equal).
+
+use std::time::Instant;
+
+use crate::driver::{core as drv, peer};
+use crate::error::{Error, Result};
+use crate::kernels::tile_gemm;
+use crate::memory::DeviceBuffer;
+use crate::stream::Stream;
+
+use super::nccl::{all_reduce_sum_group, Communicator};
+use super::DeviceSet;
+
+/// Peer-copy bandwidth between two GPUs.
+#[derive(Clone, Debug)]
+pub struct PeerBandwidth {
+    /// Bytes per copy.
+    pub bytes: usize,
+    /// `cuMemcpyPeerAsync` A -> B, GB/s.
+    pub one_way: f64,
+    /// `cuMemcpyPeerAsync` A -> B and B -> A at once (one stream per GPU), sum of both, GB/s.
+    pub both_ways: f64,
+    /// Baseline: `cuMemcpyDtoDAsync` on unified addresses across the peers (what
+    /// `cudaMemcpyAsync(..., cudaMemcpyDefault)` does), A -> B, GB/s.
+    pub baseline_one_way: f64,
+    /// The baseline both ways, GB/s.
+    pub baseline_both_ways: f64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CopyKind {
+    Peer,
+    Dtod,
+}
+
+/// Queues one copy of `bytes` from `src` (GPU of `src_ctx`) to `dst` on `s`.
+fn copy_once(
+    kind: CopyKind,
+    s: &Stream,
+    dst: &DeviceBuffer<u8>,
+    src: &DeviceBuffer<u8>,
+    bytes: usize,
+) -> Result<()> {
+    crate::device::bind_context(s.ctx(), "cuMemcpyPeerAsync")?;
+    // SAFETY: both buffers are live allocations of `bytes`; the caller drains every stream before
+    // they are dropped, and nothing else uses them meanwhile.
+    unsafe {
+        match kind {
+            CopyKind::Peer => peer::memcpy_peer_async(
+                dst.device_ptr(),
+                dst.stream().context_raw(),
+                src.device_ptr(),
+                src.stream().context_raw(),
+                bytes,
+                s.raw(),
+            ),
+            CopyKind::Dtod => {
+                drv::memcpy_dtod_async(dst.device_ptr(), src.device_ptr(), bytes, s.raw())
+            }
+        }
+    }
+}
+
+/// Measures peer copies of `bytes` between GPUs `a` and `b` of `set`, `iters` copies per figure
+/// after 2 warm-up copies. Errors: [`Error::PeerAccessUnavailable`], [`Error::Empty`], CUDA errors.
+pub fn peer_copy_bandwidth(
+    set: &DeviceSet,
+    a: usize,
+    b: usize,
+    bytes: usize,
+    iters: usize,
+) -> Result<PeerBandwidth> {
+    if bytes == 0 || iters == 0 {
+        return Err(Error::Empty {
+            what: "peer copy bandwidth (bytes and iterations)",
+        });
+    }
+    for (f, t) in [(a, b), (b, a)] {
+        if a == b || !set.can_access(f, t) {
+            return Err(Error::PeerAccessUnavailable {
+                what: "peer_copy_bandwidth",
+                from: set.device(f).ordinal(),
+                to: set.device(t).ordinal(),
+            });
+        }
+    }
+    let (sa, sb) = (set.device(a).new_stream()?, set.device(b).new_stream()?);
+    let (pa, pb) = (set.pool(a, 0)?, set.pool(b, 0)?);
+    let mut buf_a = [
+        pa.alloc_async::<u8>(&sa, bytes)?,
+        pa.alloc_async::<u8>(&sa, bytes)?,
+    ];
+    let mut buf_b = [
+        pb.alloc_async::<u8>(&sb, bytes)?,
+        pb.alloc_async::<u8>(&sb, bytes)?,
+    ];
+    for x in buf_a.iter_mut().chain(buf_b.iter_mut()) {
+        x.fill_async(1)?;
+    }
+    sa.synchronize()?;
+    sb.synchronize()?;
+    let measure = |kind: CopyKind, both: bool| -> Result<f64> {
+        for _ in 0..2 {
+            copy_once(kind, &sa, &buf_b[0], &buf_a[0], bytes)?;
+            if both {
+                copy_once(kind, &sb, &buf_a[1], &buf_b[1], bytes)?;
+            }
+        }
+        let start = sa.record()?;
+        sb.wait(&start)?;
+        for _ in 0..iters {
+            copy_once(kind, &sa, &buf_b[0], &buf_a[0], bytes)?;
+            if both {
+                copy_once(kind, &sb, &buf_a[1], &buf_b[1], bytes)?;
+            }
+        }
+        let b_done = sb.record()?;
+        sa.wait(&b_done)?;
+        let end = sa.record()?;
+        let ms = start.elapsed_ms(&end)? as f64;
+        let moved = (bytes * iters * if both { 2 } else { 1 }) as f64;
+        Ok(moved / (ms * 1e-3) / 1e9)
+    };
+    let r = PeerBandwidth {
+        bytes,
+        one_way: measure(CopyKind::Peer, false)?,
+        both_ways: measure(CopyKind::Peer, true)?,
+        baseline_one_way: measure(CopyKind::Dtod, false)?,
+        baseline_both_ways: measure(CopyKind::Dtod, true)?,
+    };
+    sa.synchronize()?;
+    sb.synchronize()?;
+    Ok(r)
+}
+
+/// One all-reduce size measured.
+#[derive(Clone, Debug)]
+pub struct AllReducePoint {
+    /// Bytes per rank (f32 elements x 4).
+    pub bytes: usize,
+    /// Time per all-reduce, microseconds.
+    pub micros: f64,
+    /// Algorithm bandwidth, GB/s (`bytes / time`).
+    pub algbw: f64,
+    /// Bus bandwidth, GB/s (`algbw x 2 (n - 1) / n`).
+    pub busbw: f64,
+}
+
+/// `bytes` to the bus bandwidth of `n` ranks (nccl-tests' definition), GB/s.
+pub fn bus_bandwidth(bytes: usize, seconds: f64, n: usize) -> (f64, f64) {
+    let alg = bytes as f64 / seconds / 1e9;
+    (alg, alg * 2.0 * (n as f64 - 1.0) / n as f64)
+}
+
+/// The sizes of the sweep: 1 MiB, 4 MiB, ... 1 GiB (powers of 4), bytes.
+pub fn sweep_sizes() -> Vec<usize> {
+    (0..6).map(|k| (1usize << 20) << (2 * k)).collect()
+}
+
+/// All-reduce sweep with communicators of one process (all of `comms`, grouped), `iters` timed
+/// all-reduces per size after 3 warm-ups, timed with events on rank 0's stream (the other ranks'
+/// streams are joined to it). Also checks the first size against the CPU: rank r holds `r + 1`
+/// everywhere, so every element must end as `n (n + 1) / 2`.
+/// Errors: [`Error::Verification`], [`Error::Nccl`], CUDA errors.
+pub fn all_reduce_sweep(
+    set: &DeviceSet,
+    comms: &[Communicator],
+    sizes: &[usize],
+    iters: usize,
+) -> Result<Vec<AllReducePoint>> {
+    let n = comms.len();
+    let mut out = Vec::new();
+    for (k, &bytes) in sizes.iter().enumerate() {
+        let elems = (bytes / 4).max(1);
+        let mut bufs: Vec<DeviceBuffer<f32>> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let pool = set.pool(r, 0)?;
+                let mut b = pool.alloc_async::<f32>(c.stream(), elems)?;
+                b.fill_async((r + 1) as f32)?;
+                Ok(b)
+            })
+            .collect::<Result<_>>()?;
+        let group = |bufs: &mut Vec<DeviceBuffer<f32>>| {
+            let mut refs: Vec<&mut DeviceBuffer<f32>> = bufs.iter_mut().collect();
+            all_reduce_sum_group(comms, &mut refs)
+        };
+        if k == 0 {
+            group(&mut bufs)?;
+            let want = (n * (n + 1) / 2) as f32;
+            for (r, b) in bufs.iter().enumerate() {
+                let mut host = vec![0f32; elems];
+                b.copy_to_host(&mut host)?;
+                if let Some(i) = host.iter().position(|&v| v != want) {
+                    return Err(Error::Verification {
+                        detail: format!(
+                            "all-reduce of {bytes} bytes: rank {r} element {i} is {}, the CPU sum is {want}",
+                            host[i]
+                        ),
+                    });
+                }
+            }
+        }
+        for _ in 0..3 {
+            group(&mut bufs)?;
+        }
+        let s0 = comms[0].stream();
+        let start = s0.record()?;
+        for c in &comms[1..] {
+            c.stream().wait(&start)?;
+        }
+        for _ in 0..iters {
+            group(&mut bufs)?;
+        }
+        for c in &comms[1..] {
+            let e = c.stream().record()?;
+            s0.wait(&e)?;
+        }
+        let end = s0.record()?;
+        let secs = start.elapsed_ms(&end)? as f64 * 1e-3 / iters as f64;
+        let (algbw, busbw) = bus_bandwidth(elems * 4, secs, n);
+        out.push(AllReducePoint {
+            bytes: elems * 4,
+            micros: secs * 1e6,
+            algbw,
+            busbw,
+        });
+        set.synchronize()?;
+    }
+    Ok(out)
+}
+
+/// All-reduce sweep of one rank of a one-process-per-GPU communicator: the same sizes and
+/// iterations on every rank; timed with events on this rank's stream. Checks the first size
+/// (rank r holds `r + 1`). Errors as [`all_reduce_sweep`].
+pub fn all_reduce_sweep_rank(
+    dev: &crate::Device,
+    comm: &Communicator,
+    sizes: &[usize],
+    iters: usize,
+) -> Result<Vec<AllReducePoint>> {
+    let n = comm.world_size();
+    let pool = crate::MemPool::new(dev, 0)?;
+    let mut out = Vec::new();
+    for (k, &bytes) in sizes.iter().enumerate() {
+        let elems = (bytes / 4).max(1);
+        let mut b = pool.alloc_async::<f32>(comm.stream(), elems)?;
+        b.fill_async((comm.rank() + 1) as f32)?;
+        if k == 0 {
+            comm.all_reduce_sum(&mut b)?;
+            let want = (n * (n + 1) / 2) as f32;
+            let mut host = vec![0f32; elems];
+            b.copy_to_host(&mut host)?;
+            if let Some(i) = host.iter().position(|&v| v != want) {
+                return Err(Error::Verification {
+                    detail: format!(
+                        "all-reduce of {bytes} bytes: rank {} element {i} is {}, the CPU sum is {want}",
+                        comm.rank(),
+                        host[i]
+                    ),
+                });
+            }
+        }
+        for _ in 0..3 {
+            comm.all_reduce_sum(&mut b)?;
+        }
+        let start = comm.stream().record()?;
+        for _ in 0..iters {
+            comm.all_reduce_sum(&mut b)?;
+        }
+        let end = comm.stream().record()?;
+        let secs = start.elapsed_ms(&end)? as f64 * 1e-3 / iters as f64;
+        let (algbw, busbw) = bus_bandwidth(elems * 4, secs, n);
+        out.push(AllReducePoint {
+            bytes: elems * 4,
+            micros: secs * 1e6,
+            algbw,
+            busbw,
+        });
+        comm.stream().synchronize()?;
+    }
+    Ok(out)
+}
+
+/// How the data-parallel step runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepMode {
+    /// Bucket k's all-reduce (communication stream) overlaps bucket k+1's compute.
+    Overlapped,
+    /// Compute waits for each all-reduce before the next bucket.
+    Sequential,
+    /// Compute only (no all-reduce).
+    ComputeOnly,
+    /// All-reduces only (no compute).
+    CommOnly,
+}
+
+/// Times per step of the data-parallel step, milliseconds.
+#[derive(Clone, Debug)]
+pub struct DataParallelReport {
+    /// Buckets per step.
+    pub buckets: usize,
+    /// Bytes per bucket (per GPU).
+    pub bucket_bytes: usize,
+    /// Overlapped step.
+    pub overlapped_ms: f64,
+    /// Sequential step.
+    pub sequential_ms: f64,
+    /// Compute alone.
+    pub compute_ms: f64,
+    /// All-reduces alone.
+    pub comm_ms: f64,
+}
+
+impl DataParallelReport {
+    /// The ideal step, `max(compute, communication)`, ms.
+    pub fn ideal_ms(&self) -> f64 {
+        self.compute_ms.max(self.comm_ms)
+    }
+}
+
+/// The data-parallel step over every GPU of `set` (one process, communicators of
+/// [`Communicator::init_all`] on high-priority streams): per bucket, each GPU computes a gradient
+/// bucket (`layers` batched GEMMs of `tiles` tiles on its compute stream), moves it to the
+/// communication stream (event), and the buckets are all-reduced there (grouped). Each mode runs
+/// `steps` steps after one warm-up step; times are host wall-clock per step with all GPUs drained.
+pub fn data_parallel_step(
+    set: &DeviceSet,
+    comms: &[Communicator],
+    buckets: usize,
+    tiles: usize,
+    layers: usize,
+    steps: usize,
+) -> Result<DataParallelReport> {
+    let elems = tiles * 128 * 128;
+    crate::kernels::check_gemm_shapes(tiles, elems, elems, elems)?;
+    if buckets == 0 || layers == 0 || steps == 0 {
+        return Err(Error::Empty {
+            what: "data-parallel step (buckets, layers, steps)",
+        });
+    }
+    let n = set.len();
+    let compute: Vec<Stream> = (0..n)
+        .map(|i| set.device(i).new_stream())
+        .collect::<Result<_>>()?;
+    let mut x = Vec::new();
+    let mut w = Vec::new();
+    let mut grads: Vec<Vec<DeviceBuffer<f32>>> = Vec::new();
+    for (i, s) in compute.iter().enumerate() {
+        let pool = set.pool(i, u64::MAX)?;
+        let mut xi = pool.alloc_async::<f32>(s, elems)?;
+        xi.fill_async(0.01)?;
+        let mut wi = pool.alloc_async::<f32>(s, elems)?;
+        wi.fill_async(0.01)?;
+        x.push(xi);
+        w.push(wi);
+        let mut g = Vec::new();
+        for _ in 0..buckets {
+            let mut b = pool.alloc_async::<f32>(s, elems)?;
+            b.fill_async(0.0)?;
+            g.push(b);
+        }
+        grads.push(g);
+    }
+    set.synchronize()?;
+    let mut step = |mode: StepMode| -> Result<()> {
+        for k in 0..buckets {
+            for i in 0..n {
+                let g = &mut grads[i][k];
+                g.move_to_stream(&compute[i])?;
+                if mode != StepMode::CommOnly {
+                    for _ in 0..layers {
+                        tile_gemm(
+                            set.device(i),
+                            &compute[i],
+                            x[i].as_view(),
+                            w[i].as_view(),
+                            g.as_view_mut(),
+                            tiles,
+                        )?;
+                    }
+                }
+                g.move_to_stream(comms[i].stream())?;
+            }
+            if mode != StepMode::ComputeOnly {
+                let mut refs: Vec<&mut DeviceBuffer<f32>> =
+                    grads.iter_mut().map(|g| &mut g[k]).collect();
+                all_reduce_sum_group(comms, &mut refs)?;
+            }
+            if mode == StepMode::Sequential {
+                for i in 0..n {
+                    let e = comms[i].stream().record_marker()?;
+                    compute[i].wait(&e)?;
+                }
+            }
+        }
+        Ok(())
+    };
+    let mut time = |mode: StepMode| -> Result<f64> {
+        step(mode)?;
+        set.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..steps {
+            step(mode)?;
+        }
+        set.synchronize()?;
+        Ok(t0.elapsed().as_secs_f64() * 1e3 / steps as f64)
+    };
+    let overlapped_ms = time(StepMode::Overlapped)?;
+    let sequential_ms = time(StepMode::Sequential)?;
+    let compute_ms = time(StepMode::ComputeOnly)?;
+    let comm_ms = time(StepMode::CommOnly)?;
+    Ok(DataParallelReport {
+        buckets,
+        bucket_bytes: elems * 4,
+        overlapped_ms,
+        sequential_ms,
+        compute_ms,
+        comm_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_bandwidth_of_two_ranks_equals_algorithm_bandwidth() {
+        let (alg, bus) = bus_bandwidth(1 << 30, 1.0, 2);
+        assert!((alg - bus).abs() < 1e-12);
+        let (alg, bus) = bus_bandwidth(1 << 30, 1.0, 4);
+        assert!((bus / alg - 1.5).abs() < 1e-12);
+        assert_eq!(sweep_sizes().first(), Some(&(1 << 20)));
+        assert_eq!(sweep_sizes().last(), Some(&(1 << 30)));
+    }
+}

@@ -1,0 +1,300 @@
+//! What `warpline mgpu ...` runs (the CLI holds only the argument parsing): each function opens
+//! the GPUs it needs, measures, and prints a plain-text report to stdout.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+use super::bench::{self, sweep_sizes};
+use super::nccl::{self, Communicator, NcclId, NCCL_ID_ENV};
+use super::{seeds, DeviceSet, LayerPipeline, LayerPipelineConfig, Placement};
+
+/// Set when the CLI has re-run itself with [`nccl::override_library_dir`] on `LD_LIBRARY_PATH`.
+pub const REEXEC_ENV: &str = "WARPLINE_NCCL_REEXEC";
+
+/// When NCCL cannot be loaded but `WARPLINE_NCCL_LIB` names a library: re-runs this executable
+/// with the same arguments and the override folder on `LD_LIBRARY_PATH`, and returns its exit
+/// code. `Ok(None)` when no re-run is needed (or already done).
+pub fn reexec_for_nccl_if_needed() -> Result<Option<i32>> {
+    if nccl::library_available().is_ok() || std::env::var_os(REEXEC_ENV).is_some() {
+        return Ok(None);
+    }
+    let Some(dir) = nccl::override_library_dir()? else {
+        return Ok(None);
+    };
+    let old = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let path = if old.is_empty() {
+        dir.display().to_string()
+    } else {
+        format!("{}:{old}", dir.display())
+    };
+    let exe = std::env::current_exe().map_err(|e| Error::BadShape {
+        what: "re-running warpline for WARPLINE_NCCL_LIB",
+        detail: e.to_string(),
+    })?;
+    nccl::disable_nvls_unless_set();
+    let status = Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("LD_LIBRARY_PATH", path)
+        .env(REEXEC_ENV, "1")
+        .status()
+        .map_err(|e| Error::BadShape {
+            what: "re-running warpline for WARPLINE_NCCL_LIB",
+            detail: e.to_string(),
+        })?;
+    Ok(Some(status.code().unwrap_or(1)))
+}
+
+/// `mgpu info`: GPUs, peer matrix, NCCL library and version, NCCL_NVLS_ENABLE.
+pub fn info() -> Result<()> {
+    let n = super::device_count()?;
+    println!("GPUs: {n}");
+    if n > 0 {
+        let set = DeviceSet::open_first(n)?;
+        for d in set.devices() {
+            println!("  GPU {}: {}", d.ordinal(), d.capabilities().name);
+        }
+        println!("peer matrix (row can access column, cuDeviceCanAccessPeer):");
+        for (i, row) in set.peer_matrix().iter().enumerate() {
+            let cells: Vec<&str> = row.iter().map(|&b| if b { "1" } else { "." }).collect();
+            println!("  {i}: {}", cells.join(" "));
+        }
+    }
+    match nccl::version() {
+        Ok(v) => println!("NCCL: version {v}"),
+        Err(e) => println!("NCCL: {e}"),
+    }
+    println!(
+        "NCCL_NVLS_ENABLE: {} (warpline sets 0 unless the user set it)",
+        std::env::var(nccl::NVLS_ENV).unwrap_or_else(|_| "unset".into())
+    );
+    Ok(())
+}
+
+fn two_gpus(what: &'static str) -> Result<DeviceSet> {
+    let n = super::device_count()?;
+    if n < 2 {
+        return Err(Error::NotEnoughDevices {
+            what,
+            needed: 2,
+            available: n,
+        });
+    }
+    DeviceSet::open(&[0, 1])
+}
+
+/// `mgpu peer-bw`: peer-copy bandwidth GPU 0 <-> GPU 1 for each size.
+pub fn peer_bw(sizes: &[usize], iters: usize) -> Result<()> {
+    let set = two_gpus("mgpu peer-bw")?;
+    println!(
+        "peer copies GPU 0 <-> GPU 1, {iters} copies per figure, GB/s (1e9 B/s), CUDA-event timed"
+    );
+    println!(
+        "{:>12} {:>10} {:>10} {:>14} {:>14} {:>8}",
+        "bytes", "peer 1-way", "peer both", "dtod 1-way", "dtod both", "ratio"
+    );
+    for &b in sizes {
+        let r = bench::peer_copy_bandwidth(&set, 0, 1, b, iters)?;
+        println!(
+            "{:>12} {:>10.1} {:>10.1} {:>14.1} {:>14.1} {:>8.3}",
+            r.bytes,
+            r.one_way,
+            r.both_ways,
+            r.baseline_one_way,
+            r.baseline_both_ways,
+            r.one_way / r.baseline_one_way
+        );
+    }
+    println!("peer = cuMemcpyPeerAsync (copy engines); dtod = cuMemcpyDtoDAsync on unified addresses (cudaMemcpyAsync default-kind equivalent), the same-run baseline; ratio = peer / dtod one way");
+    Ok(())
+}
+
+/// `mgpu pipeline`: the two-GPU layer pipeline against one GPU doing both stages.
+pub fn pipeline(cfg: LayerPipelineConfig, microbatches: usize, verify: bool) -> Result<()> {
+    let set = two_gpus("mgpu pipeline")?;
+    let one = LayerPipeline::new(&set, 0, 0, Placement::OneGpu, cfg)?.run(microbatches, verify)?;
+    let two = LayerPipeline::new(&set, 0, 1, Placement::TwoGpus, cfg)?.run(microbatches, verify)?;
+    println!(
+        "layer pipeline: {} tiles x 128x128 f32 per microbatch ({:.1} MiB activations), {} GEMM layers per stage, {} slots, {} microbatches",
+        cfg.tiles,
+        cfg.activation_bytes() as f64 / (1 << 20) as f64,
+        cfg.layers,
+        cfg.slots,
+        microbatches
+    );
+    for r in [&one, &two] {
+        println!(
+            "  {:?}: {:.3} s, {:.1} microbatches/s, {:.0} GFLOP/s{}",
+            r.placement,
+            r.seconds,
+            r.microbatches_per_s(),
+            r.gflops(),
+            r.max_rel_error.map_or(String::new(), |e| format!(
+                ", verified (worst tile rel. error {e:.2e})"
+            ))
+        );
+    }
+    let ratio = two.microbatches_per_s() / one.microbatches_per_s();
+    println!(
+        "  two GPUs / one GPU: {ratio:.3}x (goal >= 1.8x: {})",
+        if ratio >= 1.8 { "met" } else { "NOT met" }
+    );
+    Ok(())
+}
+
+/// `mgpu allreduce`: NCCL all-reduce bus bandwidth, 1 MiB to 1 GiB; `procs == 0`: one process
+/// (ncclCommInitAll, grouped); `procs >= 2`: that many processes, one per GPU (ncclCommInitRank),
+/// started from this executable with the id in [`NCCL_ID_ENV`].
+pub fn allreduce(iters: usize, procs: usize) -> Result<()> {
+    nccl::library_available()?;
+    nccl::disable_nvls_unless_set();
+    if procs == 0 {
+        let n = super::device_count()?;
+        if n < 2 {
+            return Err(Error::NotEnoughDevices {
+                what: "mgpu allreduce",
+                needed: 2,
+                available: n,
+            });
+        }
+        let set = DeviceSet::open_first(n)?;
+        let streams = (0..n)
+            .map(|i| set.high_priority_stream(i))
+            .collect::<Result<Vec<_>>>()?;
+        let comms = Communicator::init_all(&set, &streams)?;
+        let pts = bench::all_reduce_sweep(&set, &comms, &sweep_sizes(), iters)?;
+        print_sweep(
+            &format!("one process, {n} GPUs (ncclCommInitAll + group calls)"),
+            &pts,
+        );
+        return Ok(());
+    }
+    let id = NcclId::new()?;
+    let exe = std::env::current_exe().map_err(|e| Error::BadShape {
+        what: "mgpu allreduce",
+        detail: e.to_string(),
+    })?;
+    let children: Vec<_> = (0..procs)
+        .map(|r| {
+            Command::new(&exe)
+                .args([
+                    "mgpu",
+                    "nccl-rank",
+                    "--rank",
+                    &r.to_string(),
+                    "--world",
+                    &procs.to_string(),
+                    "--iters",
+                    &iters.to_string(),
+                ])
+                .env(NCCL_ID_ENV, id.to_hex())
+                .env(
+                    nccl::NVLS_ENV,
+                    std::env::var(nccl::NVLS_ENV).unwrap_or_else(|_| "0".into()),
+                )
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+        })
+        .collect();
+    let mut failed = false;
+    for (r, c) in children.into_iter().enumerate() {
+        let out = c
+            .and_then(|c| c.wait_with_output())
+            .map_err(|e| Error::BadShape {
+                what: "mgpu allreduce: running a rank",
+                detail: e.to_string(),
+            })?;
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        if !out.status.success() {
+            eprintln!("rank {r} exited with {}", out.status);
+            failed = true;
+        }
+    }
+    if failed {
+        return Err(Error::Verification {
+            detail: "a rank of the multi-process all-reduce failed".into(),
+        });
+    }
+    Ok(())
+}
+
+fn print_sweep(what: &str, pts: &[bench::AllReducePoint]) {
+    println!("NCCL all-reduce f32 sum, {what}; busbw = algbw x 2(n-1)/n, GB/s");
+    println!(
+        "{:>12} {:>12} {:>10} {:>10}",
+        "bytes", "time us", "algbw", "busbw"
+    );
+    for p in pts {
+        println!(
+            "{:>12} {:>12.1} {:>10.1} {:>10.1}",
+            p.bytes, p.micros, p.algbw, p.busbw
+        );
+    }
+}
+
+/// `mgpu nccl-rank` (started by `mgpu allreduce --procs N`): one rank on GPU `rank`.
+pub fn nccl_rank(rank: usize, world: usize, iters: usize) -> Result<()> {
+    let hex = std::env::var(NCCL_ID_ENV).map_err(|_| Error::BadShape {
+        what: "mgpu nccl-rank",
+        detail: format!("{NCCL_ID_ENV} is not set; allowed: the 256 hex digits of the NCCL id from the launching process"),
+    })?;
+    let id = NcclId::from_hex(&hex)?;
+    let dev = crate::Device::open(rank)?;
+    let set = DeviceSet::from_devices(vec![dev])?;
+    let stream = set.high_priority_stream(0)?;
+    let comm = Communicator::init_rank(set.device(0), &stream, rank, world, &id)?;
+    let pts = bench::all_reduce_sweep_rank(set.device(0), &comm, &sweep_sizes(), iters)?;
+    if rank == 0 {
+        print_sweep(
+            &format!("{world} processes, one GPU each (ncclCommInitRank), rank 0's timing"),
+            &pts,
+        );
+    }
+    Ok(())
+}
+
+/// `mgpu dp-step`: the data-parallel step overlapped, sequential, and the ideal.
+pub fn dp_step(buckets: usize, tiles: usize, layers: usize, steps: usize) -> Result<()> {
+    nccl::library_available()?;
+    let set = two_gpus("mgpu dp-step")?;
+    let n = set.len();
+    let streams = (0..n)
+        .map(|i| set.high_priority_stream(i))
+        .collect::<Result<Vec<_>>>()?;
+    let comms = Communicator::init_all(&set, &streams)?;
+    let r = bench::data_parallel_step(&set, &comms, buckets, tiles, layers, steps)?;
+    println!(
+        "data-parallel step on {n} GPUs: {} buckets of {:.1} MiB, {layers} GEMM layers of {tiles} tiles per bucket, {steps} steps",
+        r.buckets,
+        r.bucket_bytes as f64 / (1 << 20) as f64
+    );
+    println!("  compute only   {:>9.3} ms", r.compute_ms);
+    println!("  all-reduce only{:>9.3} ms", r.comm_ms);
+    println!("  ideal max(c,m) {:>9.3} ms", r.ideal_ms());
+    println!("  sequential     {:>9.3} ms", r.sequential_ms);
+    println!(
+        "  overlapped     {:>9.3} ms  ({:.3}x of ideal, {:.3}x faster than sequential)",
+        r.overlapped_ms,
+        r.overlapped_ms / r.ideal_ms(),
+        r.sequential_ms / r.overlapped_ms
+    );
+    Ok(())
+}
+
+/// `mgpu seeds`: the cross-GPU seed scenarios, `runs` bounded runs of seed 1.
+pub fn seeds(runs: usize, bound_ms: u64) -> Result<()> {
+    let set = two_gpus("mgpu seeds")?;
+    let r = seeds::run_seeds(&set, runs, Duration::from_millis(bound_ms))?;
+    println!(
+        "seed 1 (opposite-order signals across GPUs): {} of {} runs completed",
+        r.completed, r.runs
+    );
+    println!(
+        "seed 2 (cyclic dependency between GPUs): rejected before enqueue: {}",
+        r.cyclic_rejected
+    );
+    Ok(())
+}

@@ -1,0 +1,564 @@
+//! The chapter's two-GPU layer pipeline ("Multi-GPU Compute and Data Transfer Overlap with CUDA
+//! Streams"): GPU A runs stage 1 (the first `layers` layers) of each microbatch on its compute
+//! stream, a high-priority communication stream of A waits on an event and copies the activations
+//! to GPU B with `cuMemcpyPeerAsync` (copy engines, NVLink), and GPU B runs stage 2 (the other
+//! `layers` layers). Microbatches overlap: while n+1 computes on A, n moves and n-1 computes on B.
+//! The next microbatch's H2D is staged from pinned memory on a copy stream of A, results go back
+//! to pinned memory on a copy stream of B, and every buffer comes from a pool of its GPU allocated
+//! in stream order ([`DeviceSet::pool`], `cuMemAllocFromPoolAsync`).
+//!
+//! A layer is the batched FP32 GEMM `tile_gemm` (`H_t <- H_t x W`, 128x128 row-major tiles,
+//! `tiles` tiles per microbatch, one 128x128 weight per stage). [`Placement::OneGpu`] runs both
+//! stages on GPU A (same streams, same buffers, no peer copy): the baseline of the >= 1.8x goal.
+//!
+//! Ordering: a ring of `slots` microbatch slots, each with its own buffers. Every reuse of a slot
+//! waits for an event of the last user of each buffer (the H2D waits until stage 1 read the input,
+//! stage 1 waits until the previous copy read its output, the copy waits until stage 2 read the
+//! previous activations, stage 2 waits until the D2H read its previous result). Events of one GPU
+//! are waited on by streams of the other (`cuStreamWaitEvent` accepts an event of another
+//! context). All buffers are freed only after both GPUs have drained.
+
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::kernels::tile_gemm;
+use crate::memory::{DeviceBuffer, PinnedBuffer};
+use crate::reference;
+use crate::stream::{Event, Stream};
+
+use super::DeviceSet;
+use crate::driver::{core as drv, peer};
+
+/// Elements of one 128x128 tile.
+const TILE_ELEMS: usize = 128 * 128;
+/// FLOPs of one 128x128x128 tile GEMM.
+const TILE_FLOPS: f64 = 2.0 * 128.0 * 128.0 * 128.0;
+
+/// Where the two stages run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Stage 1 on GPU A, stage 2 on GPU B, activations copied peer to peer.
+    TwoGpus,
+    /// Both stages on GPU A (the one-GPU baseline).
+    OneGpu,
+}
+
+/// Shape of a [`LayerPipeline`] run.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerPipelineConfig {
+    /// 128x128 f32 tiles per microbatch (activations: `tiles x 64 KiB`), 1 to
+    /// `warpline_gpu::contract::gemm::MAX_TILES`.
+    pub tiles: usize,
+    /// GEMM layers per stage (>= 1).
+    pub layers: usize,
+    /// Microbatch slots in flight (2 to 8).
+    pub slots: usize,
+}
+
+impl Default for LayerPipelineConfig {
+    fn default() -> Self {
+        Self {
+            tiles: 264,
+            layers: 16,
+            slots: 3,
+        }
+    }
+}
+
+impl LayerPipelineConfig {
+    /// Checks the shape without a GPU. Errors: [`Error::Empty`], [`Error::TooLarge`],
+    /// [`Error::BadShape`].
+    pub fn check(&self) -> Result<()> {
+        crate::kernels::check_gemm_shapes(
+            self.tiles,
+            self.tiles * TILE_ELEMS,
+            self.tiles * TILE_ELEMS,
+            self.tiles * TILE_ELEMS,
+        )?;
+        if self.layers == 0 {
+            return Err(Error::Empty {
+                what: "layer pipeline layers per stage",
+            });
+        }
+        if !(2..=8).contains(&self.slots) {
+            return Err(Error::BadShape {
+                what: "layer pipeline slots",
+                detail: format!("{} slots; allowed: 2 to 8", self.slots),
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes of activations per microbatch.
+    pub fn activation_bytes(&self) -> usize {
+        self.tiles * TILE_ELEMS * 4
+    }
+
+    /// FLOPs of one microbatch (both stages).
+    pub fn flops_per_microbatch(&self) -> f64 {
+        2.0 * self.layers as f64 * self.tiles as f64 * TILE_FLOPS
+    }
+}
+
+/// What a [`LayerPipeline::run`] measured.
+#[derive(Clone, Debug)]
+pub struct LayerPipelineReport {
+    /// Where the stages ran.
+    pub placement: Placement,
+    /// Microbatches timed (after one warm-up round of `slots`).
+    pub microbatches: usize,
+    /// Wall time of the timed microbatches, seconds (host clock, both GPUs drained).
+    pub seconds: f64,
+    /// Worst per-tile relative error of the checked tiles against the f64 CPU reference
+    /// (`None` when not verified).
+    pub max_rel_error: Option<f64>,
+    /// The configuration.
+    pub config: LayerPipelineConfig,
+}
+
+impl LayerPipelineReport {
+    /// Microbatches per second.
+    pub fn microbatches_per_s(&self) -> f64 {
+        self.microbatches as f64 / self.seconds
+    }
+
+    /// GEMM throughput, GFLOP/s (both stages).
+    pub fn gflops(&self) -> f64 {
+        self.config.flops_per_microbatch() * self.microbatches as f64 / self.seconds / 1e9
+    }
+}
+
+/// Buffers of one microbatch slot.
+struct Slot {
+    input: PinnedBuffer<f32>,
+    output: PinnedBuffer<f32>,
+    /// GPU A: input, then ping-pong activations of stage 1 (and stage 2 for one GPU).
+    x: DeviceBuffer<f32>,
+    a: [DeviceBuffer<f32>; 2],
+    /// GPU B: received activations and ping-pong of stage 2 (unused for one GPU).
+    b: Option<(DeviceBuffer<f32>, [DeviceBuffer<f32>; 2])>,
+    ev: SlotEvents,
+}
+
+#[derive(Default)]
+struct SlotEvents {
+    x_free: Option<Event>,
+    x_ready: Option<Event>,
+    h_ready: Option<Event>,
+    h_sent: Option<Event>,
+    r_free: Option<Event>,
+    y_ready: Option<Event>,
+    y_out: Option<Event>,
+}
+
+fn wait_opt(s: &Stream, e: &Option<Event>) -> Result<()> {
+    match e {
+        Some(e) => s.wait(e),
+        None => Ok(()),
+    }
+}
+
+/// The two-GPU layer pipeline over GPUs `a` and `b` of a [`DeviceSet`] (see the module docs).
+pub struct LayerPipeline<'s> {
+    set: &'s DeviceSet,
+    a: usize,
+    b: usize,
+    placement: Placement,
+    cfg: LayerPipelineConfig,
+    h2d: Stream,
+    ca: Stream,
+    comm: Stream,
+    cb: Stream,
+    d2h: Stream,
+    w1: DeviceBuffer<f32>,
+    w2: DeviceBuffer<f32>,
+    /// One weight tile per stage (host copies, for the reference).
+    w_host: [Vec<f32>; 2],
+    slots: Vec<Slot>,
+}
+
+impl<'s> LayerPipeline<'s> {
+    /// Sets up the pipeline: streams, pools, weights and the ring of slots (pinned inputs filled
+    /// with a different pattern per slot). For [`Placement::TwoGpus`] `a != b` and each must be
+    /// able to access the other ([`Error::PeerAccessUnavailable`]); for [`Placement::OneGpu`] `b`
+    /// is ignored. Errors: those of [`LayerPipelineConfig::check`], [`Error::BadShape`] for
+    /// positions outside the set or `a == b` with two GPUs, allocation and CUDA errors.
+    pub fn new(
+        set: &'s DeviceSet,
+        a: usize,
+        b: usize,
+        placement: Placement,
+        cfg: LayerPipelineConfig,
+    ) -> Result<Self> {
+        cfg.check()?;
+        let b = if placement == Placement::OneGpu { a } else { b };
+        if a >= set.len() || b >= set.len() || (placement == Placement::TwoGpus && a == b) {
+            return Err(Error::BadShape {
+                what: "LayerPipeline GPUs",
+                detail: format!(
+                    "GPUs {a} and {b} of a set of {}; allowed: two distinct positions of the set (one for Placement::OneGpu)",
+                    set.len()
+                ),
+            });
+        }
+        if placement == Placement::TwoGpus {
+            for (f, t) in [(a, b), (b, a)] {
+                if !set.can_access(f, t) {
+                    return Err(Error::PeerAccessUnavailable {
+                        what: "LayerPipeline",
+                        from: set.device(f).ordinal(),
+                        to: set.device(t).ordinal(),
+                    });
+                }
+            }
+        }
+        let (da, db) = (set.device(a), set.device(b));
+        let h2d = da.new_stream()?;
+        let ca = da.new_stream()?;
+        let comm = set.high_priority_stream(a)?;
+        let cb = if placement == Placement::TwoGpus {
+            db.new_stream()?
+        } else {
+            ca.clone()
+        };
+        let d2h = db.new_stream()?;
+        let n = cfg.tiles * TILE_ELEMS;
+        let pool_a = set.pool(a, u64::MAX)?;
+        let pool_b = if placement == Placement::TwoGpus {
+            set.pool(b, u64::MAX)?
+        } else {
+            pool_a.clone()
+        };
+        let scale = (3.0f32 / 128.0).sqrt();
+        let w_host = [weight_tile(1, scale), weight_tile(2, scale)];
+        let mut w1 = pool_a.alloc_async::<f32>(&ca, n)?;
+        let mut w2 = pool_b.alloc_async::<f32>(&cb, n)?;
+        w1.copy_from_host(&w_host[0].repeat(cfg.tiles))?;
+        w2.copy_from_host(&w_host[1].repeat(cfg.tiles))?;
+        let mut slots = Vec::with_capacity(cfg.slots);
+        for s in 0..cfg.slots {
+            let input = PinnedBuffer::from_slice(da, &input_pattern(s, n))?;
+            let output = PinnedBuffer::<f32>::new(db, n)?;
+            let x = pool_a.alloc_async::<f32>(&ca, n)?;
+            let a2 = [
+                pool_a.alloc_async::<f32>(&ca, n)?,
+                pool_a.alloc_async::<f32>(&ca, n)?,
+            ];
+            let b3 = if placement == Placement::TwoGpus {
+                Some((
+                    pool_b.alloc_async::<f32>(&cb, n)?,
+                    [
+                        pool_b.alloc_async::<f32>(&cb, n)?,
+                        pool_b.alloc_async::<f32>(&cb, n)?,
+                    ],
+                ))
+            } else {
+                None
+            };
+            slots.push(Slot {
+                input,
+                output,
+                x,
+                a: a2,
+                b: b3,
+                ev: SlotEvents::default(),
+            });
+        }
+        // Allocations (stream-ordered on ca/cb) come before any use on the copy streams.
+        ca.synchronize()?;
+        cb.synchronize()?;
+        Ok(Self {
+            set,
+            a,
+            b,
+            placement,
+            cfg,
+            h2d,
+            ca,
+            comm,
+            cb,
+            d2h,
+            w1,
+            w2,
+            w_host,
+            slots,
+        })
+    }
+
+    /// Enqueues microbatch `n` (slot `n % slots`).
+    fn enqueue(&mut self, n: usize) -> Result<()> {
+        let Self {
+            set,
+            a,
+            b,
+            placement,
+            cfg,
+            h2d,
+            ca,
+            comm,
+            cb,
+            d2h,
+            w1,
+            w2,
+            slots,
+            ..
+        } = self;
+        let (da, db) = (set.device(*a), set.device(*b));
+        let sl = &mut slots[n % cfg.slots];
+        let bytes = cfg.activation_bytes();
+        let two = *placement == Placement::TwoGpus;
+        let ev = &mut sl.ev;
+        // H2D of the staged input once stage 1 has read the slot's previous input.
+        wait_opt(h2d, &ev.x_free)?;
+        da.bind()?;
+        // SAFETY: the pinned input and x are live allocations of `bytes`; x is read only by
+        // stage 1, which waits for x_ready; the pinned input is never written again.
+        unsafe {
+            drv::memcpy_htod_async(
+                sl.x.device_ptr(),
+                sl.input.as_ptr().cast(),
+                bytes,
+                h2d.raw(),
+            )
+        }?;
+        ev.x_ready = Some(h2d.record_marker()?);
+        // Stage 1 on A (both stages for one GPU), once the slot's previous activations were sent
+        // (two GPUs) or copied back (one GPU).
+        wait_opt(ca, &ev.x_ready)?;
+        wait_opt(ca, &ev.h_sent)?;
+        if !two {
+            wait_opt(ca, &ev.y_out)?;
+        }
+        let (mut cur, first) =
+            run_layers(da, ca, cfg.tiles, Some(&sl.x), &mut sl.a, w1, cfg.layers, 0)?;
+        ev.x_free = first;
+        if !two {
+            cur = run_layers(da, ca, cfg.tiles, None, &mut sl.a, w2, cfg.layers, cur)?.0;
+        }
+        ev.h_ready = Some(ca.record_marker()?);
+        let out_dev = if let Some((r, pp)) = sl.b.as_mut() {
+            // Communication stream of A: after stage 1, and after B read the slot's last input.
+            wait_opt(comm, &ev.h_ready)?;
+            wait_opt(comm, &ev.r_free)?;
+            crate::device::bind_context(comm.ctx(), "cuMemcpyPeerAsync")?;
+            // SAFETY: both are live allocations of `bytes` in their contexts; the events order
+            // every other access (stage 1 before, stage 2 after, reuse after r_free).
+            unsafe {
+                peer::memcpy_peer_async(
+                    r.device_ptr(),
+                    r.stream().context_raw(),
+                    sl.a[cur].device_ptr(),
+                    sl.a[cur].stream().context_raw(),
+                    bytes,
+                    comm.raw(),
+                )
+            }?;
+            ev.h_sent = Some(comm.record_marker()?);
+            // Stage 2 on B, once the slot's previous result was copied out.
+            wait_opt(cb, &ev.h_sent)?;
+            wait_opt(cb, &ev.y_out)?;
+            let (cur_b, first_b) = run_layers(db, cb, cfg.tiles, Some(r), pp, w2, cfg.layers, 0)?;
+            ev.r_free = first_b;
+            ev.y_ready = Some(cb.record_marker()?);
+            pp[cur_b].device_ptr()
+        } else {
+            ev.y_ready = ev.h_ready.take();
+            sl.a[cur].device_ptr()
+        };
+        // D2H of the result into the slot's pinned output.
+        wait_opt(d2h, &ev.y_ready)?;
+        db.bind()?;
+        // SAFETY: the result buffer is live and not rewritten before y_out (the stages wait for
+        // it); the pinned output is read by the host only after the GPUs drained.
+        unsafe {
+            drv::memcpy_dtoh_async(sl.output.as_mut_ptr().cast(), out_dev, bytes, d2h.raw())
+        }?;
+        ev.y_out = Some(d2h.record_marker()?);
+        Ok(())
+    }
+
+    /// Runs one warm-up round (`slots` microbatches), then times `microbatches` more; with
+    /// `verify`, checks the first and last tile of every slot's output against the f64 CPU
+    /// reference (bound `1e-4` per tile, relative Frobenius norm).
+    /// Errors: [`Error::Empty`] for 0 microbatches, [`Error::Verification`], CUDA errors.
+    pub fn run(&mut self, microbatches: usize, verify: bool) -> Result<LayerPipelineReport> {
+        if microbatches == 0 {
+            return Err(Error::Empty {
+                what: "layer pipeline microbatches",
+            });
+        }
+        for n in 0..self.cfg.slots {
+            self.enqueue(n)?;
+        }
+        self.set.synchronize()?;
+        let t0 = Instant::now();
+        for n in 0..microbatches {
+            self.enqueue(self.cfg.slots + n)?;
+        }
+        self.set.synchronize()?;
+        let seconds = t0.elapsed().as_secs_f64();
+        let max_rel_error = if verify { Some(self.verify()?) } else { None };
+        Ok(LayerPipelineReport {
+            placement: self.placement,
+            microbatches,
+            seconds,
+            max_rel_error,
+            config: self.cfg,
+        })
+    }
+
+    /// Checks the first and last tile of every slot's pinned output (after a drained run).
+    fn verify(&self) -> Result<f64> {
+        let mut worst = 0f64;
+        let n = self.cfg.tiles * TILE_ELEMS;
+        for (s, sl) in self.slots.iter().enumerate() {
+            let input = input_pattern(s, n);
+            for t in [0, self.cfg.tiles - 1] {
+                let x = &input[t * TILE_ELEMS..][..TILE_ELEMS];
+                let want = reference_chain(x, &self.w_host, self.cfg.layers);
+                let got = &sl.output[t * TILE_ELEMS..][..TILE_ELEMS];
+                let e = reference::verify_gemm(
+                    &format!("layer pipeline slot {s} tile {t}"),
+                    got,
+                    &want,
+                    1e-4,
+                )?;
+                worst = worst.max(e);
+            }
+        }
+        Ok(worst)
+    }
+}
+
+impl Drop for LayerPipeline<'_> {
+    fn drop(&mut self) {
+        // Buffers are freed on their own streams; the copy streams used them too: drain first.
+        let _ = self.set.synchronize();
+    }
+}
+
+/// `layers` GEMM layers on `stream`: from `src` into `pp[0]` first when given, else from
+/// `pp[start]`; then ping-pong. Returns the index in `pp` of the result and, with `src`, an event
+/// after the first layer (the input may be reused then).
+#[allow(clippy::too_many_arguments)]
+fn run_layers(
+    dev: &crate::Device,
+    stream: &Stream,
+    tiles: usize,
+    src: Option<&DeviceBuffer<f32>>,
+    pp: &mut [DeviceBuffer<f32>; 2],
+    w: &DeviceBuffer<f32>,
+    layers: usize,
+    start: usize,
+) -> Result<(usize, Option<Event>)> {
+    let mut cur = start;
+    let mut after_first = None;
+    for l in 0..layers {
+        let [p0, p1] = pp;
+        match (l, src) {
+            (0, Some(x)) => {
+                tile_gemm(
+                    dev,
+                    stream,
+                    x.as_view(),
+                    w.as_view(),
+                    p0.as_view_mut(),
+                    tiles,
+                )?;
+                after_first = Some(stream.record_marker()?);
+                cur = 0;
+            }
+            _ => {
+                let (i, o) = if cur == 0 { (p0, p1) } else { (p1, p0) };
+                tile_gemm(
+                    dev,
+                    stream,
+                    i.as_view(),
+                    w.as_view(),
+                    o.as_view_mut(),
+                    tiles,
+                )?;
+                cur = 1 - cur;
+            }
+        }
+    }
+    Ok((cur, after_first))
+}
+
+/// The weight tile of stage `k` (deterministic, uniform in `[-scale, scale)`).
+fn weight_tile(k: u64, scale: f32) -> Vec<f32> {
+    lcg_values(0x9e37_79b9_7f4a_7c15 ^ k, TILE_ELEMS, scale)
+}
+
+/// The pinned input of slot `s` (deterministic, uniform in `[-1, 1)`).
+fn input_pattern(s: usize, n: usize) -> Vec<f32> {
+    lcg_values(0x2545_f491_4f6c_dd1d ^ (s as u64 + 1), n, 1.0)
+}
+
+fn lcg_values(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// f64 reference of one tile through `layers` layers of each stage's weight.
+fn reference_chain(x: &[f32], w: &[Vec<f32>; 2], layers: usize) -> Vec<f64> {
+    let mut h: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    for wk in w {
+        for _ in 0..layers {
+            let mut o = vec![0f64; TILE_ELEMS];
+            for i in 0..128 {
+                for k in 0..128 {
+                    let a = h[i * 128 + k];
+                    for (j, r) in o[i * 128..][..128].iter_mut().enumerate() {
+                        *r += a * wk[k * 128 + j] as f64;
+                    }
+                }
+            }
+            h = o;
+        }
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_is_checked_without_a_gpu() {
+        assert!(LayerPipelineConfig::default().check().is_ok());
+        let bad = |c: LayerPipelineConfig| c.check().unwrap_err();
+        let d = LayerPipelineConfig::default();
+        assert!(matches!(
+            bad(LayerPipelineConfig { tiles: 0, ..d }),
+            Error::Empty { .. }
+        ));
+        assert!(matches!(
+            bad(LayerPipelineConfig { layers: 0, ..d }),
+            Error::Empty { .. }
+        ));
+        assert!(matches!(
+            bad(LayerPipelineConfig { slots: 1, ..d }),
+            Error::BadShape { .. }
+        ));
+    }
+
+    #[test]
+    fn reference_chain_keeps_the_scale() {
+        let w = [
+            weight_tile(1, (3.0f32 / 128.0).sqrt()),
+            weight_tile(2, (3.0f32 / 128.0).sqrt()),
+        ];
+        let x = input_pattern(0, TILE_ELEMS);
+        let y = reference_chain(&x, &w, 8);
+        let rms = (y.iter().map(|v| v * v).sum::<f64>() / y.len() as f64).sqrt();
+        assert!(rms > 1e-3 && rms < 1e3, "{rms}");
+    }
+}
