@@ -528,3 +528,144 @@ fn complete(origin: &Event, q: &Enqueued) -> Result<BatchTiming> {
         free_ms,
     })
 }
+
+/// The chapter's CUDA C++ pattern as a baseline for [`BatchPipeline`] (issue 12): device buffers
+/// allocated once per stream before the timed part (`cudaMalloc` in the C++ listing), then per
+/// batch `i` on stream `i % streams`: H2D a, b -> `ws_vector_add` -> D2H c, with no per-batch
+/// allocation, no per-stage events and no in-flight window. Timed from an event that every stream
+/// waits for to the last stream's end. `batches` of the report is empty (no per-batch events).
+///
+/// Errors: as [`BatchPipeline::run`], plus [`Error::TooLarge`] for more than [`MAX_STREAMS`].
+pub fn cxx_pattern_vector_add(
+    dev: &Device,
+    streams: usize,
+    a: &PinnedBuffer<f32>,
+    b: &PinnedBuffer<f32>,
+    c: &mut PinnedBuffer<f32>,
+    batch_elems: usize,
+) -> Result<PipelineReport> {
+    let n = a.len();
+    if b.len() != n || c.len() != n {
+        return Err(Error::LengthMismatch {
+            what: "C++-pattern pipeline inputs",
+            detail: format!("a has {n} elements, b {}, c {}", b.len(), c.len()),
+        });
+    }
+    if batch_elems == 0 || streams == 0 {
+        return Err(Error::Empty {
+            what: "C++-pattern batch size or streams",
+        });
+    }
+    if streams > MAX_STREAMS {
+        return Err(Error::TooLarge {
+            what: "C++-pattern streams",
+            value: streams as u64,
+            max: MAX_STREAMS as u64,
+        });
+    }
+    let ss = (0..streams)
+        .map(|_| dev.new_stream())
+        .collect::<Result<Vec<_>>>()?;
+    // Declared before the buffers and copies, so every stream is drained before they go.
+    let mut guard = DrainGuard {
+        streams: &ss,
+        drained: false,
+    };
+    let pool = MemPool::new(dev, u64::MAX)?;
+    let be = batch_elems.min(n);
+    let mut bufs = ss
+        .iter()
+        .map(|s| {
+            Ok((
+                pool.alloc_async::<f32>(s, be)?,
+                pool.alloc_async::<f32>(s, be)?,
+                pool.alloc_async::<f32>(s, be)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // The last batch may be shorter: buffers of its size on its stream, made before timing.
+    let last = n - (n.div_ceil(be) - 1) * be;
+    let last_stream = (n.div_ceil(be) - 1) % streams;
+    let s_last = &ss[last_stream];
+    let mut tail = (
+        pool.alloc_async::<f32>(s_last, last)?,
+        pool.alloc_async::<f32>(s_last, last)?,
+        pool.alloc_async::<f32>(s_last, last)?,
+    );
+    for s in &ss {
+        s.synchronize()?;
+    }
+    let wall = Instant::now();
+    let start = ss[0].record()?;
+    for s in &ss[1..] {
+        s.wait(&start)?;
+    }
+    for (i, chunk) in c.chunks_mut(be).enumerate() {
+        let si = i % streams;
+        let s = &ss[si];
+        let range = i * be..i * be + chunk.len();
+        let (da, db, dc) = if chunk.len() == be {
+            let t = &mut bufs[si];
+            (&mut t.0, &mut t.1, &mut t.2)
+        } else {
+            (&mut tail.0, &mut tail.1, &mut tail.2)
+        };
+        // SAFETY: `a`, `b`, `c` are borrowed for the whole call and `guard` drains every stream
+        // before it returns or unwinds; stream order puts each buffer's reuse after its D2H.
+        unsafe {
+            da.copy_from_host_async(&a[range.clone()])?;
+            db.copy_from_host_async(&b[range])?;
+        }
+        crate::kernels::vector_add(dev, s, da.as_view(), db.as_view(), dc.as_view_mut())?;
+        // SAFETY: as above.
+        unsafe { dc.copy_to_host_async(chunk)? };
+    }
+    for s in &ss[1..] {
+        ss[0].wait(&s.record()?)?;
+    }
+    let end = ss[0].record()?;
+    let span_ms = f64::from(start.elapsed_ms(&end)?);
+    guard.drain()?;
+    let wall_ms = wall.elapsed().as_secs_f64() * 1e3;
+    let bytes = (n * size_of::<f32>()) as u64;
+    Ok(PipelineReport {
+        streams,
+        batches: Vec::new(),
+        bytes_h2d: 2 * bytes,
+        bytes_d2h: bytes,
+        span_ms,
+        wall_ms,
+    })
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::*;
+
+    #[test]
+    fn default_schedule_is_equal_batches() {
+        let r = Schedule::default().ranges(10, 4);
+        assert_eq!(r, vec![0..4, 4..8, 8..10]);
+    }
+
+    #[test]
+    fn tail_batches_are_split_into_pieces_covering_them_exactly() {
+        let s = Schedule {
+            tail_batches: 2,
+            tail_pieces: 4,
+            ..Schedule::default()
+        };
+        let r = s.ranges(16 * 100, 100);
+        assert_eq!(r.len(), 14 + 8);
+        assert_eq!(r[13], 1300..1400);
+        assert_eq!(r[14], 1400..1425);
+        assert_eq!(r.last(), Some(&(1575..1600)));
+        for w in r.windows(2) {
+            assert_eq!(w[0].end, w[1].start);
+        }
+        // More pieces than elements: no empty piece.
+        let r = s.ranges(3, 2);
+        assert!(r.iter().all(|x| !x.is_empty()), "{r:?}");
+        assert_eq!(r.iter().map(|x| x.len()).sum::<usize>(), 3);
+    }
+}

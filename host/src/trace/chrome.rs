@@ -29,13 +29,19 @@ pub fn chrome_json(trace: &Trace) -> Value {
     let mut named = std::collections::HashSet::new();
     for (i, t) in trace.tracks.iter().enumerate() {
         if named.insert(t.pid) {
-            events.push(json!({"name": "process_name", "ph": "M", "pid": t.pid, "tid": 0,
-                "args": {"name": t.process}}));
+            events.push(
+                json!({"name": "process_name", "ph": "M", "pid": t.pid, "tid": 0,
+                "args": {"name": t.process}}),
+            );
         }
-        events.push(json!({"name": "thread_name", "ph": "M", "pid": t.pid, "tid": t.tid,
-            "args": {"name": t.name}}));
-        events.push(json!({"name": "thread_sort_index", "ph": "M", "pid": t.pid, "tid": t.tid,
-            "args": {"sort_index": i}}));
+        events.push(
+            json!({"name": "thread_name", "ph": "M", "pid": t.pid, "tid": t.tid,
+            "args": {"name": t.name}}),
+        );
+        events.push(
+            json!({"name": "thread_sort_index", "ph": "M", "pid": t.pid, "tid": t.tid,
+            "args": {"sort_index": i}}),
+        );
     }
     for s in &trace.spans {
         let Some(t) = trace.tracks.get(s.track) else {

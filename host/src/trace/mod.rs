@@ -344,10 +344,7 @@ impl Recorder {
                 .skip(STAMPS_PER_CTA - 1)
                 .step_by(STAMPS_PER_CTA)
                 .copied();
-            Ok((
-                starts.min().unwrap_or(0),
-                ends.max().unwrap_or(0),
-            ))
+            Ok((starts.min().unwrap_or(0), ends.max().unwrap_or(0)))
         })
     }
 

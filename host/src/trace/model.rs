@@ -150,8 +150,16 @@ pub struct Trace {
 impl Trace {
     /// First start and last end over all spans, µs (`(0, 0)` when empty).
     pub fn extent_us(&self) -> (f64, f64) {
-        let lo = self.spans.iter().map(|s| s.start_us).fold(f64::INFINITY, f64::min);
-        let hi = self.spans.iter().map(|s| s.end_us()).fold(f64::NEG_INFINITY, f64::max);
+        let lo = self
+            .spans
+            .iter()
+            .map(|s| s.start_us)
+            .fold(f64::INFINITY, f64::min);
+        let hi = self
+            .spans
+            .iter()
+            .map(|s| s.end_us())
+            .fold(f64::NEG_INFINITY, f64::max);
         if lo.is_finite() && hi.is_finite() {
             (lo, hi)
         } else {
@@ -179,7 +187,12 @@ impl Trace {
         if self.tracks.iter().any(|t| t.kind == TrackKind::CopyEngine) {
             return self;
         }
-        let Some(first) = self.tracks.iter().find(|t| t.kind == TrackKind::Stream).cloned() else {
+        let Some(first) = self
+            .tracks
+            .iter()
+            .find(|t| t.kind == TrackKind::Stream)
+            .cloned()
+        else {
             return self;
         };
         let mut extra = Vec::new();
@@ -198,7 +211,8 @@ impl Trace {
             }
             let t = self.add_track(first.pid, &first.process, name, TrackKind::CopyEngine);
             extra.extend(copies.into_iter().map(|mut s| {
-                s.args.push(("stream".into(), self.tracks[s.track].name.clone()));
+                s.args
+                    .push(("stream".into(), self.tracks[s.track].name.clone()));
                 s.track = t;
                 s
             }));

@@ -254,7 +254,9 @@ impl TaskGraph {
                 Op::Host(_) => Stage::Host,
             };
             let name = || task.label.clone();
-            trace::traced(tracer.as_ref(), stream, stage, name, || self.submit_op(dev, task, stream, signals, panics, &mut mode))?;
+            trace::traced(tracer.as_ref(), stream, stage, name, || {
+                self.submit_op(dev, task, stream, signals, panics, &mut mode)
+            })?;
             done[id.index()] = Some(record(stream)?);
         }
         done.into_iter()
