@@ -314,7 +314,7 @@ fn gemm_part(dev: &Device, s: &Stream, pool: &MemPool) -> Result<()> {
 }
 
 fn main() {
-    let dev = match Device::open(0) {
+    let dev = match Device::open(warpline_suite::support::device_ordinal()) {
         Ok(d) => d,
         Err(e @ (Error::NoDriver | Error::NoDevice { .. })) => {
             warpline_suite::support::skip("pdl bench", e);

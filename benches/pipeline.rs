@@ -1,6 +1,10 @@
 //! The batch pipeline (16 batches of 2^24 floats, C = A + B) with 1, 2, 3, 4 streams next to the
 //! pinned H2D bandwidth measured in the same run. Figure: bytes over PCIe (both directions) per
 //! second; its upper limit is 1.5 x H2D because two of every three bytes go host to device.
+//! Also in the same run (issue 12): the CUDA C++ pattern (buffers allocated once per stream, no
+//! per-stage events; `pipeline::cxx_pattern_vector_add`) and the tail-split schedules, so both
+//! ratios (x 1.5 H2D and x C++ pattern) are reported. `WARPLINE_PIPELINE_TAIL=B,P` adds a split
+//! of the last B batches into P pieces to the table.
 
 use std::time::Duration;
 
@@ -75,6 +79,69 @@ fn bench(c: &mut Criterion) {
     println!(
         "pinned H2D measured in this run: {h2d:.1} GB/s; 1.5 x H2D = {:.1} GB/s",
         1.5 * h2d
+    );
+
+    // 3 streams: the default pipeline, tail splits and the C++ pattern, median of 5 each.
+    use warpline::pipeline::{cxx_pattern_vector_add, Schedule};
+    let mut tails = vec![(1, 4), (2, 4)];
+    if let Some((b, p)) = std::env::var("WARPLINE_PIPELINE_TAIL")
+        .ok()
+        .and_then(|v| {
+            v.split_once(',')
+                .map(|(b, p)| (b.parse().ok(), p.parse().ok()))
+        })
+        .and_then(|(b, p)| Some((b?, p?)))
+    {
+        tails.push((b, p));
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let cxx = median(
+        (0..5)
+            .map(|_| {
+                cxx_pattern_vector_add(&dev, 3, &a, &b, &mut out, BATCH)
+                    .unwrap()
+                    .pcie_gbps()
+            })
+            .collect(),
+    );
+    println!(
+        "\n{:>22} {:>10} {:>12} {:>14}",
+        "3 streams", "GB/s", "x 1.5 H2D", "x C++ pattern"
+    );
+    let mut rows = vec![("pipeline (default)".to_string(), Schedule::default())];
+    for (tb, tp) in tails {
+        let s = Schedule {
+            tail_batches: tb,
+            tail_pieces: tp,
+            ..Schedule::default()
+        };
+        rows.push((format!("tail {tb} x {tp}"), s));
+    }
+    for (name, sched) in rows {
+        let p = BatchPipeline::with_schedule(&dev, 3, sched).unwrap();
+        let g = median(
+            (0..5)
+                .map(|_| {
+                    p.run_vector_add(&a, &b, &mut out, BATCH, |_, _| {})
+                        .unwrap()
+                        .pcie_gbps()
+                })
+                .collect(),
+        );
+        println!(
+            "{name:>22} {g:>10.1} {:>12.3} {:>14.3}",
+            g / (1.5 * h2d),
+            g / cxx
+        );
+    }
+    println!(
+        "{:>22} {cxx:>10.1} {:>12.3} {:>14.3}",
+        "CUDA C++ pattern",
+        cxx / (1.5 * h2d),
+        1.0
     );
 }
 

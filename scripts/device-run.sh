@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, compute-sanitizer, CLI runs and benches from target/gpu-bundle
 # (build it with `cargo xtask gpu-bundle`). Usage on the GPU host, from the repository root:
-#   OUT=<log dir> bash scripts/device-run.sh [tests] [sanitize] [cli] [stress] [bench] [dram] [mgpu]   (default: all but mgpu)
-# One log per section under $OUT: tests.log sanitize.log cli.log stress.log bench.log dram.log mgpu.log.
+#   OUT=<log dir> bash scripts/device-run.sh [tests] [sanitize] [cli] [timeline] [ab] [stress] [bench] [dram] [mgpu]   (default: all but mgpu)
+# One log per section under $OUT: tests.log sanitize.log cli.log timeline.log ab.log stress.log bench.log dram.log mgpu.log;
+# timeline also writes the issue-12 pictures and traces (*.png, *.svg, *.json), ab writes ab.json.
 # mgpu needs 2 GPUs (nvidia-h200-x2); NVLS stays off in every process it starts (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 B=target/gpu-bundle
@@ -12,7 +13,7 @@ export WARPLINE_BIN="$PWD/$B/warpline" PATH=$PATH:/usr/local/cuda/bin
 export WARPLINE_REQUIRE_GPU=1
 failed=0
 export PTXAS=${PTXAS:-$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)}
-sections=${*:-tests sanitize cli stress bench dram}
+sections=${*:-tests sanitize cli timeline ab stress bench dram}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 san() { # tool, then the command; prints the summary lines
   timeout 300 compute-sanitizer --tool "$1" --print-limit 5 "${@:2}" 2>&1 | grep -E "test result|verified|SUMMARY|Error" | head -8
@@ -25,22 +26,26 @@ tests)
     if [ $rc -ne 0 ]; then echo "FAILED: $t exited $rc"; failed=1; fi
   done > "$OUT/tests.log" 2>&1; rm -f "$OUT/last-test.log" ;;
 sanitize)
-  export WARPLINE_PDL_ITERS=50
-  for tool in memcheck racecheck synccheck; do
-    echo "== $tool vector_add"; san $tool $B/tests/vector_add --test-threads=1 any_persistent
-    echo "== $tool pipeline"; san $tool $B/tests/pipeline --test-threads=1
-    echo "== $tool pdl"; san $tool $B/tests/pdl --test-threads=1 --skip early_trigger
-    echo "== $tool ordering"; san $tool $B/tests/ordering --test-threads=1 device_side u32_signal two_waits
-    echo "== $tool fence"; san $tool $B/tests/fence --test-threads=1 finding_0 --skip finding_01
-    echo "== $tool soundness_ordering"; san $tool $B/tests/soundness_ordering --test-threads=1
-    echo "== $tool soundness_host"; san $tool $B/tests/soundness_host --test-threads=1 --skip finding_19  # its deliberate API errors
-    for k in "cluster --cluster 2" "cluster --cluster 4" "cluster --cluster 8" "plain"; do
-      echo "== $tool gemm $k"; san $tool $B/warpline gemm --tiles 600 --kernel $k --once
-    done
-  done > "$OUT/sanitize.log" 2>&1 ;;
+  # memcheck, racecheck, synccheck and initcheck over every kernel (scripts/sanitize.sh).
+  BUNDLE=$B bash scripts/sanitize.sh > "$OUT/sanitize.log" 2>&1 || failed=1 ;;
 cli)
   { $B/warpline pipeline --streams 3 --batches 16 --batch-elems 16777216 --verify --compare-one-stream || failed=1
     for c in 2 4; do $B/warpline gemm --tiles 4096 --cluster $c || failed=1; done; } > "$OUT/cli.log" 2>&1 ;;
+timeline)
+  # Issue 12 pictures: Chrome traces (open in ui.perfetto.dev) and timelines of the pipeline (the
+  # "done means" command), its tail-split variant, gemm --streams and the ordering demo.
+  P="$B/warpline --seed 12"
+  { $P pipeline --streams 3 --batches 16 --batch-elems 16777216 --trace "$OUT/pipeline.json" --timeline "$OUT/pipeline.png" || failed=1
+    $P pipeline --streams 3 --batches 16 --batch-elems 16777216 --timeline "$OUT/pipeline.svg" || failed=1
+    $P pipeline --streams 3 --batches 16 --batch-elems 16777216 --tail-batches 1 --tail-pieces 4 --trace "$OUT/pipeline-tail1x4.json" --timeline "$OUT/pipeline-tail1x4.png" || failed=1
+    $P gemm --tiles 4096 --cluster 2 --streams 3 --reps 5 --trace "$OUT/gemm-streams.json" --timeline "$OUT/gemm-streams.png" || failed=1
+    $P ordering-demo --runs 2 --trace "$OUT/ordering.json" --timeline "$OUT/ordering.png" || failed=1
+    $P ordering-demo --runs 2 --json > "$OUT/ordering-demo.json" || failed=1
+  } > "$OUT/timeline.log" 2>&1 ;;
+ab)
+  # Issue 12 speed A/B, one run: default pipeline, tail splits, stream priorities and the CUDA C++
+  # pattern, 5 runs each (median), each x 1.5 pinned H2D and x the C++ pattern.
+  $B/warpline --seed 12 pipeline --streams 3 --batches 16 --batch-elems 16777216 --ab --json > "$OUT/ab.json" 2> "$OUT/ab.log" || failed=1 ;;
 stress)
   for c in 1 unset; do for l in LAZY EAGER; do
     echo "== stress CUDA_DEVICE_MAX_CONNECTIONS=$c CUDA_MODULE_LOADING=$l"

@@ -26,10 +26,26 @@ pub fn skip(test: &str, reason: impl std::fmt::Display) {
     skip_or_fail(test, reason, gpu_required());
 }
 
-/// Opens GPU 0, or prints why the GPU part of `test` is skipped and returns `None`
-/// (no CUDA driver on this machine, or no device).
+/// The environment variable choosing the GPU of tests and benches (`WARPLINE_DEVICE=1`; the CLI
+/// reads it too, `--device` overrides it there). Default 0.
+pub const DEVICE_ENV: &str = "WARPLINE_DEVICE";
+
+/// The GPU ordinal of [`DEVICE_ENV`], 0 when it is unset. Panics (failing the test) on a value
+/// that is not an ordinal, rather than silently testing GPU 0.
+pub fn device_ordinal() -> usize {
+    match std::env::var(DEVICE_ENV) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{DEVICE_ENV}={v:?} is not a GPU ordinal")),
+        Err(_) => 0,
+    }
+}
+
+/// Opens the GPU of [`device_ordinal`] (default 0), or prints why the GPU part of `test` is
+/// skipped and returns `None` (no CUDA driver on this machine, or no device).
 pub fn gpu_or_skip(test: &str) -> Option<warpline::Device> {
-    device_or_skip(test, "", warpline::Device::open(0))
+    device_or_skip(test, "", warpline::Device::open(device_ordinal()))
 }
 
 /// The opened device, or `None` after [`skip`] when there is no driver or no device; any other
@@ -45,7 +61,7 @@ fn device_or_skip(
             skip(test, e);
             None
         }
-        Err(e) => panic!("{test}: opening GPU 0{how} failed: {e}"),
+        Err(e) => panic!("{test}: opening GPU {}{how} failed: {e}", device_ordinal()),
     }
 }
 
@@ -167,7 +183,7 @@ pub fn gpu_in_new_context_or_skip(test: &str) -> Option<warpline::Device> {
     device_or_skip(
         test,
         " in a new context",
-        warpline::Device::open_in_new_context(0),
+        warpline::Device::open_in_new_context(device_ordinal()),
     )
 }
 

@@ -513,7 +513,7 @@ fn open_in_new_context_loads_every_kernel_and_rejects_foreign_streams() {
     else {
         return;
     };
-    let own = Device::open_in_new_context(0).unwrap();
+    let own = Device::open_in_new_context(warpline_suite::support::device_ordinal()).unwrap();
     assert!(own.is_own_context() && !dev.is_own_context());
     assert_ne!(own.raw_context(), dev.raw_context());
     assert!(own.all_kernels_loaded().unwrap());

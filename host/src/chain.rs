@@ -26,6 +26,7 @@ use crate::kernels::pdl::{chain_step_checked, require_pdl};
 use crate::launch::LaunchConfig;
 use crate::memory::DeviceViewMut;
 use crate::stream::Stream;
+use crate::trace::Stage;
 use warpline_gpu::contract::pdl as contract;
 
 /// Most kernel parameters a step may have.
@@ -219,7 +220,12 @@ impl<'a> Chain<'a> {
     /// Queues every launch of the chain on its stream, in order (no host synchronisation).
     pub fn run(&self) -> Result<()> {
         self.dev.bind()?;
-        self.launch_all()
+        // Trace hook (issue 12): one span per run; events between PDL launches would serialise them.
+        let name = || format!("chain: {} launches, pdl {}", self.steps.len(), self.pdl);
+        let tr = crate::trace::active();
+        crate::trace::traced(tr.as_ref(), &self.stream, Stage::Launch, name, || {
+            self.launch_all()
+        })
     }
 
     /// Captures the chain into a CUDA graph and instantiates it. PDL launches become
@@ -264,9 +270,13 @@ impl Graph<'_> {
     /// Queues one replay of the whole chain on the chain's stream (`cuGraphLaunch`).
     pub fn launch(&self) -> Result<()> {
         self.dev.bind()?;
-        // SAFETY: a valid executable graph; its kernels' buffers outlive `self` (borrow of the
-        // chain, which borrows them).
-        unsafe { self.exec.launch(self.stream.raw()) }
+        let name = || format!("chain graph replay: {} kernel nodes", self.nodes);
+        let tr = crate::trace::active();
+        crate::trace::traced(tr.as_ref(), &self.stream, Stage::Launch, name, || {
+            // SAFETY: a valid executable graph; its kernels' buffers outlive `self` (borrow of
+            // the chain, which borrows them).
+            unsafe { self.exec.launch(self.stream.raw()) }
+        })
     }
 
     /// Kernel nodes captured (one per chain step).

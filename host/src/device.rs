@@ -641,6 +641,36 @@ impl Device {
         Ok(Stream::new(self.ctx.new_stream().call("cuStreamCreate")?))
     }
 
+    /// A new non-blocking stream with `priority` (`cuStreamCreateWithPriority`; lower numbers are
+    /// higher priorities, see [`Self::stream_priority_range`]; the driver clamps values outside
+    /// the range).
+    pub fn new_stream_with_priority(&self, priority: i32) -> Result<Stream> {
+        self.bind()?;
+        Ok(Stream::new(
+            self.ctx
+                .new_stream_with_priority(priority)
+                .call("cuStreamCreateWithPriority")?,
+        ))
+    }
+
+    /// Stream priorities of the device as `(least, greatest)` (`cuCtxGetStreamPriorityRange`):
+    /// `greatest` is the highest priority and the smaller number (0 and -5 on the H100).
+    pub fn stream_priority_range(&self) -> Result<(i32, i32)> {
+        self.bind()?;
+        cudarc::driver::result::stream::get_priority_range().call("cuCtxGetStreamPriorityRange")
+    }
+
+    /// Version of the CUDA driver API the installed driver supports (`cuDriverGetVersion`), as
+    /// (major, minor), e.g. (13, 0).
+    pub fn driver_version(&self) -> Result<(i32, i32)> {
+        let mut v = 0i32;
+        // SAFETY: cuDriverGetVersion writes one int through a valid pointer; the driver library
+        // is loaded (this device was opened through it).
+        let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+        r.result().call("cuDriverGetVersion")?;
+        Ok((v / 1000, (v % 1000) / 10))
+    }
+
     /// Waits for all work on the device (`cuCtxSynchronize`). It really waits before returning
     /// any error, also on a poisoned context.
     pub fn synchronize(&self) -> Result<()> {

@@ -242,6 +242,13 @@ pub enum Error {
     /// An NCCL call failed.
     #[error("NCCL call {call} failed: {result}")]
     Nccl { call: &'static str, result: String },
+    /// A trace or timeline could not be written (file system, encoder, font) to `path`.
+    #[error("trace output {path}: {detail}")]
+    TraceOutput { path: String, detail: String },
+    /// A trace could not be put on one clock (events of another context, missing
+    /// `%globaltimer` calibration, a stamp outside its kernel's window).
+    #[error("trace clock: {detail}")]
+    TraceClock { detail: String },
 }
 
 /// Attaches the name of the CUDA call to a driver error. Sticky errors (see [`is_sticky`]) become

@@ -27,6 +27,7 @@ pub mod pipeline;
 pub mod reference;
 pub mod stream;
 pub mod stress;
+pub mod trace;
 
 pub use chain::{Chain, Graph, KernelArg};
 pub use device::{Capabilities, Device};

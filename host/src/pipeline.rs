@@ -40,6 +40,11 @@ pub struct BatchTiming {
     pub kernel_ms: f64,
     /// D2H of the output.
     pub d2h_ms: f64,
+    /// Stream-ordered allocation of the batch's three buffers, when a trace recorder was active
+    /// (it adds the event before the allocations).
+    pub alloc_ms: Option<f64>,
+    /// Stream-ordered free of the three buffers, when a trace recorder was active.
+    pub free_ms: Option<f64>,
 }
 
 /// What a pipeline run did and how fast.
@@ -82,6 +87,63 @@ impl PipelineReport {
 /// batches holds at most `4 * IN_FLIGHT_PER_STREAM * streams + 1` events.
 pub const IN_FLIGHT_PER_STREAM: usize = 4;
 
+/// Stream priorities of a pipeline's streams (`cuStreamCreateWithPriority`). Priorities order the
+/// dispatch of kernels' CTAs when kernels of several streams compete (CUDA Programming Guide,
+/// "Stream Priorities"); copies are not prioritised. Whether either order helps the pipeline is
+/// for the measurement (`warpline pipeline --priorities ...`); the default is [`Self::Equal`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Priorities {
+    /// Every stream at the default priority (today's pipeline).
+    #[default]
+    Equal,
+    /// Stream 0 highest, the last stream lowest.
+    FirstHigh,
+    /// Stream 0 lowest, the last stream highest.
+    LastHigh,
+}
+
+/// How a pipeline cuts its input into batches and prioritises its streams (issue 12's A/B
+/// options; the default is the plain pipeline: equal batches, equal priorities).
+///
+/// The last batch's kernel and D2H overlap nothing (about 1.3 ms of a 43 ms run at 16 x 2^24
+/// floats on the H100); splitting the last batches into pieces shortens that tail: the last
+/// piece's D2H is `1 / tail_pieces` of a batch's. Pieces continue the round-robin over the
+/// streams.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Schedule {
+    /// Batches at the end that are split (0: none).
+    pub tail_batches: usize,
+    /// Pieces each of those batches is split into (0 or 1: not split).
+    pub tail_pieces: usize,
+    /// Stream priorities.
+    pub priorities: Priorities,
+}
+
+impl Schedule {
+    /// The element ranges of the batches of an input of `n` elements: batches of `batch_elems`
+    /// (the last may be shorter), the last `tail_batches` of them split into `tail_pieces`
+    /// nearly equal pieces (no piece is empty). A `batch_elems` of 0 counts as 1.
+    pub fn ranges(&self, n: usize, batch_elems: usize) -> Vec<Range<usize>> {
+        let batch_elems = batch_elems.max(1);
+        let count = n.div_ceil(batch_elems);
+        let split_from = count.saturating_sub(self.tail_batches);
+        let mut out = Vec::with_capacity(count + self.tail_batches * self.tail_pieces);
+        for i in 0..count {
+            let r = i * batch_elems..((i + 1) * batch_elems).min(n);
+            let len = r.len();
+            let pieces = if i >= split_from && self.tail_pieces > 1 {
+                self.tail_pieces.min(len)
+            } else {
+                1
+            };
+            for p in 0..pieces {
+                out.push(r.start + p * len / pieces..r.start + (p + 1) * len / pieces);
+            }
+        }
+        out
+    }
+}
+
 /// A multi-stream batch pipeline on one device, with its own non-blocking streams and a memory
 /// pool of its own (`cuMemPoolCreate`, release threshold: keep everything, so steady-state batches
 /// do no cuMemAlloc). The device's default pool is left as it is.
@@ -89,6 +151,7 @@ pub struct BatchPipeline<'d> {
     dev: &'d Device,
     streams: Vec<Stream>,
     pool: MemPool,
+    schedule: Schedule,
 }
 
 /// The four events of one batch.
@@ -97,6 +160,9 @@ struct Events {
     h2d_done: Event,
     kernel_done: Event,
     d2h_done: Event,
+    /// Before the allocations and after the frees: only while a trace recorder is active.
+    alloc_start: Option<Event>,
+    free_done: Option<Event>,
 }
 
 struct Enqueued {
@@ -148,6 +214,11 @@ impl<'d> BatchPipeline<'d> {
     /// Errors: [`Error::Empty`], [`Error::TooLarge`], [`Error::MemoryPoolsUnsupported`],
     /// [`Error::Cuda`].
     pub fn new(dev: &'d Device, streams: usize) -> Result<Self> {
+        Self::with_schedule(dev, streams, Schedule::default())
+    }
+
+    /// A pipeline with `schedule` (tail splitting, stream priorities). Errors as [`Self::new`].
+    pub fn with_schedule(dev: &'d Device, streams: usize, schedule: Schedule) -> Result<Self> {
         if streams == 0 {
             return Err(Error::Empty {
                 what: "pipeline streams",
@@ -160,11 +231,39 @@ impl<'d> BatchPipeline<'d> {
                 max: MAX_STREAMS as u64,
             });
         }
-        let streams = (0..streams)
-            .map(|_| dev.new_stream())
-            .collect::<Result<Vec<_>>>()?;
+        let count = streams;
+        let streams = match schedule.priorities {
+            Priorities::Equal => (0..count)
+                .map(|_| dev.new_stream())
+                .collect::<Result<Vec<_>>>()?,
+            p => {
+                // Lower numbers are higher priorities; `greatest` is the highest.
+                let (least, greatest) = dev.stream_priority_range()?;
+                let levels = (least - greatest).unsigned_abs() as usize + 1;
+                (0..count)
+                    .map(|i| {
+                        let rank = match p {
+                            Priorities::FirstHigh => i,
+                            _ => count - 1 - i,
+                        };
+                        let step = (rank * (levels - 1)) / (count - 1).max(1);
+                        dev.new_stream_with_priority(greatest + step as i32)
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            }
+        };
         let pool = MemPool::new(dev, u64::MAX)?;
-        Ok(Self { dev, streams, pool })
+        Ok(Self {
+            dev,
+            streams,
+            pool,
+            schedule,
+        })
+    }
+
+    /// The pipeline's schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
     }
 
     /// The pipeline's streams.
@@ -248,16 +347,19 @@ impl<'d> BatchPipeline<'d> {
             streams: &self.streams,
             drained: false,
         };
-        let total = n.div_ceil(batch_elems);
+        let ranges = self.schedule.ranges(n, batch_elems);
+        let total = ranges.len();
         let cap = IN_FLIGHT_PER_STREAM * self.streams.len();
         self.prewarm_pool(batch_elems.min(n), cap.min(total))?;
+        // Trace hook (issue 12): two more events per batch while a recorder is active.
+        let tracer = crate::trace::active();
         let wall = Instant::now();
         let origin = self.streams[0].record()?;
         let mut in_flight: VecDeque<Enqueued> = VecDeque::with_capacity(cap);
         let mut spare: Vec<Events> = Vec::with_capacity(cap);
         let mut batches = Vec::with_capacity(total);
         let mut span_ms = 0f64;
-        for (i, c_batch) in c.chunks_mut(batch_elems).enumerate() {
+        for (i, range) in ranges.into_iter().enumerate() {
             if in_flight.len() == cap {
                 let q = in_flight.pop_front().expect("in-flight queue is full");
                 let t = complete(&origin, &q)?;
@@ -266,12 +368,8 @@ impl<'d> BatchPipeline<'d> {
                 spare.push(q.ev);
                 progress(batches.len(), total);
             }
-            let range = i * batch_elems..i * batch_elems + c_batch.len();
             let si = i % self.streams.len();
             let s = &self.streams[si];
-            let mut da = self.pool.alloc_async::<f32>(s, range.len())?;
-            let mut db = self.pool.alloc_async::<f32>(s, range.len())?;
-            let mut dc = self.pool.alloc_async::<f32>(s, range.len())?;
             let mut ev = match spare.pop() {
                 Some(ev) => ev,
                 None => Events {
@@ -279,8 +377,16 @@ impl<'d> BatchPipeline<'d> {
                     h2d_done: s.record()?,
                     kernel_done: s.record()?,
                     d2h_done: s.record()?,
+                    alloc_start: None,
+                    free_done: None,
                 },
             };
+            if tracer.is_some() {
+                record_opt(s, &mut ev.alloc_start)?;
+            }
+            let mut da = self.pool.alloc_async::<f32>(s, range.len())?;
+            let mut db = self.pool.alloc_async::<f32>(s, range.len())?;
+            let mut dc = self.pool.alloc_async::<f32>(s, range.len())?;
             s.record_into(&mut ev.start)?;
             // SAFETY: `a`, `b` and `c` are borrowed for the whole of `run`, and `guard` waits for
             // every stream before `run` returns or unwinds, so the host memory outlives the
@@ -293,9 +399,13 @@ impl<'d> BatchPipeline<'d> {
             kernel(s, da.as_view(), db.as_view(), dc.as_view_mut())?;
             s.record_into(&mut ev.kernel_done)?;
             // SAFETY: as above.
-            unsafe { dc.copy_to_host_async(c_batch)? };
+            unsafe { dc.copy_to_host_async(&mut c[range.clone()])? };
             s.record_into(&mut ev.d2h_done)?;
-            // da, db, dc drop here: cuMemFreeAsync on `s`, after the D2H in stream order.
+            // cuMemFreeAsync on `s`, after the D2H in stream order.
+            drop((da, db, dc));
+            if tracer.is_some() {
+                record_opt(s, &mut ev.free_done)?;
+            }
             in_flight.push_back(Enqueued {
                 batch: i,
                 range,
@@ -309,6 +419,9 @@ impl<'d> BatchPipeline<'d> {
             batches.push(t);
             progress(batches.len(), total);
         }
+        if let Some(tr) = &tracer {
+            self.trace_batches(tr, &origin, &batches)?;
+        }
         guard.drain()?;
         let wall_ms = wall.elapsed().as_secs_f64() * 1e3;
         let bytes = (n * size_of::<f32>()) as u64;
@@ -320,6 +433,50 @@ impl<'d> BatchPipeline<'d> {
             span_ms,
             wall_ms,
         })
+    }
+
+    /// Hands the batches' stage timings to the trace recorder, on the recorder's clock.
+    fn trace_batches(
+        &self,
+        tr: &crate::trace::Recorder,
+        origin: &Event,
+        batches: &[BatchTiming],
+    ) -> Result<()> {
+        use crate::trace::{Stage, TimedSpan};
+        let anchor = tr.offset_ms(origin, &self.streams[0])?;
+        for (i, s) in self.streams.iter().enumerate() {
+            tr.name_stream(s, format!("pipeline stream {i}"));
+        }
+        for b in batches {
+            let mut spans = Vec::with_capacity(5);
+            let mut push = |stage: Stage, what: &str, start: f64, dur: f64| {
+                spans.push(TimedSpan {
+                    stage,
+                    name: format!("{what} batch {}", b.batch),
+                    start_ms: start,
+                    dur_ms: dur,
+                    args: vec![
+                        ("batch".into(), b.batch.to_string()),
+                        ("elements".into(), b.elems.to_string()),
+                    ],
+                })
+            };
+            let mut t = b.start_ms;
+            if let Some(ms) = b.alloc_ms {
+                push(Stage::Alloc, "alloc", t - ms, ms);
+            }
+            push(Stage::H2d, "H2D", t, b.h2d_ms);
+            t += b.h2d_ms;
+            push(Stage::Kernel, "kernel", t, b.kernel_ms);
+            t += b.kernel_ms;
+            push(Stage::D2h, "D2H", t, b.d2h_ms);
+            t += b.d2h_ms;
+            if let Some(ms) = b.free_ms {
+                push(Stage::Free, "free", t, ms);
+            }
+            tr.spans_at(&self.streams[b.stream], anchor, spans);
+        }
+        Ok(())
     }
 
     /// Grows the pool to what the in-flight window of `batches` batches needs (three buffers of
@@ -335,10 +492,29 @@ impl<'d> BatchPipeline<'d> {
     }
 }
 
+/// Records `slot`'s event on `s`, creating it on first use.
+fn record_opt(s: &Stream, slot: &mut Option<Event>) -> Result<()> {
+    match slot {
+        Some(e) => s.record_into(e),
+        None => {
+            *slot = Some(s.record()?);
+            Ok(())
+        }
+    }
+}
+
 /// Waits for batch `q` and reads its timings (its events can be reused afterwards).
 fn complete(origin: &Event, q: &Enqueued) -> Result<BatchTiming> {
     q.ev.d2h_done.synchronize()?;
+    if let Some(f) = &q.ev.free_done {
+        f.synchronize()?;
+    }
     let ms = |a: &Event, b: &Event| a.elapsed_ms(b).map(f64::from);
+    // The optional events are only read when both were recorded for this batch.
+    let (alloc_ms, free_ms) = match (&q.ev.alloc_start, &q.ev.free_done) {
+        (Some(a), Some(f)) => (Some(ms(a, &q.ev.start)?), Some(ms(&q.ev.d2h_done, f)?)),
+        _ => (None, None),
+    };
     Ok(BatchTiming {
         batch: q.batch,
         stream: q.stream,
@@ -348,5 +524,148 @@ fn complete(origin: &Event, q: &Enqueued) -> Result<BatchTiming> {
         h2d_ms: ms(&q.ev.start, &q.ev.h2d_done)?,
         kernel_ms: ms(&q.ev.h2d_done, &q.ev.kernel_done)?,
         d2h_ms: ms(&q.ev.kernel_done, &q.ev.d2h_done)?,
+        alloc_ms,
+        free_ms,
     })
+}
+
+/// The chapter's CUDA C++ pattern as a baseline for [`BatchPipeline`] (issue 12): device buffers
+/// allocated once per stream before the timed part (`cudaMalloc` in the C++ listing), then per
+/// batch `i` on stream `i % streams`: H2D a, b -> `ws_vector_add` -> D2H c, with no per-batch
+/// allocation, no per-stage events and no in-flight window. Timed from an event that every stream
+/// waits for to the last stream's end. `batches` of the report is empty (no per-batch events).
+///
+/// Errors: as [`BatchPipeline::run`], plus [`Error::TooLarge`] for more than [`MAX_STREAMS`].
+pub fn cxx_pattern_vector_add(
+    dev: &Device,
+    streams: usize,
+    a: &PinnedBuffer<f32>,
+    b: &PinnedBuffer<f32>,
+    c: &mut PinnedBuffer<f32>,
+    batch_elems: usize,
+) -> Result<PipelineReport> {
+    let n = a.len();
+    if b.len() != n || c.len() != n {
+        return Err(Error::LengthMismatch {
+            what: "C++-pattern pipeline inputs",
+            detail: format!("a has {n} elements, b {}, c {}", b.len(), c.len()),
+        });
+    }
+    if batch_elems == 0 || streams == 0 {
+        return Err(Error::Empty {
+            what: "C++-pattern batch size or streams",
+        });
+    }
+    if streams > MAX_STREAMS {
+        return Err(Error::TooLarge {
+            what: "C++-pattern streams",
+            value: streams as u64,
+            max: MAX_STREAMS as u64,
+        });
+    }
+    let ss = (0..streams)
+        .map(|_| dev.new_stream())
+        .collect::<Result<Vec<_>>>()?;
+    // Declared before the buffers and copies, so every stream is drained before they go.
+    let mut guard = DrainGuard {
+        streams: &ss,
+        drained: false,
+    };
+    let pool = MemPool::new(dev, u64::MAX)?;
+    let be = batch_elems.min(n);
+    let mut bufs = ss
+        .iter()
+        .map(|s| {
+            Ok((
+                pool.alloc_async::<f32>(s, be)?,
+                pool.alloc_async::<f32>(s, be)?,
+                pool.alloc_async::<f32>(s, be)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // The last batch may be shorter: buffers of its size on its stream, made before timing.
+    let last = n - (n.div_ceil(be) - 1) * be;
+    let last_stream = (n.div_ceil(be) - 1) % streams;
+    let s_last = &ss[last_stream];
+    let mut tail = (
+        pool.alloc_async::<f32>(s_last, last)?,
+        pool.alloc_async::<f32>(s_last, last)?,
+        pool.alloc_async::<f32>(s_last, last)?,
+    );
+    for s in &ss {
+        s.synchronize()?;
+    }
+    let wall = Instant::now();
+    let start = ss[0].record()?;
+    for s in &ss[1..] {
+        s.wait(&start)?;
+    }
+    for (i, chunk) in c.chunks_mut(be).enumerate() {
+        let si = i % streams;
+        let s = &ss[si];
+        let range = i * be..i * be + chunk.len();
+        let (da, db, dc) = if chunk.len() == be {
+            let t = &mut bufs[si];
+            (&mut t.0, &mut t.1, &mut t.2)
+        } else {
+            (&mut tail.0, &mut tail.1, &mut tail.2)
+        };
+        // SAFETY: `a`, `b`, `c` are borrowed for the whole call and `guard` drains every stream
+        // before it returns or unwinds; stream order puts each buffer's reuse after its D2H.
+        unsafe {
+            da.copy_from_host_async(&a[range.clone()])?;
+            db.copy_from_host_async(&b[range])?;
+        }
+        crate::kernels::vector_add(dev, s, da.as_view(), db.as_view(), dc.as_view_mut())?;
+        // SAFETY: as above.
+        unsafe { dc.copy_to_host_async(chunk)? };
+    }
+    for s in &ss[1..] {
+        ss[0].wait(&s.record()?)?;
+    }
+    let end = ss[0].record()?;
+    let span_ms = f64::from(start.elapsed_ms(&end)?);
+    guard.drain()?;
+    let wall_ms = wall.elapsed().as_secs_f64() * 1e3;
+    let bytes = (n * size_of::<f32>()) as u64;
+    Ok(PipelineReport {
+        streams,
+        batches: Vec::new(),
+        bytes_h2d: 2 * bytes,
+        bytes_d2h: bytes,
+        span_ms,
+        wall_ms,
+    })
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::*;
+
+    #[test]
+    fn default_schedule_is_equal_batches() {
+        let r = Schedule::default().ranges(10, 4);
+        assert_eq!(r, vec![0..4, 4..8, 8..10]);
+    }
+
+    #[test]
+    fn tail_batches_are_split_into_pieces_covering_them_exactly() {
+        let s = Schedule {
+            tail_batches: 2,
+            tail_pieces: 4,
+            ..Schedule::default()
+        };
+        let r = s.ranges(16 * 100, 100);
+        assert_eq!(r.len(), 14 + 8);
+        assert_eq!(r[13], 1300..1400);
+        assert_eq!(r[14], 1400..1425);
+        assert_eq!(r.last(), Some(&(1575..1600)));
+        for w in r.windows(2) {
+            assert_eq!(w[0].end, w[1].start);
+        }
+        // More pieces than elements: no empty piece.
+        let r = s.ranges(3, 2);
+        assert!(r.iter().all(|x| !x.is_empty()), "{r:?}");
+        assert_eq!(r.iter().map(|x| x.len()).sum::<usize>(), 3);
+    }
 }

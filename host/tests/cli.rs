@@ -242,3 +242,146 @@ fn stress_bad_flags_are_reported_before_the_device_is_opened() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--seed"), "{stderr}");
 }
+
+// ------------------------------------------------------------------------------------------------
+// Issue 12: `--json` output parses for every subcommand. Without a GPU the run's outcome is the
+// "no GPU" failure object (exit 2); flag errors are usage objects (exit 2), clap's own included.
+// With a GPU the small runs succeed and report their figures.
+// ------------------------------------------------------------------------------------------------
+
+fn json_of(args: &[&str]) -> (Option<i32>, serde_json::Value) {
+    let out = warpline().args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("{args:?}: stdout is not one JSON object ({e}):\n{stdout}"));
+    assert!(
+        stderr.contains("seed "),
+        "{args:?}: the seed must be printed: {stderr}"
+    );
+    (out.status.code(), v)
+}
+
+#[test]
+fn json_output_parses_for_every_subcommand() {
+    let gpu = warpline::device::driver_present() && warpline::Device::open(0).is_ok();
+    let runs: [&[&str]; 5] = [
+        &["info", "--json"],
+        &[
+            "pipeline",
+            "--json",
+            "--streams",
+            "2",
+            "--batches",
+            "3",
+            "--batch-elems",
+            "4096",
+            "--verify",
+        ],
+        &[
+            "gemm",
+            "--json",
+            "--tiles",
+            "8",
+            "--cluster",
+            "2",
+            "--reps",
+            "2",
+        ],
+        &[
+            "stress",
+            "--json",
+            "--batches",
+            "8",
+            "--batch-elems",
+            "4096",
+            "--fence-tickets",
+            "8",
+            "--graphs",
+            "4",
+        ],
+        &["ordering-demo", "--json", "--runs", "1"],
+    ];
+    for args in runs {
+        let (code, v) = json_of(args);
+        assert_eq!(v["command"], args[0], "{v}");
+        assert!(v["versions"]["warpline"].is_string(), "{v}");
+        assert!(v["seed"].is_u64(), "{v}");
+        if gpu {
+            assert_eq!(code, Some(0), "{v}");
+            assert_eq!(v["ok"], true, "{v}");
+            assert!(v["results"]["device"]["name"].is_string(), "{v}");
+        } else {
+            assert_eq!(code, Some(2), "{v}");
+            assert_eq!(v["ok"], false, "{v}");
+            assert_eq!(v["error"]["kind"], "no_gpu", "{v}");
+            assert_eq!(v["exit_code"], 2, "{v}");
+        }
+    }
+}
+
+#[test]
+fn json_usage_errors_parse_too() {
+    let (code, v) = json_of(&["pipeline", "--json", "--streams", "0"]);
+    assert_eq!(code, Some(2));
+    assert_eq!(v["error"]["kind"], "usage", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--streams 0"),
+        "{v}"
+    );
+    // clap's own errors (an unknown flag) are JSON with --json as well; no seed yet.
+    let out = warpline()
+        .args(["gemm", "--json", "--no-such-flag"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["error"]["kind"], "usage");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--no-such-flag"),
+        "{v}"
+    );
+    // A bad WARPLINE_DEVICE is a usage error, not GPU 0.
+    let out = warpline()
+        .args(["info", "--json"])
+        .env("WARPLINE_DEVICE", "first")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("WARPLINE_DEVICE"),
+        "{v}"
+    );
+    // --trace where nothing is traced.
+    let (code, v) = json_of(&["info", "--json", "--trace", "/tmp/never.json"]);
+    assert_eq!(code, Some(2));
+    assert_eq!(v["error"]["kind"], "usage", "{v}");
+}
+
+#[test]
+fn the_seed_given_is_the_seed_reported() {
+    let (_, v) = json_of(&[
+        "--seed",
+        "42",
+        "pipeline",
+        "--json",
+        "--batches",
+        "1",
+        "--batch-elems",
+        "1024",
+    ]);
+    assert_eq!(v["seed"], 42, "{v}");
+    assert_eq!(v["command"], "pipeline", "{v}");
+}

@@ -1,4 +1,4 @@
-//! warpline's project commands: `cargo xtask setup | build-ptx | clippy-ptx | test | run-main | gpu-bundle`.
+//! warpline's project commands: `cargo xtask setup | build-ptx | clippy-ptx | test | run-main | gpu-bundle | sanitize`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -43,6 +43,14 @@ enum Cmd {
     /// binaries, stripped, with the PTX and run.sh, in target/gpu-bundle: runs on a GPU host that
     /// has no Rust toolchain.
     GpuBundle,
+    /// compute-sanitizer memcheck, racecheck, synccheck and initcheck over every kernel (the GPU
+    /// tests and small CLI runs of a gpu-bundle, built first if absent): runs
+    /// scripts/sanitize.sh, fails on any error or hazard. Needs a GPU and compute-sanitizer.
+    Sanitize {
+        /// The bundle to run (default target/gpu-bundle).
+        #[arg(long)]
+        bundle: Option<PathBuf>,
+    },
 }
 
 type Result<T> = std::result::Result<T, String>;
@@ -56,6 +64,7 @@ fn main() -> ExitCode {
         Cmd::Test => test(),
         Cmd::RunMain => run_main(),
         Cmd::GpuBundle => gpu_bundle(),
+        Cmd::Sanitize { bundle } => sanitize(bundle),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -494,6 +503,26 @@ fn gpu_bundle() -> Result<()> {
         return Err(format!("bundle is {size} bytes, over the 60 MiB budget"));
     }
     Ok(())
+}
+
+/// `cargo xtask sanitize`: scripts/sanitize.sh over `bundle` (built when it is the default and
+/// missing).
+fn sanitize(bundle: Option<PathBuf>) -> Result<()> {
+    let root = root();
+    let dir = match bundle {
+        Some(b) => b,
+        None => {
+            let d = root.join("target/gpu-bundle");
+            if !d.join("warpline").exists() {
+                gpu_bundle()?;
+            }
+            d
+        }
+    };
+    run(Command::new("bash")
+        .current_dir(&root)
+        .arg("scripts/sanitize.sh")
+        .env("BUNDLE", &dir))
 }
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash

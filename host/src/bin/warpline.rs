@@ -1,4 +1,19 @@
-//! `warpline`: run warpline's kernels and pipelines on GPU 0 from the command line.
+//! `warpline`: run warpline's kernels and pipelines from the command line.
+//!
+//! Global flags (every subcommand): `--json` (one JSON object on stdout: figures, references,
+//! ratios, device, driver, versions, options, seed; human-readable lines go to stderr),
+//! `--seed N` (all random inputs; printed in every run), `--device N` (default
+//! `$WARPLINE_DEVICE`, else 0), `--trace run.json` (Chrome trace / Perfetto) and `--timeline
+//! run.png|run.svg` (pipeline, gemm --streams, ordering-demo).
+//!
+//! With `--json`, failures print `{"ok": false, "error": {"kind": "usage" | "no_gpu" | "run",
+//! "message": ...}, "exit_code": ...}` on stdout too (flag errors clap finds included), so a
+//! caller can always parse stdout; `--help` and `--version` stay text.
+
+#[path = "warpline/cli_json.rs"]
+mod cli_json;
+#[path = "warpline/demo.rs"]
+mod demo;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -6,6 +21,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
 use warpline::stress::{self, StressOptions};
 use warpline::{
     bandwidth, npy, reference, BatchPipeline, Device, Error, PinnedBuffer, PipelineReport, Result,
@@ -18,8 +34,33 @@ use warpline::{
     about = "Rust-built Hopper kernels streamed over CUDA streams"
 )]
 struct Cli {
+    #[command(flatten)]
+    global: Global,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// Flags every subcommand takes (issue 12): machine-readable output, reproducibility, device
+/// choice and trace outputs. Kept in one struct so subcommands stay independent of them.
+#[derive(Args, Clone, Debug)]
+struct Global {
+    /// Print the results as one JSON object on stdout (text goes to stderr).
+    #[arg(long, global = true)]
+    json: bool,
+    /// Seed of every random input (default: a fresh one); printed in every run.
+    #[arg(long, global = true)]
+    seed: Option<u64>,
+    /// GPU ordinal (default: $WARPLINE_DEVICE, else 0).
+    #[arg(long, global = true)]
+    device: Option<usize>,
+    /// Write a Chrome trace / Perfetto JSON of the run here (pipeline, gemm --streams,
+    /// ordering-demo).
+    #[arg(long, global = true)]
+    trace: Option<PathBuf>,
+    /// Draw the run's stream timeline here, PNG or SVG by extension (pipeline, gemm --streams,
+    /// ordering-demo).
+    #[arg(long, global = true)]
+    timeline: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -41,6 +82,11 @@ enum Cmd {
     /// the data-parallel step, the cross-GPU seed scenarios. NVLS stays off (NCCL_NVLS_ENABLE=0).
     #[command(subcommand)]
     Mgpu(MgpuCmd),
+    /// The seeds' ordering scenarios on the GPU, traced: the fence (caller's copy after internal
+    /// work submitted later), two waits released in reverse order, and the message exchange
+    /// (task graph, producers first). Checks each result; with --trace/--timeline shows why
+    /// each ran when it did.
+    OrderingDemo(demo::DemoArgs),
 }
 
 #[derive(Subcommand)]
@@ -176,13 +222,6 @@ struct StressArgs {
     /// Bound of every wait, milliseconds: a wait that takes longer is a counted hang.
     #[arg(long, default_value_t = stress::DEFAULT_BOUND.as_millis() as u64)]
     bound_ms: u64,
-    /// Seed of the random choices (default: a fresh one; it is printed, so a failure can be
-    /// repeated).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Print the report as one JSON object.
-    #[arg(long)]
-    json: bool,
     /// Progress lines on stderr (where a run is, should it hang outside its bounded waits).
     #[arg(long)]
     progress: bool,
@@ -214,6 +253,37 @@ struct PipelineArgs {
     /// Also run the same batches on 1 stream in this run and print the speed-up.
     #[arg(long)]
     compare_one_stream: bool,
+    /// Split the last N batches into --tail-pieces pieces each (speed A/B; default 0: off).
+    #[arg(long, default_value_t = 0)]
+    tail_batches: usize,
+    /// Pieces each of the last --tail-batches batches is split into.
+    #[arg(long, default_value_t = 4)]
+    tail_pieces: usize,
+    /// Stream priorities: equal (default), first-high or last-high.
+    #[arg(long, value_enum, default_value_t = PriorityArg::Equal)]
+    priorities: PriorityArg,
+    /// Speed A/B in one run: the default pipeline, tail splits, stream priorities and the
+    /// CUDA C++ pattern, 5 runs each (median), each against 1.5 x the pinned H2D of this run.
+    #[arg(long)]
+    ab: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum PriorityArg {
+    Equal,
+    FirstHigh,
+    LastHigh,
+}
+
+impl PriorityArg {
+    fn get(self) -> warpline::pipeline::Priorities {
+        use warpline::pipeline::Priorities;
+        match self {
+            PriorityArg::Equal => Priorities::Equal,
+            PriorityArg::FirstHigh => Priorities::FirstHigh,
+            PriorityArg::LastHigh => Priorities::LastHigh,
+        }
+    }
 }
 
 /// Why a command failed: bad flags (exit 2, like clap's own usage errors, reported before the
@@ -238,21 +308,143 @@ fn usage(msg: impl Into<String>) -> CliError {
     CliError::Usage(msg.into())
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let r = match cli.cmd {
-        Cmd::Pipeline(args) => pipeline(args),
-        Cmd::Info => info().map_err(CliError::from),
-        Cmd::Gemm(args) => gemm(args),
-        Cmd::Stress(args) => stress_cmd(args),
-        Cmd::Mgpu(cmd) => mgpu(cmd),
+/// `println!` in text mode; `eprintln!` with `--json`, so stdout holds only the JSON object.
+macro_rules! say {
+    ($($t:tt)*) => {
+        if cli_json::enabled() {
+            eprintln!($($t)*)
+        } else {
+            println!($($t)*)
+        }
     };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
+}
+pub(crate) use say;
+
+/// What every command gets: the global flags resolved.
+pub(crate) struct Ctx {
+    seed: u64,
+    device: usize,
+    trace: Option<PathBuf>,
+    timeline: Option<PathBuf>,
+}
+
+impl Ctx {
+    /// Opens the device of `--device`.
+    fn open(&self) -> Result<Device> {
+        Device::open(self.device)
+    }
+
+    /// Whether a trace output was asked for.
+    fn tracing(&self) -> bool {
+        self.trace.is_some() || self.timeline.is_some()
+    }
+
+    /// Starts recording on `dev` when a trace output was asked for.
+    fn recorder(&self, dev: &Device) -> Result<Option<warpline::trace::Recorder>> {
+        if self.tracing() {
+            Ok(Some(warpline::trace::Recorder::new(dev)?))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Writes the trace outputs asked for; returns their JSON description.
+    fn write_trace(
+        &self,
+        rec: Option<&warpline::trace::Recorder>,
+        title: &str,
+    ) -> Result<serde_json::Value> {
+        let Some(rec) = rec else {
+            return Ok(serde_json::Value::Null);
+        };
+        let trace = rec.finish()?.with_copy_rows();
+        if let Some(p) = &self.trace {
+            warpline::trace::write_chrome_json(&trace, p)?;
+            say!(
+                "wrote trace {} ({} spans; open in ui.perfetto.dev)",
+                p.display(),
+                trace.spans.len()
+            );
+        }
+        if let Some(p) = &self.timeline {
+            let opts = warpline::trace::timeline::TimelineOptions {
+                title: title.to_string(),
+                ..Default::default()
+            };
+            warpline::trace::timeline::write_timeline(&trace, p, &opts)?;
+            say!("wrote timeline {}", p.display());
+        }
+        Ok(serde_json::json!({
+            "trace": self.trace.as_ref().map(|p| p.display().to_string()),
+            "timeline": self.timeline.as_ref().map(|p| p.display().to_string()),
+            "spans": trace.spans.len(),
+            "tracks": trace.tracks.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+            "unanchored_spans": trace.unanchored,
+            "clock": trace.clock,
+        }))
+    }
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    let wants_json = argv.iter().any(|a| a == "--json");
+    let cli = match Cli::try_parse_from(&argv) {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            let text_only = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+                || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand;
+            if wants_json && !text_only {
+                let _ = e.print();
+                cli_json::print_failure(None, None, "usage", &e.render().to_string(), 2);
+                return ExitCode::from(2);
+            }
+            e.exit();
+        }
+    };
+    cli_json::set_enabled(cli.global.json);
+    let name = cli_json::command_name(&argv);
+    let seed = cli.global.seed.unwrap_or_else(rand::random);
+    let device = match cli.global.device {
+        Some(d) => Ok(d),
+        None => match std::env::var(DEVICE_ENV) {
+            Ok(v) => v.trim().parse::<usize>().map_err(|_| {
+                usage(format!(
+                    "{DEVICE_ENV}={v:?}: a GPU ordinal (0, 1, ...) is expected"
+                ))
+            }),
+            Err(_) => Ok(0),
+        },
+    };
+    // Printed before anything runs, so every run (and a crash) can be repeated.
+    eprintln!("warpline {name}: seed {seed} (repeat with --seed {seed})");
+    let r = device.and_then(|device| {
+        let ctx = Ctx {
+            seed,
+            device,
+            trace: cli.global.trace.clone(),
+            timeline: cli.global.timeline.clone(),
+        };
+        match cli.cmd {
+            Cmd::Pipeline(args) => pipeline(&ctx, args),
+            Cmd::Info => no_trace(&ctx, "info").and_then(|()| info(&ctx)),
+            Cmd::Gemm(args) => gemm(&ctx, args),
+            Cmd::Stress(args) => no_trace(&ctx, "stress").and_then(|()| stress_cmd(&ctx, args)),
+            Cmd::OrderingDemo(args) => demo::run(&ctx, args),
+            Cmd::Mgpu(cmd) => no_trace(&ctx, "mgpu")
+                .and_then(|()| mgpu(cmd))
+                .map(|()| serde_json::Value::Null),
+        }
+    });
+    let (kind, msg, code) = match r {
+        Ok(results) => {
+            cli_json::print_success(&name, seed, &cli.global, results);
+            return ExitCode::SUCCESS;
+        }
         Err(CliError::Usage(msg)) => {
             eprintln!("warpline: bad usage: {msg}");
             eprintln!("(see `warpline --help`)");
-            ExitCode::from(2)
+            ("usage", msg, 2)
         }
         Err(CliError::Run(
             e @ (Error::NoDriver
@@ -261,13 +453,31 @@ fn main() -> ExitCode {
             | Error::NcclUnavailable { .. }),
         )) => {
             eprintln!("warpline: no GPU: {e}");
-            ExitCode::from(2)
+            ("no_gpu", e.to_string(), 2)
         }
         Err(CliError::Run(e)) => {
             eprintln!("warpline: error: {e}");
-            ExitCode::FAILURE
+            ("run", e.to_string(), 1)
         }
+    };
+    if cli_json::enabled() {
+        cli_json::print_failure(Some(&name), Some(seed), kind, &msg, code);
     }
+    ExitCode::from(code as u8)
+}
+
+/// The environment variable naming the GPU when `--device` is not given (tests and benches
+/// honour it too, through `warpline_suite::support`).
+const DEVICE_ENV: &str = "WARPLINE_DEVICE";
+
+/// `--trace`/`--timeline` are refused where nothing is traced.
+fn no_trace(ctx: &Ctx, cmd: &str) -> CliResult {
+    if ctx.tracing() {
+        return Err(usage(format!(
+            "--trace/--timeline: `{cmd}` records no trace (pipeline, gemm --streams and ordering-demo do)"
+        )));
+    }
+    Ok(())
 }
 
 /// Most streams a pipeline takes ([`warpline::pipeline::MAX_STREAMS`]).
@@ -336,14 +546,12 @@ fn gib(bytes: u64) -> f64 {
     bytes as f64 / (1u64 << 30) as f64
 }
 
-fn info() -> Result<()> {
-    let dev = Device::open(0)?;
-    println!("{:#?}", dev.capabilities());
-    println!(
-        "kernels: {}",
-        dev.kernel_names().collect::<Vec<_>>().join(", ")
-    );
-    Ok(())
+fn info(ctx: &Ctx) -> CliResult<Value> {
+    let dev = ctx.open()?;
+    say!("{:#?}", dev.capabilities());
+    let kernels: Vec<&str> = dev.kernel_names().collect();
+    say!("kernels: {}", kernels.join(", "));
+    Ok(json!({"device": cli_json::device(&dev), "kernels": kernels}))
 }
 
 fn bar(len: u64, what: &str) -> ProgressBar {
@@ -357,9 +565,9 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
-fn fill_random(dst: &mut [f32], pb: &ProgressBar) {
+/// Fills `dst` with uniform floats in [-1, 1) from `rng` (seeded from `--seed`).
+fn fill_random(dst: &mut [f32], pb: &ProgressBar, rng: &mut rand::rngs::StdRng) {
     use rand::Rng;
-    let mut rng = rand::rng();
     for chunk in dst.chunks_mut(1 << 20) {
         chunk
             .iter_mut()
@@ -396,7 +604,8 @@ fn pipeline_host_bytes(n: usize) -> Option<u64> {
     bytes_of(&[(3 * 4, n)])
 }
 
-fn pipeline(args: PipelineArgs) -> CliResult {
+fn pipeline(ctx: &Ctx, args: PipelineArgs) -> CliResult<Value> {
+    use rand::SeedableRng;
     let random_n = check_pipeline_args(&args)?;
     if let Some(n) = random_n {
         check_host_memory(
@@ -437,9 +646,9 @@ fn pipeline(args: PipelineArgs) -> CliResult {
         }
         _ => None,
     };
-    let dev = Device::open(0)?;
+    let dev = ctx.open()?;
     let caps = dev.capabilities();
-    println!(
+    say!(
         "device: {} (sm_{}{}, {} SMs, {} copy engines)",
         caps.name,
         caps.compute_capability.0,
@@ -457,8 +666,9 @@ fn pipeline(args: PipelineArgs) -> CliResult {
             let mut a = PinnedBuffer::<f32>::new(&dev, n)?;
             let mut b = PinnedBuffer::<f32>::new(&dev, n)?;
             let pb = bar(2 * n.div_ceil(1 << 20) as u64, "inputs");
-            fill_random(&mut a, &pb);
-            fill_random(&mut b, &pb);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(ctx.seed);
+            fill_random(&mut a, &pb, &mut rng);
+            fill_random(&mut b, &pb, &mut rng);
             pb.finish_and_clear();
             (a, b)
         }
@@ -479,9 +689,14 @@ fn pipeline(args: PipelineArgs) -> CliResult {
     let mut c = PinnedBuffer::<f32>::new(&dev, n)?;
 
     let h2d = bandwidth::pinned_h2d_gbps(&dev, 256 << 20, 5)?;
+    let schedule = warpline::pipeline::Schedule {
+        tail_batches: args.tail_batches,
+        tail_pieces: args.tail_pieces,
+        priorities: args.priorities.get(),
+    };
     let run = |streams: usize, c: &mut PinnedBuffer<f32>| -> Result<PipelineReport> {
         c.fill(f32::NAN);
-        let pipe = BatchPipeline::new(&dev, streams)?;
+        let pipe = BatchPipeline::with_schedule(&dev, streams, schedule)?;
         let batches = n.div_ceil(batch_elems);
         let pb = bar(batches as u64, &format!("{streams} stream(s)"));
         let report = pipe.run_vector_add(&a, &b, c, batch_elems, |done, _| {
@@ -495,7 +710,24 @@ fn pipeline(args: PipelineArgs) -> CliResult {
     } else {
         None
     };
+    let ab = if args.ab {
+        Some(ab_runs(
+            &dev,
+            args.streams,
+            &a,
+            &b,
+            &mut c,
+            batch_elems,
+            h2d,
+        )?)
+    } else {
+        None
+    };
+    // Only the main run is traced.
+    let rec = ctx.recorder(&dev)?;
+    let installed = rec.as_ref().map(|r| r.install());
     let report = run(args.streams, &mut c)?;
+    drop(installed);
 
     if args.verify {
         let pb = bar(n.div_ceil(1 << 22) as u64, "verify");
@@ -515,21 +747,28 @@ fn pipeline(args: PipelineArgs) -> CliResult {
             pb.inc(1);
         }
         pb.finish_and_clear();
-        println!("verified: {n} elements against the f64 CPU reference, max relative error {worst:.2e} (bound {:.2e})", reference::VECTOR_ADD_REL_BOUND);
+        say!("verified: {n} elements against the f64 CPU reference, max relative error {worst:.2e} (bound {:.2e})", reference::VECTOR_ADD_REL_BOUND);
     }
     if let Some(path) = &args.out {
         npy::write_f32(path, &[n as u64], &c)?;
-        println!("wrote {}", path.display());
+        say!("wrote {}", path.display());
     }
 
     let bytes = report.bytes_h2d + report.bytes_d2h;
-    println!();
-    println!(
+    say!();
+    say!(
         "{:>8} {:>8} {:>12} {:>10} {:>10} {:>12} {:>12} {:>9}",
-        "streams", "batches", "MiB moved", "time ms", "GB/s", "x H2D", "x 1.5 H2D", "overlap"
+        "streams",
+        "batches",
+        "MiB moved",
+        "time ms",
+        "GB/s",
+        "x H2D",
+        "x 1.5 H2D",
+        "overlap"
     );
     let row = |r: &PipelineReport| {
-        println!(
+        say!(
             "{:>8} {:>8} {:>12.0} {:>10.2} {:>10.1} {:>12.3} {:>12.3} {:>9.2}",
             r.streams,
             r.batches.len(),
@@ -545,18 +784,138 @@ fn pipeline(args: PipelineArgs) -> CliResult {
         row(b);
     }
     row(&report);
-    println!("pinned H2D bandwidth measured in this run: {h2d:.1} GB/s (upper limit of the pipeline: 1.5 x H2D = {:.1} GB/s, two of every three bytes go host to device)", 1.5 * h2d);
+    say!("pinned H2D bandwidth measured in this run: {h2d:.1} GB/s (upper limit of the pipeline: 1.5 x H2D = {:.1} GB/s, two of every three bytes go host to device)", 1.5 * h2d);
     if let Some(b) = &baseline {
-        println!(
+        say!(
             "speed-up of {} streams over 1 stream: {:.2}x",
             report.streams,
             report.pcie_gbps() / b.pcie_gbps()
         );
     }
-    Ok(())
+    let title = format!(
+        "warpline pipeline: {} streams, {} batches of {batch_elems} floats, {:.1} GB/s = {:.3} x 1.5 H2D",
+        report.streams,
+        report.batches.len(),
+        report.pcie_gbps(),
+        report.pcie_gbps() / (1.5 * h2d)
+    );
+    let trace = ctx.write_trace(rec.as_ref(), &title)?;
+    let row = |r: &PipelineReport| {
+        json!({
+            "streams": r.streams,
+            "batches": r.batches.len(),
+            "span_ms": r.span_ms,
+            "wall_ms": r.wall_ms,
+            "pcie_gbps": r.pcie_gbps(),
+            "ratio_to_h2d": r.pcie_gbps() / h2d,
+            "ratio_to_1_5_h2d": r.pcie_gbps() / (1.5 * h2d),
+            "overlap": r.overlap(),
+        })
+    };
+    Ok(json!({
+        "device": cli_json::device(&dev),
+        "options": {
+            "streams": args.streams, "batches": args.batches, "batch_elems": batch_elems,
+            "elements": n, "inputs": if args.a.is_some() { "files" } else { "random (seeded)" },
+            "verify": args.verify, "compare_one_stream": args.compare_one_stream,
+            "tail_batches": args.tail_batches, "tail_pieces": args.tail_pieces,
+            "priorities": format!("{:?}", args.priorities),
+        },
+        "reference": {"pinned_h2d_gbps": h2d, "limit_gbps": 1.5 * h2d,
+            "what": "pinned H2D bandwidth measured in this run (256 MiB copies, best of 5); limit = 1.5 x H2D"},
+        "run": row(&report),
+        "one_stream": baseline.as_ref().map(row),
+        "speedup_over_one_stream": baseline.as_ref().map(|b| report.pcie_gbps() / b.pcie_gbps()),
+        "verified": args.verify,
+        "ab": ab,
+        "trace": trace,
+    }))
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// `--ab`: the speed variants of issue 12 in one run, 5 runs each (median span), each against
+/// 1.5 x the pinned H2D of this run; the CUDA C++ pattern as the second reference.
+fn ab_runs(
+    dev: &Device,
+    streams: usize,
+    a: &PinnedBuffer<f32>,
+    b: &PinnedBuffer<f32>,
+    c: &mut PinnedBuffer<f32>,
+    batch_elems: usize,
+    h2d: f64,
+) -> Result<Value> {
+    use warpline::pipeline::{Priorities, Schedule};
+    let sched = |tail_batches, tail_pieces, priorities| Schedule {
+        tail_batches,
+        tail_pieces,
+        priorities,
+    };
+    let variants: [(&str, Option<Schedule>); 9] = [
+        ("default", Some(Schedule::default())),
+        ("tail 1 x 2", Some(sched(1, 2, Priorities::Equal))),
+        ("tail 1 x 4", Some(sched(1, 4, Priorities::Equal))),
+        ("tail 1 x 8", Some(sched(1, 8, Priorities::Equal))),
+        ("tail 2 x 4", Some(sched(2, 4, Priorities::Equal))),
+        ("first-high", Some(sched(0, 0, Priorities::FirstHigh))),
+        ("last-high", Some(sched(0, 0, Priorities::LastHigh))),
+        (
+            "tail 1 x 4 + first-high",
+            Some(sched(1, 4, Priorities::FirstHigh)),
+        ),
+        ("C++ pattern", None),
+    ];
+    let mut rows = Vec::new();
+    let mut cxx = None;
+    say!();
+    say!(
+        "{:>26} {:>10} {:>10} {:>12} {:>12}",
+        "variant",
+        "ms",
+        "GB/s",
+        "x 1.5 H2D",
+        "x C++ patt."
+    );
+    let mut results = Vec::new();
+    for (name, schedule) in variants {
+        let mut spans = Vec::new();
+        for _ in 0..5 {
+            let r = match schedule {
+                Some(sch) => BatchPipeline::with_schedule(dev, streams, sch)?.run_vector_add(
+                    a,
+                    b,
+                    c,
+                    batch_elems,
+                    |_, _| {},
+                )?,
+                None => {
+                    warpline::pipeline::cxx_pattern_vector_add(dev, streams, a, b, c, batch_elems)?
+                }
+            };
+            spans.push(r.pcie_gbps());
+        }
+        let gbps = bandwidth::median(&mut spans);
+        if schedule.is_none() {
+            cxx = Some(gbps);
+        }
+        results.push((name, gbps));
+    }
+    let cxx = cxx.unwrap_or(f64::NAN);
+    for (name, gbps) in results {
+        let ms = (3 * 4 * a.len()) as f64 / (gbps * 1e9) * 1e3;
+        say!(
+            "{name:>26} {ms:>10.2} {gbps:>10.1} {:>12.3} {:>12.3}",
+            gbps / (1.5 * h2d),
+            gbps / cxx
+        );
+        rows.push(json!({"variant": name, "span_ms": ms, "pcie_gbps": gbps,
+            "ratio_to_1_5_h2d": gbps / (1.5 * h2d), "ratio_to_cxx_pattern": gbps / cxx}));
+    }
+    say!("(median of 5 runs each; {streams} streams; pinned H2D {h2d:.1} GB/s in this run)");
+    Ok(
+        json!({"runs_per_variant": 5, "statistic": "median", "variants": rows, "cxx_pattern_gbps": cxx}),
+    )
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum GemmKernel {
     /// cluster_tile_gemm with --cluster CTAs per cluster.
     Cluster,
@@ -645,7 +1004,8 @@ fn check_gemm_args(args: &GemmArgs) -> CliResult {
     Ok(())
 }
 
-fn gemm(args: GemmArgs) -> CliResult {
+fn gemm(ctx: &Ctx, args: GemmArgs) -> CliResult<Value> {
+    use rand::SeedableRng;
     use warpline::kernels;
     use warpline_gpu::contract::gemm::TILE_ELEMS;
 
@@ -661,9 +1021,14 @@ fn gemm(args: GemmArgs) -> CliResult {
         }
         _ => None,
     };
-    let dev = Device::open(0)?;
+    if ctx.tracing() && args.streams.is_none() {
+        return Err(usage(
+            "--trace/--timeline with gemm trace the --streams pipeline: add --streams S",
+        ));
+    }
+    let dev = ctx.open()?;
     let caps = dev.capabilities();
-    println!("device: {} ({} SMs)", caps.name, caps.sm_count);
+    say!("device: {} ({} SMs)", caps.name, caps.sm_count);
     kernels::check_gemm_cluster_size(args.cluster)?;
     let (a, b) = match files {
         Some(ab) => ab,
@@ -677,8 +1042,9 @@ fn gemm(args: GemmArgs) -> CliResult {
             )?;
             let pb = bar(2 * n.div_ceil(1 << 20) as u64, "inputs");
             let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-            fill_random(&mut a, &pb);
-            fill_random(&mut b, &pb);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(ctx.seed);
+            fill_random(&mut a, &pb, &mut rng);
+            fill_random(&mut b, &pb, &mut rng);
             pb.finish_and_clear();
             (a, b)
         }
@@ -746,7 +1112,7 @@ fn gemm(args: GemmArgs) -> CliResult {
         dc.copy_to_host(&mut c)?;
         if let Some(w) = &want {
             let err = reference::verify_gemm(&name, &c, w, reference::GEMM_REL_BOUND)?;
-            println!("verified {name}: {tiles} tiles, worst per-tile relative error {err:.2e} (Frobenius, bound {:.0e})", reference::GEMM_REL_BOUND);
+            say!("verified {name}: {tiles} tiles, worst per-tile relative error {err:.2e} (Frobenius, bound {:.0e})", reference::GEMM_REL_BOUND);
         }
         if !args.once {
             let mut t = Vec::new();
@@ -766,34 +1132,40 @@ fn gemm(args: GemmArgs) -> CliResult {
     }
     if !rows.is_empty() {
         let cublas = rows.iter().find(|r| r.2 == GemmKernel::Cublas).map(|r| r.1);
-        println!();
-        println!(
+        say!();
+        say!(
             "{:>28} {:>10} {:>10} {:>10}",
-            "kernel", "ms", "TFLOP/s", "x cuBLAS"
+            "kernel",
+            "ms",
+            "TFLOP/s",
+            "x cuBLAS"
         );
         for (name, ms, _) in &rows {
             let ratio = cublas.map_or("-".to_string(), |c| format!("{:.3}", c / ms));
-            println!(
+            say!(
                 "{name:>28} {ms:>10.4} {:>10.2} {ratio:>10}",
                 flop / ms / 1e9
             );
         }
-        println!(
+        say!(
             "({tiles} tiles of 128x128x128, FP32, median of {} launches, CUDA events)",
             args.reps.max(1)
         );
     }
     if let (Some(path), Some(c)) = (&args.out, &out_c) {
         npy::write_f32(path, &[tiles as u64, 128, 128], c)?;
-        println!("wrote {}", path.display());
+        say!("wrote {}", path.display());
     }
+    let mut stream_json = Value::Null;
     if let Some(streams) = args.streams {
+        let rec = ctx.recorder(&dev)?;
         let pa = PinnedBuffer::from_slice(&dev, &a)?;
         let pb = PinnedBuffer::from_slice(&dev, &b)?;
         let mut pc = PinnedBuffer::<f32>::new(&dev, n)?;
         pc.fill(f32::NAN);
         let pipe = BatchPipeline::new(&dev, streams)?;
         let batch_tiles = tiles.div_ceil(4 * streams).max(1);
+        let installed = rec.as_ref().map(|r| r.install());
         let report = pipe.run(
             &pa,
             &pb,
@@ -805,12 +1177,13 @@ fn gemm(args: GemmArgs) -> CliResult {
             },
             |_, _| {},
         )?;
+        drop(installed);
         if let Some(w) = &want {
             reference::verify_gemm("pipeline C", &pc, w, reference::GEMM_REL_BOUND)?;
-            println!("verified pipeline output");
+            say!("verified pipeline output");
         }
         let kernel_ms: f64 = report.batches.iter().map(|b| b.kernel_ms).sum();
-        println!(
+        say!(
             "pipeline: {streams} stream(s), {} batches of {batch_tiles} tiles, span {:.2} ms, {:.1} GB/s over PCIe, overlap {:.2}, kernel time {:.2} ms",
             report.batches.len(),
             report.span_ms,
@@ -818,13 +1191,37 @@ fn gemm(args: GemmArgs) -> CliResult {
             report.overlap(),
             kernel_ms
         );
+        let title = format!(
+            "warpline gemm --streams {streams}: {} batches of {batch_tiles} tiles (cluster_tile_gemm x{cluster}), {:.1} GB/s",
+            report.batches.len(),
+            report.pcie_gbps()
+        );
+        let trace = ctx.write_trace(rec.as_ref(), &title)?;
+        stream_json = json!({
+            "streams": streams, "batches": report.batches.len(), "batch_tiles": batch_tiles,
+            "span_ms": report.span_ms, "pcie_gbps": report.pcie_gbps(), "overlap": report.overlap(),
+            "kernel_ms": kernel_ms, "verified": want.is_some(), "trace": trace,
+        });
     }
-    Ok(())
+    let cublas_ms = rows.iter().find(|r| r.2 == GemmKernel::Cublas).map(|r| r.1);
+    Ok(json!({
+        "device": cli_json::device(&dev),
+        "options": {"tiles": tiles, "cluster": cluster, "kernel": format!("{:?}", args.kernel),
+            "once": args.once, "reps": args.reps, "verify": !args.no_verify,
+            "inputs": if args.a.is_some() { "files" } else { "random (seeded)" }},
+        "reference": {"kernel": "cuBLAS SgemmStridedBatched (FP32, no TF32)", "ms": cublas_ms},
+        "kernels": rows.iter().map(|(name, ms, _)| json!({
+            "kernel": name, "median_ms": ms, "tflops": flop / ms / 1e9,
+            "ratio_to_cublas": cublas_ms.map(|c| c / ms),
+        })).collect::<Vec<_>>(),
+        "flop_per_launch": flop,
+        "pipeline": stream_json,
+    }))
 }
 
 /// `warpline stress`: flags checked before the device is opened, then [`stress::run`].
-fn stress_cmd(args: StressArgs) -> CliResult {
-    let seed = args.seed.unwrap_or_else(rand::random);
+fn stress_cmd(ctx: &Ctx, args: StressArgs) -> CliResult<Value> {
+    let seed = ctx.seed;
     let opts = StressOptions {
         fence_tickets: args.fence_tickets,
         fence_threads: args.fence_threads,
@@ -849,17 +1246,12 @@ fn stress_cmd(args: StressArgs) -> CliResult {
         ),
         Some(opts.pipeline_host_bytes()),
     )?;
-    // Printed before anything runs, so a crash can be repeated too.
-    eprintln!("warpline stress: seed {seed} (repeat with --seed {seed})");
-    let dev = Device::open(0)?;
+    let dev = ctx.open()?;
     let report = stress::run(&dev, &opts)?;
-    if args.json {
-        println!("{}", report.to_json());
-    } else {
-        println!("{report}");
-    }
+    say!("{report}");
     if report.passed() {
-        return Ok(());
+        let parsed: Value = serde_json::from_str(&report.to_json()).unwrap_or(Value::Null);
+        return Ok(json!({"device": cli_json::device(&dev), "report": parsed}));
     }
     let [hangs, wrong, errors] = report.sections().iter().fold([0u64; 3], |acc, s| {
         [acc[0] + s.hangs, acc[1] + s.wrong, acc[2] + s.errors]

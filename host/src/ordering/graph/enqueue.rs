@@ -16,6 +16,7 @@ use crate::error::{CudaCall, Error, Result};
 use crate::ordering::check::{EdgeKind, Plan};
 use crate::ordering::signal::Signal;
 use crate::stream::Stream;
+use crate::trace::{self, Stage};
 
 /// Panics caught in host callbacks: (task label, message).
 pub(crate) type PanicLog = Arc<Mutex<Vec<(String, String)>>>;
@@ -241,19 +242,70 @@ impl TaskGraph {
             }
         }
         let mut done: Vec<Option<CudaEvent>> = (0..self.tasks.len()).map(|_| None).collect();
+        // Trace hook (issue 12): direct runs only (events cannot be timed inside a capture).
+        let tracer = if capturing { None } else { trace::active() };
+        if let Some(tr) = &tracer {
+            for (s, name) in streams.iter().zip(&self.lanes) {
+                tr.name_stream(s, format!("lane {name}"));
+            }
+        }
         for &id in plan.order() {
             let task = &self.tasks[id.index()];
             let stream = &streams[task.lane];
             let dev = devs[task.lane];
-            for &from in &incoming[id.index()] {
-                if streams[self.tasks[from].lane] != *stream {
+            let cross: Vec<usize> = incoming[id.index()]
+                .iter()
+                .copied()
+                .filter(|&from| streams[self.tasks[from].lane] != *stream)
+                .collect();
+            let deps_name = || format!("{} waits for its dependencies", task.label);
+            let tr = tracer.as_ref().filter(|_| !cross.is_empty());
+            trace::traced(tr, stream, Stage::Wait, deps_name, || {
+                for &from in &cross {
                     let ev = done[from].as_ref().ok_or_else(|| Error::BadShape {
                         what: "task graph plan",
                         detail: format!("task {from} is not submitted before its successor"),
                     })?;
                     stream.cudarc().wait(ev).call("cuStreamWaitEvent")?;
                 }
-            }
+                Ok(())
+            })?;
+            let stage = match &task.op {
+                Op::Kernel(_) => Stage::Kernel,
+                Op::Copy { .. } => Stage::Copy,
+                Op::Wait { .. } => Stage::Wait,
+                Op::Set { .. } | Op::Add { .. } => Stage::Signal,
+                Op::Host(_) => Stage::Host,
+            };
+            let name = || task.label.clone();
+            trace::traced(tracer.as_ref(), stream, stage, name, || {
+                self.submit_op(dev, task, stream, signals, panics, &mut mode)
+            })?;
+            done[id.index()] = Some(record(stream)?);
+        }
+        done.into_iter()
+            .enumerate()
+            .map(|(i, e)| {
+                e.ok_or_else(|| Error::BadShape {
+                    what: "task graph plan",
+                    detail: format!("task {i} is missing from the submission order"),
+                })
+            })
+            .collect()
+    }
+
+    /// Queues one task's operation on `stream`.
+    fn submit_op(
+        &self,
+        dev: &Device,
+        task: &super::Task,
+        stream: &Stream,
+        signals: &[&Signal<u64>],
+        panics: &PanicLog,
+        mode: &mut Mode<'_>,
+    ) -> Result<()> {
+        let capturing = matches!(mode, Mode::Capture(_));
+        {
             match &task.op {
                 Op::Kernel(f) => f(&TaskContext {
                     dev,
@@ -292,18 +344,9 @@ impl TaskGraph {
                         s.add(dev, stream, *value)?
                     }
                 }
-                Op::Host(f) => launch_host(stream, f, panics, &mut mode)?,
+                Op::Host(f) => launch_host(stream, f, panics, mode)?,
             }
-            done[id.index()] = Some(record(stream)?);
         }
-        done.into_iter()
-            .enumerate()
-            .map(|(i, e)| {
-                e.ok_or_else(|| Error::BadShape {
-                    what: "task graph plan",
-                    detail: format!("task {i} is missing from the submission order"),
-                })
-            })
-            .collect()
+        Ok(())
     }
 }

@@ -1,0 +1,472 @@
+//! Trace recorder: where the time of a run went, per stream, on one clock (issue 12).
+//!
+//! Off by default. [`Recorder::new`] makes one for a device and [`Recorder::install`] makes it the
+//! process's active recorder until the returned guard drops; while one is installed,
+//!
+//! - [`crate::BatchPipeline`] records each batch's stages (alloc, H2D, kernel, D2H, free) on its
+//!   stream,
+//! - [`crate::TaskGraph`] direct runs record every task (kernels, copies, signal waits, sets and
+//!   adds, host callbacks) on its lane's stream, plus the cross-lane dependency waits before it,
+//! - [`crate::Chain`] runs and replays of its captured graph record one span per run (events
+//!   between PDL launches would serialise them, so a chain is one span, not one per launch),
+//!
+//! and code of your own adds spans with [`Recorder::mark`] / [`Recorder::span`] and
+//! `%globaltimer` stamps with [`Recorder::device_stamps`]. When nothing is installed a hook costs
+//! one relaxed atomic load ([`active`]). When one is, a traced stage costs one or two extra
+//! `cuEventRecord`s (timing events, about 1-2 µs of host time each) and nothing on the GPU beyond
+//! the event itself; spans are resolved in [`Recorder::finish`], after the work is done.
+//!
+//! # One clock
+//!
+//! Times are microseconds from the recorder's *origin*, a CUDA event recorded (and waited for) in
+//! [`Recorder::new`] before any traced work: every span made from events is
+//! `cuEventElapsedTime(origin, event)` (resolution about 0.5 µs per the CUDA driver API docs).
+//! Events of another context (a [`crate::Fence`]'s private context) cannot be timed against the
+//! origin and are counted in [`Trace::unanchored`], not drawn.
+//!
+//! `%globaltimer` (PTX ISA "Special registers": a GPU-wide nanosecond timer, updated about every
+//! microsecond on the H100) is another clock. [`Recorder::calibrate_globaltimer`] puts it on the
+//! event clock: it records event `A`, launches a kernel whose CTAs stamp `%globaltimer` at their
+//! start and end, records event `B`, and takes the stamps' midpoint as the window's midpoint:
+//! `offset = (s_start + s_end) / 2 - (t(A) + t(B)) / 2`. Repeated [`CALIBRATION_TRIALS`] times,
+//! the trial with the narrowest window wins; its half-width minus half the kernel's own stamp
+//! span is the bound of the error ([`GlobalTimerCalibration::error_us`], typically a few µs).
+//! Stamps then map as `t = (stamp - offset) / 1000` µs.
+
+#[cfg(feature = "timeline")]
+pub mod timeline;
+
+mod chrome;
+mod model;
+
+pub use chrome::{chrome_json, write_chrome_json};
+pub use model::{Span, Stage, Trace, Track, TrackKind};
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::stream::{Event, Stream};
+
+/// Calibration trials of [`Recorder::calibrate_globaltimer`].
+pub const CALIBRATION_TRIALS: usize = 8;
+
+/// `%globaltimer` on the event clock (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct GlobalTimerCalibration {
+    /// `%globaltimer` nanoseconds at the recorder's origin.
+    pub offset_ns: f64,
+    /// Bound of the alignment error, µs.
+    pub error_us: f64,
+}
+
+/// One span waiting for its events to complete.
+struct Pending {
+    track: usize,
+    stage: Stage,
+    name: String,
+    start: Event,
+    end: Event,
+    args: Vec<(String, String)>,
+}
+
+struct State {
+    tracks: Vec<Track>,
+    by_stream: HashMap<usize, usize>,
+    pending: Vec<Pending>,
+    spans: Vec<Span>,
+    unanchored: usize,
+    globaltimer: Option<GlobalTimerCalibration>,
+}
+
+struct Inner {
+    ordinal: usize,
+    device: String,
+    ctx: usize,
+    origin: Event,
+    host_origin: Instant,
+    state: Mutex<State>,
+}
+
+/// A trace recorder for one device (cheap to clone: clones share the recording).
+#[derive(Clone)]
+pub struct Recorder {
+    inner: Arc<Inner>,
+}
+
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static CURRENT: Mutex<Option<Recorder>> = Mutex::new(None);
+
+/// The installed recorder, if any: one relaxed atomic load when none is.
+pub fn active() -> Option<Recorder> {
+    if !ACTIVE.load(Ordering::Relaxed) {
+        return None;
+    }
+    CURRENT.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Uninstalls the recorder it was made for when dropped.
+pub struct Installed {
+    _private: (),
+}
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let mut cur = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+        *cur = None;
+        ACTIVE.store(false, Ordering::Relaxed);
+    }
+}
+
+impl Recorder {
+    /// A recorder for `dev`: records the origin event on a new stream of `dev` and waits for it
+    /// (so it completes before any work traced later). Errors: [`Error::Cuda`].
+    pub fn new(dev: &Device) -> Result<Self> {
+        let s = dev.new_stream()?;
+        let origin = s.record()?;
+        origin.synchronize()?;
+        let host_origin = Instant::now();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                ordinal: dev.ordinal(),
+                device: dev.capabilities().name.clone(),
+                ctx: s.context_raw() as usize,
+                origin,
+                host_origin,
+                state: Mutex::new(State {
+                    tracks: Vec::new(),
+                    by_stream: HashMap::new(),
+                    pending: Vec::new(),
+                    spans: Vec::new(),
+                    unanchored: 0,
+                    globaltimer: None,
+                }),
+            }),
+        })
+    }
+
+    /// Makes this the process's active recorder (the one the hooks of the pipeline, task graphs
+    /// and chains use) until the guard drops. A later `install` replaces an earlier one.
+    pub fn install(&self) -> Installed {
+        *CURRENT.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.clone());
+        ACTIVE.store(true, Ordering::Relaxed);
+        Installed { _private: () }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Microseconds of host time since the origin (`Instant`, for host-side spans).
+    pub fn host_now_us(&self) -> f64 {
+        self.inner.host_origin.elapsed().as_secs_f64() * 1e6
+    }
+
+    fn owns(&self, stream: &Stream) -> bool {
+        stream.context_raw() as usize == self.inner.ctx
+    }
+
+    /// The track of `stream`, made on first use as "stream N" (N in order of first use).
+    fn track_of(&self, st: &mut State, stream: &Stream) -> usize {
+        let key = stream.raw() as usize;
+        if let Some(&t) = st.by_stream.get(&key) {
+            return t;
+        }
+        let n = st
+            .tracks
+            .iter()
+            .filter(|t| t.kind == TrackKind::Stream)
+            .count();
+        let t = st.tracks.len();
+        st.tracks.push(Track {
+            pid: self.inner.ordinal as u32,
+            process: format!("GPU {}: {}", self.inner.ordinal, self.inner.device),
+            tid: t as u32 + 1,
+            name: format!("stream {n}"),
+            kind: TrackKind::Stream,
+        });
+        st.by_stream.insert(key, t);
+        t
+    }
+
+    /// Names `stream`'s track (for example "pipeline stream 0" or a task graph lane's name).
+    pub fn name_stream(&self, stream: &Stream, name: impl Into<String>) {
+        if !self.owns(stream) {
+            return;
+        }
+        let mut st = self.state();
+        let t = self.track_of(&mut st, stream);
+        st.tracks[t].name = name.into();
+    }
+
+    /// A timing event at this point of `stream`, to start or end a span.
+    pub fn mark(&self, stream: &Stream) -> Result<Event> {
+        stream.record()
+    }
+
+    /// A span on `stream`'s track from event `start` to event `end` (both recorded on `stream`
+    /// or ordered with it), resolved in [`Self::finish`]. Events of another context are counted
+    /// as unanchored and dropped.
+    pub fn span(
+        &self,
+        stream: &Stream,
+        stage: Stage,
+        name: impl Into<String>,
+        start: Event,
+        end: Event,
+        args: Vec<(String, String)>,
+    ) {
+        let mut st = self.state();
+        if !self.owns(stream) {
+            st.unanchored += 1;
+            return;
+        }
+        let track = self.track_of(&mut st, stream);
+        st.pending.push(Pending {
+            track,
+            stage,
+            name: name.into(),
+            start,
+            end,
+            args,
+        });
+    }
+
+    /// Milliseconds from the origin to `event` (waits for it). Errors: [`Error::TraceClock`] for
+    /// an event of another context, [`Error::Cuda`].
+    pub fn offset_ms(&self, event: &Event, stream: &Stream) -> Result<f64> {
+        if !self.owns(stream) {
+            return Err(Error::TraceClock {
+                detail: "the event belongs to another CUDA context than the recorder's origin"
+                    .into(),
+            });
+        }
+        Ok(f64::from(self.inner.origin.elapsed_ms(event)?))
+    }
+
+    /// Spans already on the clock: `start_ms` and `dur_ms` relative to `anchor_ms` (an
+    /// [`Self::offset_ms`]), on `stream`'s track.
+    pub fn spans_at(&self, stream: &Stream, anchor_ms: f64, spans: Vec<TimedSpan>) {
+        let mut st = self.state();
+        if !self.owns(stream) {
+            st.unanchored += spans.len();
+            return;
+        }
+        let track = self.track_of(&mut st, stream);
+        for s in spans {
+            st.spans.push(Span {
+                track,
+                stage: s.stage,
+                name: s.name,
+                start_us: (anchor_ms + s.start_ms) * 1e3,
+                dur_us: s.dur_ms.max(0.0) * 1e3,
+                args: s.args,
+            });
+        }
+    }
+
+    /// Puts `%globaltimer` on the event clock with `probe` (see the module docs): `probe` queues
+    /// on `s` a kernel that stamps `%globaltimer` and returns, after waiting for it, the earliest
+    /// start and latest end stamp, ns. Errors: [`Error::TraceClock`] when the stamps are not
+    /// ordered or `s` is of another context, the probe's errors.
+    pub fn calibrate_globaltimer_with(
+        &self,
+        s: &Stream,
+        mut probe: impl FnMut(&Stream) -> Result<(u64, u64)>,
+    ) -> Result<GlobalTimerCalibration> {
+        let mut best: Option<(f64, GlobalTimerCalibration)> = None;
+        for _ in 0..CALIBRATION_TRIALS {
+            let a = s.record()?;
+            let (s0, s1) = probe(s)?;
+            let b = s.record()?;
+            b.synchronize()?;
+            if s1 < s0 {
+                return Err(Error::TraceClock {
+                    detail: format!("calibration stamps out of order: start {s0} ns, end {s1} ns"),
+                });
+            }
+            let ta = self.offset_ms(&a, s)? * 1e3;
+            let tb = self.offset_ms(&b, s)? * 1e3;
+            let window = tb - ta;
+            let own = (s1 - s0) as f64 * 1e-3;
+            let cal = GlobalTimerCalibration {
+                offset_ns: (s0 as f64 + s1 as f64) / 2.0 - (ta + tb) / 2.0 * 1e3,
+                error_us: ((window - own) / 2.0).max(0.0),
+            };
+            if best.is_none_or(|(w, _)| window < w) {
+                best = Some((window, cal));
+            }
+        }
+        let cal = best.map(|b| b.1).ok_or_else(|| Error::TraceClock {
+            detail: "no calibration trial ran".into(),
+        })?;
+        self.state().globaltimer = Some(cal);
+        Ok(cal)
+    }
+
+    /// [`Self::calibrate_globaltimer_with`] using warpline's `primary_gemm` with `%globaltimer`
+    /// stamps (a 64 x 64 x 4 product, one cluster of 2 CTAs) as the probe.
+    pub fn calibrate_globaltimer(&self, dev: &Device) -> Result<GlobalTimerCalibration> {
+        use crate::kernels::pdl::{gemm, gemm_grid, GemmDims, GemmKernel};
+        use warpline_gpu::contract::pdl::STAMPS_PER_CTA;
+        let dims = GemmDims { m: 64, n: 64, k: 4 };
+        let s0 = dev.new_stream()?;
+        let pool = crate::memory::MemPool::device_default(dev, 0)?;
+        let grid = gemm_grid(dims) as usize;
+        let mut a = pool.alloc_async::<f32>(&s0, 64 * 4)?;
+        let mut b = pool.alloc_async::<f32>(&s0, 4 * 64)?;
+        let mut c = pool.alloc_async::<f32>(&s0, 64 * 64)?;
+        let mut stamps = pool.alloc_async::<u64>(&s0, grid * STAMPS_PER_CTA)?;
+        a.fill_async(1.0)?;
+        b.fill_async(1.0)?;
+        stamps.fill_async(0)?;
+        s0.synchronize()?;
+        self.calibrate_globaltimer_with(&s0, |s| {
+            gemm(
+                dev,
+                s,
+                GemmKernel::Primary,
+                a.as_view(),
+                b.as_view(),
+                c.as_view_mut(),
+                dims,
+                Some(stamps.as_view_mut()),
+            )?;
+            s.synchronize()?;
+            let mut host = vec![0u64; grid * STAMPS_PER_CTA];
+            stamps.copy_to_host(&mut host)?;
+            let starts = host.iter().step_by(STAMPS_PER_CTA).copied();
+            let ends = host
+                .iter()
+                .skip(STAMPS_PER_CTA - 1)
+                .step_by(STAMPS_PER_CTA)
+                .copied();
+            Ok((starts.min().unwrap_or(0), ends.max().unwrap_or(0)))
+        })
+    }
+
+    /// The `%globaltimer` calibration, if one was made.
+    pub fn globaltimer(&self) -> Option<GlobalTimerCalibration> {
+        self.state().globaltimer
+    }
+
+    /// Adds `%globaltimer` stamps (ns) as spans on a track of their own named `track` (for
+    /// example "primary_gemm CTAs"): each item is a name, a start and an end stamp. Errors:
+    /// [`Error::TraceClock`] without a calibration ([`Self::calibrate_globaltimer`]).
+    pub fn device_stamps(&self, track: &str, stage: Stage, items: &[DeviceStamp]) -> Result<()> {
+        let mut st = self.state();
+        let cal = st.globaltimer.ok_or_else(|| Error::TraceClock {
+            detail: "device stamps need a %globaltimer calibration first (Recorder::calibrate_globaltimer)".into(),
+        })?;
+        let t = st.tracks.len();
+        st.tracks.push(Track {
+            pid: self.inner.ordinal as u32,
+            process: format!("GPU {}: {}", self.inner.ordinal, self.inner.device),
+            tid: t as u32 + 1,
+            name: track.to_string(),
+            kind: TrackKind::DeviceStamps,
+        });
+        for it in items {
+            st.spans.push(Span {
+                track: t,
+                stage,
+                name: it.name.clone(),
+                start_us: (it.start_ns as f64 - cal.offset_ns) * 1e-3,
+                dur_us: it.end_ns.saturating_sub(it.start_ns) as f64 * 1e-3,
+                args: vec![(
+                    "clock".into(),
+                    format!("%globaltimer, aligned within ±{:.1} us", cal.error_us),
+                )],
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits for every pending span's events and returns the trace so far (the recorder keeps
+    /// recording; a later `finish` returns the earlier spans again with the new ones).
+    /// Errors: [`Error::Cuda`] from the event reads.
+    pub fn finish(&self) -> Result<Trace> {
+        let mut st = self.state();
+        let pending = std::mem::take(&mut st.pending);
+        for p in pending {
+            let start = f64::from(self.inner.origin.elapsed_ms(&p.start)?);
+            let dur = f64::from(p.start.elapsed_ms(&p.end)?);
+            st.spans.push(Span {
+                track: p.track,
+                stage: p.stage,
+                name: p.name,
+                start_us: start * 1e3,
+                dur_us: dur.max(0.0) * 1e3,
+                args: p.args,
+            });
+        }
+        let mut spans = st.spans.clone();
+        spans.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
+        Ok(Trace {
+            tracks: st.tracks.clone(),
+            spans,
+            unanchored: st.unanchored,
+            clock: clock_note(st.globaltimer),
+        })
+    }
+}
+
+fn clock_note(cal: Option<GlobalTimerCalibration>) -> String {
+    let mut s = "µs from the recorder's origin CUDA event (cuEventElapsedTime)".to_string();
+    if let Some(c) = cal {
+        s.push_str(&format!(
+            "; %globaltimer stamps aligned by an event-bracketed probe kernel, offset {:.0} ns, within ±{:.1} µs",
+            c.offset_ns, c.error_us
+        ));
+    }
+    s
+}
+
+/// A span already timed relative to some anchor (see [`Recorder::spans_at`]), ms.
+#[derive(Clone, Debug)]
+pub struct TimedSpan {
+    /// Stage (colour).
+    pub stage: Stage,
+    /// Name shown in the trace.
+    pub name: String,
+    /// Start, ms from the anchor.
+    pub start_ms: f64,
+    /// Duration, ms.
+    pub dur_ms: f64,
+    /// Extra key/value pairs shown in the trace viewer.
+    pub args: Vec<(String, String)>,
+}
+
+/// One interval of `%globaltimer` stamps, nanoseconds (see [`Recorder::device_stamps`]).
+#[derive(Clone, Debug)]
+pub struct DeviceStamp {
+    /// Name (for example "CTA 5" or "tiles first start .. last end").
+    pub name: String,
+    /// `%globaltimer` at the start, ns.
+    pub start_ns: u64,
+    /// `%globaltimer` at the end, ns.
+    pub end_ns: u64,
+}
+
+/// Runs `f` (which queues work on `stream`) between two timing events and records the span
+/// `name` when `tr` is a recorder; without one it only runs `f`. The hook of task graphs and
+/// chains.
+pub(crate) fn traced<T>(
+    tr: Option<&Recorder>,
+    stream: &Stream,
+    stage: Stage,
+    name: impl FnOnce() -> String,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let Some(tr) = tr else {
+        return f();
+    };
+    let start = tr.mark(stream)?;
+    let out = f()?;
+    let end = tr.mark(stream)?;
+    tr.span(stream, stage, name(), start, end, Vec::new());
+    Ok(out)
+}

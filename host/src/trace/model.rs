@@ -1,0 +1,233 @@
+//! A resolved trace: tracks (one per stream, copy direction or stamped kernel) and spans on one
+//! clock, µs. Plain data: tests build it from synthetic timings.
+
+use serde::Serialize;
+
+/// What a span was doing (one colour each in the timeline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Stream-ordered allocation (`cuMemAllocFromPoolAsync`).
+    Alloc,
+    /// Host to device copy.
+    H2d,
+    /// A kernel.
+    Kernel,
+    /// Device to host copy.
+    D2h,
+    /// Stream-ordered free (`cuMemFreeAsync`).
+    Free,
+    /// Device to device copy.
+    Copy,
+    /// A stream waiting: a signal wait, or an event wait for a task on another stream.
+    Wait,
+    /// A signal set or add.
+    Signal,
+    /// A host callback (`cuLaunchHostFunc`): the stream is blocked while it runs.
+    Host,
+    /// A sequence of launches (a [`crate::Chain`] run or graph replay).
+    Launch,
+    /// `%globaltimer` stamps of a kernel's CTAs.
+    Stamps,
+}
+
+impl Stage {
+    /// Every stage, in legend order.
+    pub const ALL: [Stage; 11] = [
+        Stage::Alloc,
+        Stage::H2d,
+        Stage::Kernel,
+        Stage::D2h,
+        Stage::Free,
+        Stage::Copy,
+        Stage::Wait,
+        Stage::Signal,
+        Stage::Host,
+        Stage::Launch,
+        Stage::Stamps,
+    ];
+
+    /// Short name (Chrome trace category, legend).
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Alloc => "alloc",
+            Stage::H2d => "H2D",
+            Stage::Kernel => "kernel",
+            Stage::D2h => "D2H",
+            Stage::Free => "free",
+            Stage::Copy => "D2D copy",
+            Stage::Wait => "wait",
+            Stage::Signal => "signal set/add",
+            Stage::Host => "host callback",
+            Stage::Launch => "launches",
+            Stage::Stamps => "CTA stamps",
+        }
+    }
+
+    /// Colour, RGB.
+    pub fn rgb(self) -> (u8, u8, u8) {
+        match self {
+            Stage::Alloc => (160, 160, 160),
+            Stage::H2d => (31, 119, 180),
+            Stage::Kernel => (44, 160, 44),
+            Stage::D2h => (255, 127, 14),
+            Stage::Free => (96, 96, 96),
+            Stage::Copy => (23, 190, 207),
+            Stage::Wait => (214, 39, 40),
+            Stage::Signal => (148, 103, 189),
+            Stage::Host => (140, 86, 75),
+            Stage::Launch => (188, 189, 34),
+            Stage::Stamps => (227, 119, 194),
+        }
+    }
+}
+
+/// What a track is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrackKind {
+    /// One CUDA stream.
+    Stream,
+    /// One copy direction over all streams (derived from the streams' copies: the H100 has
+    /// separate engines per direction; which engine the driver picks is not reported).
+    CopyEngine,
+    /// `%globaltimer` stamps of a kernel.
+    DeviceStamps,
+}
+
+/// One row: a stream, a copy direction, or a stamped kernel.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Track {
+    /// Chrome trace process id: the device ordinal.
+    pub pid: u32,
+    /// Process name ("GPU 0: NVIDIA H100 80GB HBM3").
+    pub process: String,
+    /// Chrome trace thread id (unique in the trace, from 1).
+    pub tid: u32,
+    /// Row name ("stream 0", a lane's name, "copy H2D (all streams)").
+    pub name: String,
+    /// What the row is.
+    pub kind: TrackKind,
+}
+
+/// One interval on a track.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Span {
+    /// Index into [`Trace::tracks`].
+    pub track: usize,
+    /// Stage.
+    pub stage: Stage,
+    /// Name shown in the viewer ("H2D batch 3").
+    pub name: String,
+    /// Start, µs from the trace's origin.
+    pub start_us: f64,
+    /// Duration, µs.
+    pub dur_us: f64,
+    /// Extra key/value pairs.
+    pub args: Vec<(String, String)>,
+}
+
+impl Span {
+    /// End, µs.
+    pub fn end_us(&self) -> f64 {
+        self.start_us + self.dur_us
+    }
+}
+
+/// A resolved trace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Trace {
+    /// Rows.
+    pub tracks: Vec<Track>,
+    /// Spans, by start.
+    pub spans: Vec<Span>,
+    /// Spans that could not be put on the clock (events of another CUDA context).
+    pub unanchored: usize,
+    /// How the times were put on one clock.
+    pub clock: String,
+}
+
+impl Trace {
+    /// First start and last end over all spans, µs (`(0, 0)` when empty).
+    pub fn extent_us(&self) -> (f64, f64) {
+        let lo = self
+            .spans
+            .iter()
+            .map(|s| s.start_us)
+            .fold(f64::INFINITY, f64::min);
+        let hi = self
+            .spans
+            .iter()
+            .map(|s| s.end_us())
+            .fold(f64::NEG_INFINITY, f64::max);
+        if lo.is_finite() && hi.is_finite() {
+            (lo, hi)
+        } else {
+            (0.0, 0.0)
+        }
+    }
+
+    /// Adds a track, returns its index.
+    pub fn add_track(&mut self, pid: u32, process: &str, name: &str, kind: TrackKind) -> usize {
+        let tid = self.tracks.iter().map(|t| t.tid).max().unwrap_or(0) + 1;
+        self.tracks.push(Track {
+            pid,
+            process: process.to_string(),
+            tid,
+            name: name.to_string(),
+            kind,
+        });
+        self.tracks.len() - 1
+    }
+
+    /// Adds the copy-direction rows ("copy H2D (all streams)", "copy D2H (all streams)"): every
+    /// H2D and D2H span of a stream track again, on its direction's row, so the picture shows
+    /// when each direction of PCIe was busy. Idempotent.
+    pub fn with_copy_rows(mut self) -> Self {
+        if self.tracks.iter().any(|t| t.kind == TrackKind::CopyEngine) {
+            return self;
+        }
+        let Some(first) = self
+            .tracks
+            .iter()
+            .find(|t| t.kind == TrackKind::Stream)
+            .cloned()
+        else {
+            return self;
+        };
+        let mut extra = Vec::new();
+        for (stage, name) in [
+            (Stage::H2d, "copy H2D (all streams)"),
+            (Stage::D2h, "copy D2H (all streams)"),
+        ] {
+            let copies: Vec<Span> = self
+                .spans
+                .iter()
+                .filter(|s| s.stage == stage && self.tracks[s.track].kind == TrackKind::Stream)
+                .cloned()
+                .collect();
+            if copies.is_empty() {
+                continue;
+            }
+            let t = self.add_track(first.pid, &first.process, name, TrackKind::CopyEngine);
+            extra.extend(copies.into_iter().map(|mut s| {
+                s.args
+                    .push(("stream".into(), self.tracks[s.track].name.clone()));
+                s.track = t;
+                s
+            }));
+        }
+        self.spans.extend(extra);
+        self.spans.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
+        self
+    }
+
+    /// Sum of span durations of `stage` over stream tracks, µs.
+    pub fn busy_us(&self, stage: Stage) -> f64 {
+        self.spans
+            .iter()
+            .filter(|s| s.stage == stage && self.tracks[s.track].kind == TrackKind::Stream)
+            .map(|s| s.dur_us)
+            .sum()
+    }
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One sanitizer target (issue 12): compute-sanitizer memcheck, racecheck, synccheck and initcheck
+# over every kernel, through the GPU test binaries and CLI runs at small sizes, from a gpu-bundle
+# (`cargo xtask gpu-bundle`; `cargo xtask sanitize` runs this script). Fails (exit 1) on any
+# error or hazard report, any failed run, or a missing binary.
+# Usage on the GPU host, from the repository root:
+#   [BUNDLE=target/gpu-bundle] [TOOLS="memcheck racecheck synccheck initcheck"] bash scripts/sanitize.sh
+# Log: stdout (one "== tool what" header per run, the sanitizer's summary lines, FAILED lines).
+set -uo pipefail
+B=${BUNDLE:-target/gpu-bundle}
+TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
+export PATH=$PATH:/usr/local/cuda/bin WARPLINE_REQUIRE_GPU=1 WARPLINE_PDL_ITERS=${WARPLINE_PDL_ITERS:-50}
+command -v compute-sanitizer >/dev/null || { echo "FAILED: compute-sanitizer not found"; exit 1; }
+failed=0
+# One run: tool, label, command...; a non-zero exit or a non-zero summary is a failure.
+run() {
+  local tool=$1 what=$2; shift 2
+  echo "== $tool $what"
+  if [ ! -x "$1" ]; then echo "FAILED: $1 missing"; failed=1; return; fi
+  local log; log=$(mktemp)
+  timeout 600 compute-sanitizer --tool "$tool" --print-limit 10 --error-exitcode 99 "$@" > "$log" 2>&1; local rc=$?
+  grep -E "test result|verified|SUMMARY|Error|Hazard|runs" "$log" | head -12
+  if [ $rc -ne 0 ] || grep -qE "ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]" "$log"; then
+    echo "FAILED: $tool $what (exit $rc)"; tail -30 "$log"; failed=1
+  fi
+  rm -f "$log"
+}
+for tool in $TOOLS; do
+  # Kernels through their GPU tests (small sizes inside the tests).
+  run $tool vector_add         $B/tests/vector_add --test-threads=1
+  run $tool pipeline           $B/tests/pipeline --test-threads=1
+  run $tool pdl                $B/tests/pdl --test-threads=1 --skip early_trigger
+  run $tool ordering           $B/tests/ordering --test-threads=1 device_side u32_signal two_waits message_exchange
+  run $tool fence              $B/tests/fence --test-threads=1 finding_0 --skip finding_01
+  run $tool soundness_ordering $B/tests/soundness_ordering --test-threads=1
+  # finding_19 makes two deliberate API errors (an invalid launch, an out-of-memory allocation).
+  run $tool soundness_host     $B/tests/soundness_host --test-threads=1 --skip finding_19
+  run $tool modules            $B/tests/modules --test-threads=1
+  [ -x $B/tests/tc_gemm ] && run $tool tc_gemm $B/tests/tc_gemm --test-threads=1
+  # Kernels through the CLI at small sizes.
+  for k in "cluster --cluster 2" "cluster --cluster 4" "cluster --cluster 8" "plain"; do
+    run $tool "gemm $k" $B/warpline --seed 1 gemm --tiles 600 --kernel $k --once
+  done
+  run $tool "pipeline CLI"     $B/warpline --seed 1 pipeline --streams 3 --batches 6 --batch-elems 65536 --verify --tail-batches 1 --tail-pieces 4
+  run $tool "ordering-demo"    $B/warpline --seed 1 ordering-demo --runs 2 --spin-us 100
+  if [ -d $B/examples ]; then
+    [ -x $B/examples/saxpy ] && run $tool saxpy $B/examples/saxpy --n 1048576
+    [ -x $B/examples/softmax ] && run $tool softmax $B/examples/softmax --rows 256 --cols 4096
+  fi
+done
+[ $failed -eq 0 ] && echo "sanitize: all runs clean ($TOOLS)" || echo "sanitize: FAILED"
+exit $failed
