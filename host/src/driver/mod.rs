@@ -10,8 +10,10 @@
 //! - [`memops`]: stream memory operations (`cuStreamWaitValue*`, `cuStreamWriteValue*`).
 //! - [`hostmem`]: mapped host memory and 64-bit stream memory operations on it (Fence slots).
 //! - [`core`]: contexts, functions, launches, streams, events, memory.
+//! - [`tensor_map`]: TMA tensor maps (`cuTensorMapEncodeTiled`).
 
 pub(crate) mod core;
 pub(crate) mod graph;
 pub(crate) mod hostmem;
 pub(crate) mod memops;
+pub(crate) mod tensor_map;
