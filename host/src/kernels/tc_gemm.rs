@@ -848,6 +848,25 @@ impl<'d> TcGemm<'d> {
 
     /// `C = alpha * A * B + beta * C` on `stream`: [`TcGemm::plan`] then [`TcGemmPlan::launch`]
     /// once (the map table is freed stream-ordered after the kernel). Errors: those of both.
+    ///
+    /// Input and output types are checked at compile time: A and B of one input type, C of f32
+    /// or that type. Mixing BF16 and FP16 does not build:
+    ///
+    /// ```compile_fail
+    /// use warpline::kernels::{BLayout, Matrix, MatrixMut, TcGemm};
+    /// fn f(tc: &TcGemm<'_>, s: &warpline::Stream, a: Matrix<'_, warpline::bf16>,
+    ///      b: Matrix<'_, warpline::f16>, c: MatrixMut<'_, f32>) {
+    ///     let _ = tc.gemm(s, a, b, BLayout::ColMajor, c, 1.0, 0.0, &Default::default());
+    /// }
+    /// ```
+    ///
+    /// ```compile_fail
+    /// use warpline::kernels::{BLayout, Matrix, MatrixMut, TcGemm};
+    /// fn f(tc: &TcGemm<'_>, s: &warpline::Stream, a: Matrix<'_, warpline::bf16>,
+    ///      b: Matrix<'_, warpline::bf16>, c: MatrixMut<'_, warpline::f16>) {
+    ///     let _ = tc.gemm(s, a, b, BLayout::ColMajor, c, 1.0, 0.0, &Default::default());
+    /// }
+    /// ```
     #[allow(clippy::too_many_arguments)]
     pub fn gemm<T: TcInput, O: TcOutput<T>>(
         &self,
