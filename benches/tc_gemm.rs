@@ -20,7 +20,10 @@ use warpline_suite::support::gpu_or_skip;
 const REPS: usize = 15;
 const BATCH: usize = 10;
 
-fn median_ms(stream: &Stream, mut launch: impl FnMut() -> warpline::Result<()>) -> warpline::Result<f64> {
+fn median_ms(
+    stream: &Stream,
+    mut launch: impl FnMut() -> warpline::Result<()>,
+) -> warpline::Result<f64> {
     for _ in 0..3 {
         launch()?;
     }
@@ -91,7 +94,9 @@ fn run(dev: &Device) -> warpline::Result<()> {
                 Matrix::new(b.as_view(), n, k, k),
             );
             let mut cm = MatrixMut::new(c.as_view_mut(), m, n, n);
-            median_ms(&stream, || blas.gemm(&am, &bm, BLayout::ColMajor, &mut cm, 1.0, 0.0))?
+            median_ms(&stream, || {
+                blas.gemm(&am, &bm, BLayout::ColMajor, &mut cm, 1.0, 0.0)
+            })?
         };
         let row = |name: &str, ms: f64| {
             println!(

@@ -202,7 +202,9 @@ fn sm90a_module_assembles_without_c75xx_warnings_or_spills() {
             .find(&format!("Compiling entry function '{kernel}' for 'sm_90a'"))
             .unwrap_or_else(|| panic!("{kernel} not compiled:\n{report}"));
         let rest = &report[at..];
-        let end = rest[1..].find("Compiling entry").map_or(rest.len(), |i| i + 1);
+        let end = rest[1..]
+            .find("Compiling entry")
+            .map_or(rest.len(), |i| i + 1);
         let section = &rest[..end];
         let spill = section
             .lines()

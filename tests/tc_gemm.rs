@@ -19,7 +19,7 @@ use warpline::kernels::tc_gemm::{
     check_shapes, reference_entry, tolerance, BLayout, CublasGemmEx, HostB, Matrix, MatrixDims,
     MatrixMut, Raster, TcGemm, TcGemmOptions, TcInput, TcOutput,
 };
-use warpline::{bf16, f16, DeviceBuffer, Device, Error, MemPool, Stream};
+use warpline::{bf16, f16, Device, DeviceBuffer, Error, MemPool, Stream};
 use warpline_suite::support::gpu_or_skip;
 
 // ------------------------------------------------------------------------------------------------
@@ -123,7 +123,9 @@ fn run_case<T: TcInput, O: TcOutput<T>>(tc: &TcGemm<'_>, case: Case) {
     let stream = dev.new_stream().unwrap();
     let pool = MemPool::device_default(dev, 0).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
-    let Case { m, n, k, layout, .. } = case;
+    let Case {
+        m, n, k, layout, ..
+    } = case;
     let (lda, (br, bc)) = (pitch(k, 2, 1), layout.stored(k, n));
     let ldb = pitch(bc, 2, 0);
     let ldc = pitch(n, size_of::<O>(), 1);
@@ -290,7 +292,13 @@ fn raster_orders_beta_and_alpha() {
                     ..Case::new(1000, 1000, 1000)
                 };
                 run_case::<bf16, f32>(&tc, case);
-                run_case::<bf16, bf16>(&tc, Case { layout: BLayout::RowMajor, ..case });
+                run_case::<bf16, bf16>(
+                    &tc,
+                    Case {
+                        layout: BLayout::RowMajor,
+                        ..case
+                    },
+                );
             }
         }
     }
@@ -408,7 +416,10 @@ fn pdl_pair_is_correct_over_1000_iterations() {
             if check_every.contains(&it) {
                 let mut got = vec![0f32; m * n2];
                 dc2.copy_to_host(&mut got).unwrap();
-                assert!(got.iter().all(|v| v.is_finite()), "iteration {it}: NaN left");
+                assert!(
+                    got.iter().all(|v| v.is_finite()),
+                    "iteration {it}: NaN left"
+                );
                 if it == 0 {
                     first = got;
                 } else {
@@ -528,44 +539,83 @@ fn bad_input_is_refused_before_launch() {
     let mut c = pool.alloc_async::<f32>(&stream, 64 * 64).unwrap();
     c.fill_async(f32::NAN).unwrap();
     let opts = TcGemmOptions::default();
-    let mut attempt = |a: Matrix<'_, bf16>, b: Matrix<'_, bf16>, cm: (usize, usize, usize), o: TcGemmOptions| {
-        tc.gemm(
-            &stream,
-            a,
-            b,
-            BLayout::ColMajor,
-            MatrixMut::new(c.as_view_mut(), cm.0, cm.1, cm.2),
-            1.0,
-            0.0,
-            &o,
-        )
-        .unwrap_err()
-    };
+    let mut attempt =
+        |a: Matrix<'_, bf16>, b: Matrix<'_, bf16>, cm: (usize, usize, usize), o: TcGemmOptions| {
+            tc.gemm(
+                &stream,
+                a,
+                b,
+                BLayout::ColMajor,
+                MatrixMut::new(c.as_view_mut(), cm.0, cm.1, cm.2),
+                1.0,
+                0.0,
+                &o,
+            )
+            .unwrap_err()
+        };
     let av = a.as_view();
     let bv = b.as_view();
     // Pitch not a multiple of 16 bytes.
-    let e = attempt(Matrix::new(av, 64, 60, 63), Matrix::new(bv, 64, 60, 64), (64, 64, 64), opts);
+    let e = attempt(
+        Matrix::new(av, 64, 60, 63),
+        Matrix::new(bv, 64, 60, 64),
+        (64, 64, 64),
+        opts,
+    );
     assert!(matches!(e, Error::PitchAlignment { pitch: 63, .. }), "{e}");
     // Misaligned base (a view starting 1 element in).
     let shifted = a.view(1..64 * 64 + 1).unwrap();
-    let e = attempt(Matrix::new(shifted, 64, 64, 64), Matrix::new(bv, 64, 64, 64), (64, 64, 64), opts);
+    let e = attempt(
+        Matrix::new(shifted, 64, 64, 64),
+        Matrix::new(bv, 64, 64, 64),
+        (64, 64, 64),
+        opts,
+    );
     assert!(matches!(e, Error::Misaligned { .. }), "{e}");
     // Bad shapes: K mismatch, C too small, empty.
-    let e = attempt(Matrix::new(av, 64, 64, 64), Matrix::new(bv, 64, 32, 32), (64, 64, 64), opts);
+    let e = attempt(
+        Matrix::new(av, 64, 64, 64),
+        Matrix::new(bv, 64, 32, 32),
+        (64, 64, 64),
+        opts,
+    );
     assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
-    let e = attempt(Matrix::new(av, 64, 64, 64), Matrix::new(bv, 64, 64, 64), (64, 64, 72), opts);
+    let e = attempt(
+        Matrix::new(av, 64, 64, 64),
+        Matrix::new(bv, 64, 64, 64),
+        (64, 64, 72),
+        opts,
+    );
     assert!(matches!(e, Error::LengthMismatch { .. }), "{e}");
-    let e = attempt(Matrix::new(av, 0, 64, 64), Matrix::new(bv, 64, 64, 64), (64, 64, 64), opts);
+    let e = attempt(
+        Matrix::new(av, 0, 64, 64),
+        Matrix::new(bv, 64, 64, 64),
+        (64, 64, 64),
+        opts,
+    );
     assert!(matches!(e, Error::BadShape { .. }), "{e}");
     // Unsupported cluster, zero group.
     let bad = TcGemmOptions {
         cluster: Some(4),
         ..opts
     };
-    let e = attempt(Matrix::new(av, 64, 64, 64), Matrix::new(bv, 64, 64, 64), (64, 64, 64), bad);
-    assert!(matches!(e, Error::UnsupportedClusterSize { cluster: 4, .. }), "{e}");
+    let e = attempt(
+        Matrix::new(av, 64, 64, 64),
+        Matrix::new(bv, 64, 64, 64),
+        (64, 64, 64),
+        bad,
+    );
+    assert!(
+        matches!(e, Error::UnsupportedClusterSize { cluster: 4, .. }),
+        "{e}"
+    );
     let bad = TcGemmOptions { group: 0, ..opts };
-    let e = attempt(Matrix::new(av, 64, 64, 64), Matrix::new(bv, 64, 64, 64), (64, 64, 64), bad);
+    let e = attempt(
+        Matrix::new(av, 64, 64, 64),
+        Matrix::new(bv, 64, 64, 64),
+        (64, 64, 64),
+        bad,
+    );
     assert!(matches!(e, Error::BadShape { .. }), "{e}");
     // Buffers of another stream.
     let other = dev.new_stream().unwrap();

@@ -388,7 +388,9 @@ pub struct TensorMap<'a> {
 
 impl std::fmt::Debug for TensorMap<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TensorMap").field("desc", &self.desc).finish()
+        f.debug_struct("TensorMap")
+            .field("desc", &self.desc)
+            .finish()
     }
 }
 

@@ -253,8 +253,24 @@ fn tc_gemm_reports_no_gpu_or_runs_verified() {
     for dtype in ["bf16", "fp16"] {
         let out = warpline()
             .args([
-                "gemm", "--dtype", dtype, "--m", "257", "--n", "300", "--k", "129", "--cluster",
-                "1", "--b-layout", "row", "--raster", "n", "--reps", "2", "--verify",
+                "gemm",
+                "--dtype",
+                dtype,
+                "--m",
+                "257",
+                "--n",
+                "300",
+                "--k",
+                "129",
+                "--cluster",
+                "1",
+                "--b-layout",
+                "row",
+                "--raster",
+                "n",
+                "--reps",
+                "2",
+                "--verify",
             ])
             .output()
             .unwrap();
@@ -275,17 +291,36 @@ fn tc_gemm_reports_no_gpu_or_runs_verified() {
 #[test]
 fn tc_gemm_bad_arguments_are_refused_before_the_device() {
     for (args, flag) in [
-        (&["gemm", "--dtype", "bf16", "--m", "8", "--n", "8"][..], "--k"),
         (
-            &["gemm", "--dtype", "bf16", "--m", "0", "--n", "8", "--k", "8"][..],
+            &["gemm", "--dtype", "bf16", "--m", "8", "--n", "8"][..],
+            "--k",
+        ),
+        (
+            &[
+                "gemm", "--dtype", "bf16", "--m", "0", "--n", "8", "--k", "8",
+            ][..],
             "--m 0",
         ),
         (
-            &["gemm", "--dtype", "fp16", "--m", "8", "--n", "8", "--k", "8", "--cluster", "4"][..],
+            &[
+                "gemm",
+                "--dtype",
+                "fp16",
+                "--m",
+                "8",
+                "--n",
+                "8",
+                "--k",
+                "8",
+                "--cluster",
+                "4",
+            ][..],
             "--cluster 4",
         ),
         (
-            &["gemm", "--dtype", "bf16", "--m", "8", "--n", "8", "--k", "8", "--reps", "0"][..],
+            &[
+                "gemm", "--dtype", "bf16", "--m", "8", "--n", "8", "--k", "8", "--reps", "0",
+            ][..],
             "--reps 0",
         ),
     ] {

@@ -228,9 +228,9 @@ fn build_ptx(require_ptxas: bool) -> Result<()> {
             None if require_ptxas => {
                 return Err("ptxas not found (set PTXAS or run `cargo xtask setup`)".into());
             }
-            None => println!(
-                "build-ptx: ptxas not found; PTX not assembled (run `cargo xtask setup`)"
-            ),
+            None => {
+                println!("build-ptx: ptxas not found; PTX not assembled (run `cargo xtask setup`)")
+            }
         }
     }
     Ok(())

@@ -825,7 +825,9 @@ fn stress_cmd(args: StressArgs) -> CliResult {
 /// The tensor-core GEMM's flags and inputs, checked before the device is opened: `(M, N, K)`,
 /// and the host A (`M x K`) and B (as stored) as float32 when read from files.
 #[allow(clippy::type_complexity)]
-fn check_tc_gemm_args(args: &GemmArgs) -> CliResult<((usize, usize, usize), Option<(Vec<f32>, Vec<f32>)>)> {
+fn check_tc_gemm_args(
+    args: &GemmArgs,
+) -> CliResult<((usize, usize, usize), Option<(Vec<f32>, Vec<f32>)>)> {
     if let Some(c) = args.cluster {
         if !warpline_gpu::contract::tc_gemm::CLUSTER_SIZES.contains(&c) {
             return Err(usage(format!(
@@ -837,7 +839,9 @@ fn check_tc_gemm_args(args: &GemmArgs) -> CliResult<((usize, usize, usize), Opti
         return Err(usage("--reps 0: at least 1 timed repetition is needed"));
     }
     if args.streams.is_some() {
-        return Err(usage("--streams: only the f32 mode streams through the pipeline"));
+        return Err(usage(
+            "--streams: only the f32 mode streams through the pipeline",
+        ));
     }
     let col = args.b_layout == BLayoutArg::Col;
     if let (Some(pa), Some(pb)) = (&args.a, &args.b) {
@@ -856,9 +860,16 @@ fn check_tc_gemm_args(args: &GemmArgs) -> CliResult<((usize, usize, usize), Opti
             )));
         }
         let dims = (m as usize, n as usize, k as usize);
-        for (flag, given, have) in [("--m", args.m, dims.0), ("--n", args.n, dims.1), ("--k", args.k, dims.2)] {
+        for (flag, given, have) in [
+            ("--m", args.m, dims.0),
+            ("--n", args.n, dims.1),
+            ("--k", args.k, dims.2),
+        ] {
             if given.is_some_and(|g| g != have) {
-                return Err(usage(format!("{flag} {} disagrees with the .npy inputs ({have})", given.unwrap_or(0))));
+                return Err(usage(format!(
+                    "{flag} {} disagrees with the .npy inputs ({have})",
+                    given.unwrap_or(0)
+                )));
             }
         }
         return Ok((dims, Some((a, b))));
@@ -930,7 +941,11 @@ fn tc_gemm_cmd<T: warpline::kernels::tc_gemm::TcInput>(args: &GemmArgs) -> CliRe
     let tc = TcGemm::new(&dev)?;
     let (br, bc) = layout.stored(k, n);
     // Row pitches padded to 16 bytes (TMA); the logical sizes stay as given.
-    let (lda, ldb, ldc) = (k.next_multiple_of(8), bc.next_multiple_of(8), n.next_multiple_of(4));
+    let (lda, ldb, ldc) = (
+        k.next_multiple_of(8),
+        bc.next_multiple_of(8),
+        n.next_multiple_of(4),
+    );
     check_device_memory(
         &dev,
         &format!("M x N x K = {m} x {n} x {k} (A, B, C of ours and cuBLAS's)"),
@@ -1065,7 +1080,9 @@ fn tc_gemm_cmd<T: warpline::kernels::tc_gemm::TcInput>(args: &GemmArgs) -> CliRe
         );
     }
     if let Some(path) = &args.out {
-        let packed: Vec<f32> = (0..m).flat_map(|i| c[i * ldc..i * ldc + n].to_vec()).collect();
+        let packed: Vec<f32> = (0..m)
+            .flat_map(|i| c[i * ldc..i * ldc + n].to_vec())
+            .collect();
         npy::write_f32(path, &[m as u64, n as u64], &packed)?;
         println!("wrote {}", path.display());
     }

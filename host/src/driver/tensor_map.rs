@@ -33,12 +33,11 @@ pub(crate) fn encode_tiled(args: &EncodeTiled<'_>) -> Result<sys::CUtensorMap> {
     let rank = args.rank as usize;
     // The slices must hold what the driver reads (the validation guarantees it; checked again
     // here because the driver would read out of bounds otherwise).
-    if !(
-        (1..=5).contains(&rank)
-            && args.dims.len() == rank
-            && args.box_dims.len() == rank
-            && args.element_strides.len() == rank
-            && args.strides.len() + 1 == rank)
+    if !((1..=5).contains(&rank)
+        && args.dims.len() == rank
+        && args.box_dims.len() == rank
+        && args.element_strides.len() == rank
+        && args.strides.len() + 1 == rank)
     {
         return Err(crate::Error::TensorMap {
             rule: crate::tensor_map::TensorMapRule::Rank,

@@ -20,8 +20,7 @@ pub use gemm::{
     tile_gemm_with_grid, CublasSgemm,
 };
 pub use tc_gemm::{
-    BLayout, CublasGemmEx, GemmShape, Matrix, MatrixMut, Raster, TcGemm, TcGemmOptions,
-    TcGemmPlan,
+    BLayout, CublasGemmEx, GemmShape, Matrix, MatrixMut, Raster, TcGemm, TcGemmOptions, TcGemmPlan,
 };
 
 use crate::error::{Error, Result};

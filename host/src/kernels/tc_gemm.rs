@@ -585,13 +585,9 @@ impl<'d> TcGemm<'d> {
     }
 
     fn config(grid: u32, cluster: u32, pdl: bool) -> LaunchConfig {
-        LaunchConfig::linear(
-            grid,
-            contract::THREADS_PER_CTA,
-            contract::SMEM_BYTES as u32,
-        )
-        .with_cluster_x(cluster)
-        .with_pdl(pdl)
+        LaunchConfig::linear(grid, contract::THREADS_PER_CTA, contract::SMEM_BYTES as u32)
+            .with_cluster_x(cluster)
+            .with_pdl(pdl)
     }
 
     /// Clusters of `cluster` CTAs (1 or 2) of entry `name` the device can run at once
@@ -1135,7 +1131,14 @@ impl HostB<'_> {
 
 /// `(sum_k A[i][k] B[k][j], sum_k |A[i][k] B[k][j]|)` in f64, for row `i` of a row-major A
 /// (pitch `lda`, `k` columns; values already rounded to the input type and widened).
-pub fn reference_entry(a: &[f32], lda: usize, b: &HostB<'_>, k: usize, i: usize, j: usize) -> (f64, f64) {
+pub fn reference_entry(
+    a: &[f32],
+    lda: usize,
+    b: &HostB<'_>,
+    k: usize,
+    i: usize,
+    j: usize,
+) -> (f64, f64) {
     let (mut s, mut abs) = (0f64, 0f64);
     for kk in 0..k {
         let p = a[i * lda + kk] as f64 * b.at(kk, j) as f64;
@@ -1204,17 +1207,37 @@ mod tests {
         let c = dims(4, 8, 8, 4);
         let e = check_shapes(&a, &b, BLayout::ColMajor, &c).unwrap_err();
         assert!(
-            matches!(e, Error::PitchAlignment { pitch: 65, elem_bytes: 2, .. }),
+            matches!(
+                e,
+                Error::PitchAlignment {
+                    pitch: 65,
+                    elem_bytes: 2,
+                    ..
+                }
+            ),
             "{e}"
         );
         let m = e.to_string();
-        assert!(m.contains("pad the row pitch") && m.contains("multiple of 8 elements"), "{m}");
+        assert!(
+            m.contains("pad the row pitch") && m.contains("multiple of 8 elements"),
+            "{m}"
+        );
         // f32 C with pitch 6: 24 bytes.
         let a = dims(4, 72, 72, 2);
         let c = dims(4, 6, 6, 4);
         let b = dims(6, 72, 72, 2);
         let e = check_shapes(&a, &b, BLayout::ColMajor, &c).unwrap_err();
-        assert!(matches!(e, Error::PitchAlignment { pitch: 6, elem_bytes: 4, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::PitchAlignment {
+                    pitch: 6,
+                    elem_bytes: 4,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1239,10 +1262,7 @@ mod tests {
             Err(Error::LengthMismatch { .. })
         ));
         // pitch below the row.
-        let a = MatrixDims {
-            pitch: 0,
-            ..good.0
-        };
+        let a = MatrixDims { pitch: 0, ..good.0 };
         assert!(matches!(
             check_shapes(&a, &good.1, BLayout::ColMajor, &good.2),
             Err(Error::BadShape { .. })
@@ -1314,7 +1334,10 @@ mod tests {
             layout: BLayout::ColMajor,
         };
         assert_eq!(reference_entry(&a, 4, &hb, 3, 0, 0), (6.0, 6.0));
-        assert_eq!(reference_entry(&a, 4, &hb, 3, 1, 1), (-2.0 - 1.0 + 1.0, 2.0 + 1.0 + 1.0));
+        assert_eq!(
+            reference_entry(&a, 4, &hb, 3, 1, 1),
+            (-2.0 - 1.0 + 1.0, 2.0 + 1.0 + 1.0)
+        );
         let t = tolerance(10.0, 100.0, 1.0, 0.0, 0.0);
         assert!((t - (0.1 + ABS_FLOOR)).abs() < 1e-12);
     }
