@@ -793,7 +793,7 @@ impl<'d> TcGemm<'d> {
     /// Shapes: A `M x K`, B1 `K x N1` (`layout1`), C1 `M x N1`, B2 `N1 x N2` (`layout2`), C2
     /// `M x N2`; rules and errors as [`TcGemm::plan`] for each.
     #[allow(clippy::too_many_arguments)]
-    pub fn plan_chain2<'a, T: TcInput, O: TcOutput<T>>(
+    pub fn plan_chain2<'a, T: TcInput + TcOutput<T>, O: TcOutput<T>>(
         &'a self,
         stream: &Stream,
         a: Matrix<'a, T>,
@@ -804,10 +804,7 @@ impl<'d> TcGemm<'d> {
         layout2: BLayout,
         c2: MatrixMut<'a, O>,
         opts: &TcGemmOptions,
-    ) -> Result<TcGemmPlan<'a>>
-    where
-        T: TcOutput<T>,
-    {
+    ) -> Result<TcGemmPlan<'a>> {
         let (p1, s1, maps1) =
             self.prepare(stream, &a, &b1, layout1, &c1, 1.0, 0.0, opts, opts.pdl)?;
         let c1 = c1.into_matrix();
