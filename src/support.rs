@@ -165,6 +165,28 @@ pub fn ptxas_report() -> String {
     log
 }
 
+/// Assembles the sm_90a module ([`warpline::SM90A_PTX`]) with `ptxas -arch=sm_90a -v`, panics on
+/// failure, and returns ptxas's verbose report (warnings included).
+pub fn ptxas_report_sm90a() -> String {
+    let dir = std::env::temp_dir().join(format!(
+        "warpline-ptxas-sm90a-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("warpline_gpu_sm90a.ptx");
+    std::fs::write(&file, warpline::SM90A_PTX).unwrap();
+    let out = std::process::Command::new(ptxas())
+        .args(["-arch=sm_90a", "-v", "-o", "/dev/null"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "ptxas -arch=sm_90a failed:\n{log}");
+    log
+}
+
 /// Asserts that ptxas's `report` compiled `kernel` for sm_90 with no spill stores.
 pub fn assert_compiled_without_spills(report: &str, kernel: &str) {
     let at = report

@@ -1,7 +1,9 @@
 //! Checks on the PTX module that need no GPU: it assembles for sm_90 with ptxas, and each kernel
 //! uses the instructions its design rests on.
 
-use warpline_suite::support::{assert_compiled_without_spills, entry_body, ptxas_report};
+use warpline_suite::support::{
+    assert_compiled_without_spills, entry_body, ptxas_report, ptxas_report_sm90a,
+};
 
 #[test]
 fn module_assembles_for_sm_90_without_spills() {
@@ -154,5 +156,63 @@ fn finding_12_every_pdl_kernel_that_waits_reads_its_dependent_inputs_after_the_w
                 "{kernel} reads {param} before the wait: {early:?}"
             );
         }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Issue 11: the sm_90a module (tensor-core GEMM) assembles for sm_90a with the instructions its
+// design rests on, no wgmma serialization or register-count warnings, and no spills.
+// ------------------------------------------------------------------------------------------------
+
+#[test]
+fn sm90a_module_has_wgmma_tma_and_setmaxnreg() {
+    let ptx = warpline::SM90A_PTX;
+    assert!(ptx.contains(".target sm_90a"), "the module is not sm_90a");
+    for kernel in warpline::kernels::tc_gemm::ENTRIES {
+        assert!(
+            ptx.contains(&format!(".entry {kernel}(")),
+            "{kernel} is not an entry of the sm_90a module"
+        );
+    }
+    for needle in [
+        "wgmma.mma_async",
+        "cp.async.bulk.tensor",
+        "setmaxnreg",
+        "griddepcontrol.wait",
+        "griddepcontrol.launch_dependents",
+    ] {
+        assert!(ptx.contains(needle), "the sm_90a module lacks `{needle}`");
+    }
+}
+
+#[test]
+fn sm90a_module_assembles_without_c75xx_warnings_or_spills() {
+    let report = ptxas_report_sm90a();
+    // C7508: setmaxnreg ignored (no register count at entry); C7510/C7515: wgmma serialized
+    // (accumulator registers moved between issue and wait); C7511: wgmma serialized for lack of
+    // registers.
+    for code in ["C7508", "C7510", "C7511", "C7515"] {
+        assert!(
+            !report.contains(code),
+            "ptxas -arch=sm_90a warns {code}:\n{report}"
+        );
+    }
+    for kernel in warpline::kernels::tc_gemm::ENTRIES {
+        let at = report
+            .find(&format!("Compiling entry function '{kernel}' for 'sm_90a'"))
+            .unwrap_or_else(|| panic!("{kernel} not compiled:\n{report}"));
+        let rest = &report[at..];
+        let end = rest[1..]
+            .find("Compiling entry")
+            .map_or(rest.len(), |i| i + 1);
+        let section = &rest[..end];
+        let spill = section
+            .lines()
+            .find(|l| l.contains("spill stores"))
+            .unwrap_or_else(|| panic!("no spill line for {kernel}:\n{section}"));
+        assert!(
+            spill.contains(" 0 bytes spill stores") && spill.contains(" 0 bytes spill loads"),
+            "{kernel} spills: {spill}"
+        );
     }
 }

@@ -194,6 +194,33 @@ pub enum Error {
     /// across the FFI boundary); the run's later work still ran.
     #[error("host callback `{task}` panicked: {message}; host callbacks must not panic (the panic was caught on the driver's callback thread and the rest of the run went on)")]
     HostCallbackPanicked { task: String, message: String },
+    /// A TMA tensor map description that `cuTensorMapEncodeTiled` would reject (or that the
+    /// hardware cannot use), found before the driver is called: `rule` says which rule, `detail`
+    /// what was given and what is allowed (CUDA driver API, `cuTensorMapEncodeTiled`).
+    #[error("tensor map: {rule}: {detail}")]
+    TensorMap {
+        /// The rule that was broken.
+        rule: crate::tensor_map::TensorMapRule,
+        /// What was given and what is allowed.
+        detail: String,
+    },
+    /// A matrix row pitch that TMA cannot address: every global stride of a tensor map is a
+    /// multiple of 16 bytes.
+    #[error("{what}: row pitch of {pitch} elements is {} bytes, not a multiple of 16 bytes as TMA requires (a multiple of {} elements of {elem_bytes} bytes); pad the row pitch; the logical K (and M, N) may be anything", *.pitch as u64 * *.elem_bytes as u64, 16 / *.elem_bytes)]
+    PitchAlignment {
+        what: &'static str,
+        /// Row pitch, elements.
+        pitch: usize,
+        /// Bytes per element.
+        elem_bytes: usize,
+    },
+    /// sm_90a code (wgmma, setmaxnreg) runs only on compute capability 9.0 exactly.
+    #[error("{device} has compute capability {major}.{minor}; the tensor-core kernels are sm_90a code (wgmma, setmaxnreg), which runs on compute capability 9.0 exactly (H100/H200)")]
+    Sm90aRequired {
+        device: String,
+        major: i32,
+        minor: i32,
+    },
     /// A kernel's PTX parameter list does not match the Rust signature it was asked for.
     #[error("kernel `{kernel}`: the PTX entry takes {ptx} but the Rust signature is {rust}: {detail}; allowed: one Rust parameter per PTX parameter, of the same size in bytes (View/ViewMut/DevicePtr/u64/i64 for .u64/.s64/.b64 addresses, f32/f64 for .f32/.f64, integers for .u/.s types, any type of the size for .b types and .b8 [N] aggregates)")]
     KernelSignatureMismatch {

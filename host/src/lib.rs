@@ -27,16 +27,20 @@ pub mod pipeline;
 pub mod reference;
 pub mod stream;
 pub mod stress;
+pub mod tensor_map;
 pub mod trace;
 
 pub use chain::{Chain, Graph, KernelArg};
 pub use device::{Capabilities, Device};
 pub use error::{Error, Result};
+/// BF16 and FP16 host element types (the `half` crate), for the tensor-core GEMM's inputs.
+pub use half::{bf16, f16};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, MemPool, PinnedBuffer};
 pub use module::{Module, TypedKernel};
 pub use ordering::{synchronize_timeout, Cmp, Fence, OnTimeout, Signal, TaskGraph};
 pub use pipeline::{BatchPipeline, BatchTiming, PipelineReport};
 pub use stream::{Event, Stream};
+pub use tensor_map::{TensorMap, TensorMapDesc, TensorMapTable};
 
 /// The PTX module built from `gpu/` (sm_90, PTX ISA 8.0), embedded at build time.
 pub const PTX: &str = include_str!(env!("WARPLINE_PTX_PATH"));

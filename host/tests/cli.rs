@@ -385,3 +385,129 @@ fn the_seed_given_is_the_seed_reported() {
     assert_eq!(v["seed"], 42, "{v}");
     assert_eq!(v["command"], "pipeline", "{v}");
 }
+
+// ------------------------------------------------------------------------------------------------
+// gemm --dtype bf16|fp16 (issue 11): the tensor-core GEMM's flags are checked before the device;
+// without a GPU it says so and exits 2; with one, a small verified run prints the cuBLAS ratio.
+// ------------------------------------------------------------------------------------------------
+
+#[test]
+fn tc_gemm_reports_no_gpu_or_runs_verified() {
+    for dtype in ["bf16", "fp16"] {
+        let out = warpline()
+            .args([
+                "gemm",
+                "--dtype",
+                dtype,
+                "--m",
+                "257",
+                "--n",
+                "300",
+                "--k",
+                "129",
+                "--cluster",
+                "1",
+                "--b-layout",
+                "row",
+                "--raster",
+                "n",
+                "--reps",
+                "2",
+                "--verify",
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        if warpline::device::driver_present() {
+            assert!(out.status.success(), "{stdout}\n{stderr}");
+            assert!(stdout.contains("verified tc_gemm"), "{stdout}");
+            assert!(stdout.contains("x cuBLAS"), "{stdout}");
+        } else {
+            assert_eq!(out.status.code(), Some(2), "{stderr}");
+            assert!(stderr.contains("no GPU"), "{stderr}");
+        }
+    }
+}
+
+#[test]
+fn tc_gemm_bad_arguments_are_refused_before_the_device() {
+    for (args, flag) in [
+        (
+            &["gemm", "--dtype", "bf16", "--m", "8", "--n", "8"][..],
+            "--k",
+        ),
+        (
+            &[
+                "gemm", "--dtype", "bf16", "--m", "0", "--n", "8", "--k", "8",
+            ][..],
+            "--m 0",
+        ),
+        (
+            &[
+                "gemm",
+                "--dtype",
+                "fp16",
+                "--m",
+                "8",
+                "--n",
+                "8",
+                "--k",
+                "8",
+                "--cluster",
+                "4",
+            ][..],
+            "--cluster 4",
+        ),
+        (
+            &[
+                "gemm", "--dtype", "bf16", "--m", "8", "--n", "8", "--k", "8", "--reps", "0",
+            ][..],
+            "--reps 0",
+        ),
+    ] {
+        let (code, stderr) = run(args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("bad usage"), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        assert!(!stderr.contains("no GPU"), "{args:?}: {stderr}");
+    }
+    // An unknown dtype is clap's own usage error (exit 2).
+    let (code, stderr) = run(&["gemm", "--dtype", "int8"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("int8"), "{stderr}");
+}
+
+#[test]
+fn tc_gemm_npy_shapes_are_checked_before_the_device() {
+    let d = temp_dir("tcshape");
+    let (a, b) = (d.join("a.npy"), d.join("b.npy"));
+    warpline::npy::write_f32(&a, &[4, 8], &[0.5; 32]).unwrap();
+    // Column-major B is (N, K): K = 6 disagrees with A's 8.
+    warpline::npy::write_f32(&b, &[3, 6], &[0.5; 18]).unwrap();
+    let (code, stderr) = run(&[
+        "gemm",
+        "--dtype",
+        "bf16",
+        "--a",
+        a.to_str().unwrap(),
+        "--b",
+        b.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("K = 6"), "{stderr}");
+    // A 1-D input is refused with the shapes that are allowed.
+    warpline::npy::write_f32(&b, &[18], &[0.5; 18]).unwrap();
+    let (code, stderr) = run(&[
+        "gemm",
+        "--dtype",
+        "fp16",
+        "--a",
+        a.to_str().unwrap(),
+        "--b",
+        b.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("2-D arrays are needed"), "{stderr}");
+}

@@ -20,8 +20,10 @@ enum Cmd {
     /// Install what building and linting PTX needs (Debian rustc-web, cargo-web, rust-web-src,
     /// rust-web-clippy; ptxas from the PyPI package nvidia-cuda-nvcc). Idempotent.
     Setup,
-    /// Build `gpu/` for nvptx64-nvidia-cuda (sm_90, PTX ISA 8.0) into target/ptx/warpline_gpu.ptx
-    /// and, where ptxas is present, assemble it for sm_90 and print each kernel's resources.
+    /// Build `gpu/` for nvptx64-nvidia-cuda into its two modules: sm_90 (PTX ISA 8.0) into
+    /// target/ptx/warpline_gpu.ptx and sm_90a (PTX ISA 8.3, feature sm90a: the tensor-core
+    /// kernels) into target/ptx-sm90a/warpline_gpu.ptx; where ptxas is present, assemble each and
+    /// print each kernel's resources.
     BuildPtx {
         /// Fail if ptxas is not available (CI).
         #[arg(long)]
@@ -200,22 +202,45 @@ fn setup_if_needed(what: &str) -> Result<()> {
     Ok(())
 }
 
+/// The sm_90a module's builder (sm_90a, PTX ISA 8.3, feature `sm90a`: the tensor-core kernels),
+/// with the same settings and folders as host/build.rs's MODULES table.
+fn gpu_builder_sm90a() -> PtxBuilder {
+    PtxBuilder::new(root().join("gpu"))
+        .arch(Arch::Sm90a)
+        .ptx_isa(PtxIsa::V8_3)
+        .features(["sm90a"])
+        .out_dir(root().join("target/ptx-sm90a"))
+        .target_dir(root().join("target/nvptx-sm90a"))
+}
+
+/// Builds both PTX modules (sm_90 into target/ptx, sm_90a into target/ptx-sm90a) and prints
+/// each one's ptxas resource table.
 fn build_ptx(require_ptxas: bool) -> Result<()> {
-    let b = gpu_builder();
-    println!("build-ptx: building gpu/ for nvptx64-nvidia-cuda (sm_90, PTX ISA 8.0)");
-    let built = b.build().map_err(|e| e.to_string())?;
-    let size = fs::metadata(&built.path).map(|m| m.len()).unwrap_or(0);
-    println!(
-        "build-ptx: wrote {} ({size} bytes; kernels: {})",
-        built.path.display(),
-        built.entries.join(", ")
-    );
-    match built.resources {
-        Some(r) => print!("{}", ptxas::table(Arch::Sm90, &r)),
-        None if require_ptxas => {
-            return Err("ptxas not found (set PTXAS or run `cargo xtask setup`)".into());
+    for (b, arch, what) in [
+        (gpu_builder(), Arch::Sm90, "sm_90, PTX ISA 8.0"),
+        (
+            gpu_builder_sm90a(),
+            Arch::Sm90a,
+            "sm_90a, PTX ISA 8.3, feature sm90a",
+        ),
+    ] {
+        println!("build-ptx: building gpu/ for nvptx64-nvidia-cuda ({what})");
+        let built = b.build().map_err(|e| e.to_string())?;
+        let size = fs::metadata(&built.path).map(|m| m.len()).unwrap_or(0);
+        println!(
+            "build-ptx: wrote {} ({size} bytes; kernels: {})",
+            built.path.display(),
+            built.entries.join(", ")
+        );
+        match built.resources {
+            Some(r) => print!("{}", ptxas::table(arch, &r)),
+            None if require_ptxas => {
+                return Err("ptxas not found (set PTXAS or run `cargo xtask setup`)".into());
+            }
+            None => {
+                println!("build-ptx: ptxas not found; PTX not assembled (run `cargo xtask setup`)")
+            }
         }
-        None => println!("build-ptx: ptxas not found; PTX not assembled (run `cargo xtask setup`)"),
     }
     Ok(())
 }
@@ -483,6 +508,11 @@ fn gpu_bundle() -> Result<()> {
         copy(&name, &exe, "examples")?;
     }
     fs::copy(ptx_path(), dir.join("warpline_gpu.ptx")).map_err(|e| e.to_string())?;
+    fs::copy(
+        root.join("target/ptx-sm90a/warpline_gpu.ptx"),
+        dir.join("warpline_gpu_sm90a.ptx"),
+    )
+    .map_err(|e| e.to_string())?;
     fs::write(dir.join("run.sh"), RUN_SH).map_err(|e| e.to_string())?;
     run(Command::new("chmod").arg("+x").arg(dir.join("run.sh")))?;
     let size: u64 = fs::read_dir(&dir)
@@ -544,6 +574,9 @@ fi
 if [[ $what == cli || $what == all ]]; then
   for s in 1 3; do
     ./warpline pipeline --streams $s --batches 16 --batch-elems 16777216 --verify 2>&1 | tee -a "$LOGS/cli.log" || rc=1
+  done
+  for d in bf16 fp16; do
+    ./warpline gemm --dtype $d --m 4096 --n 4096 --k 4096 --verify 2>&1 | tee -a "$LOGS/cli.log" || rc=1
   done
 fi
 if [[ $what == examples || $what == all ]] && [[ -d examples ]]; then

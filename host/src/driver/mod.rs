@@ -12,6 +12,7 @@
 //! - [`core`]: contexts, functions, launches, streams, events, memory.
 //! - [`peer`]: peer access between GPUs, peer copies, pool access for peers, stream priorities.
 //! - [`nccl`]: NCCL (cudarc `nccl`, loaded at run time) communicators and collectives.
+//! - [`tensor_map`]: TMA tensor maps (`cuTensorMapEncodeTiled`).
 
 pub(crate) mod core;
 pub(crate) mod graph;
@@ -19,3 +20,4 @@ pub(crate) mod hostmem;
 pub(crate) mod memops;
 pub(crate) mod nccl;
 pub(crate) mod peer;
+pub(crate) mod tensor_map;

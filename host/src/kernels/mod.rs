@@ -5,6 +5,8 @@ mod gemm;
 pub mod pdl;
 /// Signal kernels and ordering probes (raw device addresses; `unsafe`).
 pub mod signal;
+/// The tensor-core GEMM (sm_90a; BF16/FP16 in, FP32 accumulate) and its cuBLAS reference.
+pub mod tc_gemm;
 mod vector_add;
 
 pub use vector_add::{
@@ -16,6 +18,9 @@ pub use gemm::{
     check_gemm_cluster_size, check_gemm_shapes, cluster_tile_gemm, cluster_tile_gemm_with_grid,
     gemm_cluster_grid, gemm_cluster_sizes_that_fit, gemm_max_active_clusters, tile_gemm,
     tile_gemm_with_grid, CublasSgemm,
+};
+pub use tc_gemm::{
+    BLayout, CublasGemmEx, GemmShape, Matrix, MatrixMut, Raster, TcGemm, TcGemmOptions, TcGemmPlan,
 };
 
 use crate::error::{Error, Result};

@@ -1,0 +1,194 @@
+//! BF16 tensor-core GEMM throughput (`TcGemm`, FP32 accumulation, f32 output; B column-major)
+//! side by side with cuBLAS `cublasGemmEx` (BF16 in, `CUBLAS_COMPUTE_32F`, f32 out) on the same
+//! device buffers in the same run, at the six shapes (M x N x K): 2048^3, 4096^3,
+//! 8192^3, 8192x8192x1024, 4096x14336x4096, 16384x4096x4096. Per shape: cluster 1 and 2, raster
+//! along M and along N. Then a chain of two dependent GEMMs (`C1 = A B1`, `C2 = C1 B2`, 4096^3
+//! each) launched back to back, with and without PDL.
+//!
+//! Random normal inputs (input data changes power draw and so clocks). Each figure is the median
+//! of `REPS` timings (CUDA events around `BATCH` launches of a prepared plan, so no tensor-map
+//! upload is timed) after warm-up. TFLOP/s = 2 M N K / time. Without a driver, or on a device
+//! other than compute capability 9.0, it prints why it skipped and exits 0.
+
+use rand::{Rng, SeedableRng};
+use warpline::kernels::tc_gemm::{
+    BLayout, CublasGemmEx, Matrix, MatrixMut, Raster, TcGemm, TcGemmOptions, TcGemmPlan,
+};
+use warpline::{bf16, Device, DeviceBuffer, MemPool, Stream};
+use warpline_suite::support::gpu_or_skip;
+
+const REPS: usize = 15;
+const BATCH: usize = 10;
+
+fn median_ms(
+    stream: &Stream,
+    mut launch: impl FnMut() -> warpline::Result<()>,
+) -> warpline::Result<f64> {
+    for _ in 0..3 {
+        launch()?;
+    }
+    stream.synchronize()?;
+    let mut t = Vec::with_capacity(REPS);
+    for _ in 0..REPS {
+        let start = stream.record()?;
+        for _ in 0..BATCH {
+            launch()?;
+        }
+        let end = stream.record()?;
+        end.synchronize()?;
+        t.push(start.elapsed_ms(&end)? as f64 / BATCH as f64);
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[REPS / 2])
+}
+
+fn normal_bf16(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<bf16> {
+    (0..n)
+        .map(|_| {
+            let u1: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
+            let u2: f64 = rng.random();
+            bf16::from_f64((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos())
+        })
+        .collect()
+}
+
+fn random_buffer(
+    pool: &MemPool,
+    stream: &Stream,
+    rng: &mut rand::rngs::StdRng,
+    n: usize,
+) -> warpline::Result<DeviceBuffer<bf16>> {
+    let mut b = pool.alloc_async::<bf16>(stream, n)?;
+    b.copy_from_host(&normal_bf16(rng, n))?;
+    Ok(b)
+}
+
+fn run(dev: &Device) -> warpline::Result<()> {
+    let caps = dev.capabilities();
+    println!("device: {} ({} SMs)", caps.name, caps.sm_count);
+    let tc = TcGemm::new(dev)?;
+    let stream = dev.new_stream()?;
+    let pool = MemPool::device_default(dev, 0)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    println!(
+        "{:>22} {:>28} {:>10} {:>10} {:>10}",
+        "M x N x K", "kernel", "ms", "TFLOP/s", "x cuBLAS"
+    );
+    for (m, n, k) in [
+        (2048usize, 2048usize, 2048usize),
+        (4096, 4096, 4096),
+        (8192, 8192, 8192),
+        (8192, 8192, 1024),
+        (4096, 14336, 4096),
+        (16384, 4096, 4096),
+    ] {
+        let a = random_buffer(&pool, &stream, &mut rng, m * k)?;
+        let b = random_buffer(&pool, &stream, &mut rng, n * k)?;
+        let mut c = pool.alloc_async::<f32>(&stream, m * n)?;
+        let flop = 2.0 * m as f64 * n as f64 * k as f64;
+        let shape = format!("{m}x{n}x{k}");
+        let blas = CublasGemmEx::new(dev, &stream)?;
+        let cublas_ms = {
+            let (am, bm) = (
+                Matrix::new(a.as_view(), m, k, k),
+                Matrix::new(b.as_view(), n, k, k),
+            );
+            let mut cm = MatrixMut::new(c.as_view_mut(), m, n, n);
+            median_ms(&stream, || {
+                blas.gemm(&am, &bm, BLayout::ColMajor, &mut cm, 1.0, 0.0)
+            })?
+        };
+        let row = |name: &str, ms: f64| {
+            println!(
+                "{shape:>22} {name:>28} {ms:>10.4} {:>10.1} {:>10.3}",
+                flop / ms / 1e9,
+                cublas_ms / ms
+            )
+        };
+        row("cuBLAS GemmEx bf16", cublas_ms);
+        let variants = [1u32, 2]
+            .into_iter()
+            .flat_map(|c| [(c, Raster::AlongM, false), (c, Raster::AlongN, false)])
+            .chain([(1, Raster::AlongM, true), (2, Raster::AlongM, true)]);
+        for (cluster, raster, pingpong) in variants {
+            {
+                let opts = TcGemmOptions {
+                    cluster: Some(cluster),
+                    raster,
+                    pingpong,
+                    ..Default::default()
+                };
+                let plan = tc.plan(
+                    &stream,
+                    Matrix::new(a.as_view(), m, k, k),
+                    Matrix::new(b.as_view(), n, k, k),
+                    BLayout::ColMajor,
+                    MatrixMut::new(c.as_view_mut(), m, n, n),
+                    1.0,
+                    0.0,
+                    &opts,
+                );
+                match plan {
+                    Ok(plan) => {
+                        let ms = median_ms(&stream, || plan.launch())?;
+                        let kind = if pingpong { "ping-pong" } else { "coop" };
+                        row(&format!("tc_gemm {kind} x{cluster} {raster:?}"), ms);
+                    }
+                    Err(e) => println!("{shape:>22} tc_gemm x{cluster} {raster:?}: {e}"),
+                }
+            }
+        }
+        stream.synchronize()?;
+    }
+    // Two dependent GEMMs, with and without PDL on the second.
+    let s = 4096usize;
+    let a = random_buffer(&pool, &stream, &mut rng, s * s)?;
+    let b1 = random_buffer(&pool, &stream, &mut rng, s * s)?;
+    let b2 = random_buffer(&pool, &stream, &mut rng, s * s)?;
+    let mut c1 = pool.alloc_async::<bf16>(&stream, s * s)?;
+    let mut c2 = pool.alloc_async::<f32>(&stream, s * s)?;
+    let mut times = Vec::new();
+    for pdl in [false, true] {
+        let opts = TcGemmOptions {
+            pdl,
+            ..Default::default()
+        };
+        let plan: TcGemmPlan<'_> = tc.plan_chain2(
+            &stream,
+            Matrix::new(a.as_view(), s, s, s),
+            Matrix::new(b1.as_view(), s, s, s),
+            BLayout::ColMajor,
+            MatrixMut::new(c1.as_view_mut(), s, s, s),
+            Matrix::new(b2.as_view(), s, s, s),
+            BLayout::ColMajor,
+            MatrixMut::new(c2.as_view_mut(), s, s, s),
+            &opts,
+        )?;
+        let ms = median_ms(&stream, || plan.launch())?;
+        println!(
+            "chain of two {s}^3 GEMMs, PDL {pdl:>5}: {ms:.4} ms ({:.1} TFLOP/s)",
+            plan.flops() / ms / 1e9
+        );
+        times.push(ms);
+    }
+    println!(
+        "PDL saves {:.2} us per chain ({:.3}x)",
+        (times[0] - times[1]) * 1e3,
+        times[0] / times[1]
+    );
+    stream.synchronize()
+}
+
+fn main() {
+    let Some(dev) = gpu_or_skip("bench tc_gemm") else {
+        return;
+    };
+    if dev.capabilities().compute_capability != (9, 0) {
+        eprintln!("SKIPPED bench tc_gemm: not a compute capability 9.0 device (sm_90a)");
+        return;
+    }
+    if let Err(e) = run(&dev) {
+        eprintln!("bench tc_gemm: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,1375 @@
+//! Host side of the tensor-core GEMM (issue 11; kernels `tc_gemm_*` of the sm_90a module
+//! [`crate::SM90A_PTX`], built from `gpu/src/kernels/tc_gemm.rs`; launch contract
+//! `warpline_gpu::contract::tc_gemm`):
+//!
+//! `C[M,N] = alpha * A[M,K] * B[K,N] + beta * C`, BF16 or FP16 inputs, FP32 accumulation, FP32
+//! or 16-bit (the input type) output.
+//!
+//! Layouts (all with an explicit row pitch in elements, any M, N, K >= 1):
+//! - A: row-major `M x K`, pitch `lda >= K`;
+//! - B: [`BLayout::ColMajor`] ("K-major": stored as `N` rows of `K`, pitch `ldb >= K`) or
+//!   [`BLayout::RowMajor`] ("N-major": `K` rows of `N`, pitch `ldb >= N`);
+//! - C: row-major `M x N`, pitch `ldc >= N`.
+//!
+//! TMA zero-fills the parts of a load box outside the matrix and clips stores, so nothing is
+//! padded or copied; but TMA addresses rows with byte strides that are multiples of 16, so every
+//! row pitch must be a multiple of 16 bytes (8 BF16/FP16 elements, 4 f32) and every base address
+//! 16-byte aligned ([`Error::PitchAlignment`], [`Error::Misaligned`]). The logical sizes may be
+//! anything.
+//!
+//! How a launch is built: [`TcGemm::plan`] validates everything (shapes, pitches, alignment,
+//! sizes within the views, streams, cluster size, launch limits), encodes the three tensor maps
+//! (A: dims `{K, M}`, box `A_BOX`; B: `{K, N}` box `B_BOX_KMAJOR` or `{N, K}` box
+//! `B_BOX_NMAJOR`; C: `{N, M}`, box `C_BOX_F32` or `C_BOX_16`; all 128-byte swizzle, L2
+//! promotion 256 B, no interleave, element strides 1, out-of-bounds fill NONE = zeros) and
+//! uploads them stream-ordered into a [`TensorMapTable`] in device global memory; the kernel
+//! gets the three map addresses as `u64` parameters. [`TcGemmPlan::launch`] then launches with
+//! no further copies (so PDL overlaps consecutive launches), as often as wanted; dropping the
+//! plan frees the table stream-ordered after the last launch. [`TcGemm::gemm`] is plan + launch.
+//!
+//! Grid: persistent. Work units are cluster tiles (`cluster` M tiles of `BM` rows by one N tile
+//! of `BN` columns): `units = ceil(ceil(M / BM) / cluster) * ceil(N / BN)`; the grid is
+//! `min(units, cuOccupancyMaxActiveClusters) * cluster` CTAs of `THREADS_PER_CTA` threads with
+//! `SMEM_BYTES` of dynamic shared memory, cluster dims `(cluster, 1, 1)`.
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::Mutex;
+
+use cudarc::cublas::{result as cublas_result, sys as cublas_sys, CudaBlas};
+use half::{bf16, f16};
+use warpline_gpu::contract::tc_gemm as contract;
+
+use super::check_stream;
+use crate::device::{Device, Kernel};
+use crate::error::{Error, Result};
+use crate::launch::{launch_raw, LaunchConfig, LaunchLimits, ParamValue};
+use crate::memory::{DeviceView, DeviceViewMut, MemPool};
+use crate::module::{check_signature, Module, RustParam, RustParamKind};
+use crate::stream::Stream;
+use crate::tensor_map::{TensorMap, TensorMapTable, TmaElement, TmaSwizzle};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for f32 {}
+}
+
+/// Layout of B in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BLayout {
+    /// Column-major `K x N` ("K-major", the `_bcol` entries): stored as `N` rows of `K` elements
+    /// with pitch `ldb >= K` (B transposed, row-major).
+    ColMajor,
+    /// Row-major `K x N` ("N-major", the `_brow` entries): `K` rows of `N` with pitch `ldb >= N`.
+    RowMajor,
+}
+
+impl BLayout {
+    /// `(rows, cols)` of B as stored, for a `K x N` B.
+    pub fn stored(self, k: usize, n: usize) -> (usize, usize) {
+        match self {
+            Self::ColMajor => (n, k),
+            Self::RowMajor => (k, n),
+        }
+    }
+}
+
+/// Order in which the persistent grid walks output tiles (L2 reuse).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Raster {
+    /// Consecutive tiles go down M within a band of `group` tile rows
+    /// (`contract::RASTER_ALONG_M`).
+    #[default]
+    AlongM,
+    /// Consecutive tiles go along N within a band of `group` tile columns
+    /// (`contract::RASTER_ALONG_N`).
+    AlongN,
+}
+
+impl Raster {
+    /// The kernel's `raster` parameter.
+    pub fn code(self) -> u32 {
+        match self {
+            Self::AlongM => contract::RASTER_ALONG_M,
+            Self::AlongN => contract::RASTER_ALONG_N,
+        }
+    }
+}
+
+/// Input element types of the tensor-core GEMM: `half::bf16` and `half::f16`.
+pub trait TcInput: TmaElement + sealed::Sealed {
+    /// `"bf16"` or `"fp16"`.
+    const NAME: &'static str;
+    /// cuBLAS data type.
+    const CUDA_TYPE: cublas_sys::cudaDataType;
+    /// The kernel entry for B in `layout`.
+    fn entry(layout: BLayout) -> &'static str;
+    /// Rounds to nearest even.
+    fn from_f32(v: f32) -> Self;
+    /// Exact widening.
+    fn to_f32(self) -> f32;
+}
+
+impl TcInput for bf16 {
+    const NAME: &'static str = "bf16";
+    const CUDA_TYPE: cublas_sys::cudaDataType = cublas_sys::cudaDataType::CUDA_R_16BF;
+    fn entry(layout: BLayout) -> &'static str {
+        match layout {
+            BLayout::ColMajor => contract::KERNEL_BF16_BCOL,
+            BLayout::RowMajor => contract::KERNEL_BF16_BROW,
+        }
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+impl TcInput for f16 {
+    const NAME: &'static str = "fp16";
+    const CUDA_TYPE: cublas_sys::cudaDataType = cublas_sys::cudaDataType::CUDA_R_16F;
+    fn entry(layout: BLayout) -> &'static str {
+        match layout {
+            BLayout::ColMajor => contract::KERNEL_F16_BCOL,
+            BLayout::RowMajor => contract::KERNEL_F16_BROW,
+        }
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+/// Output element types for inputs `I`: `f32`, or `I` itself.
+pub trait TcOutput<I: TcInput>: TmaElement + sealed::Sealed {
+    /// True for f32 (the kernel's `out_f32`).
+    const IS_F32: bool;
+    /// cuBLAS data type.
+    const CUDA_TYPE: cublas_sys::cudaDataType;
+    /// TMA box of C.
+    const C_BOX: [u32; 2];
+    /// Exact widening.
+    fn to_f32(self) -> f32;
+    /// Rounds to nearest even.
+    fn from_f32(v: f32) -> Self;
+    /// Relative rounding error of one output element (half an ulp): 2^-24, 2^-9 (bf16), 2^-11.
+    const ROUNDING: f64;
+}
+
+impl<I: TcInput> TcOutput<I> for f32 {
+    const IS_F32: bool = true;
+    const CUDA_TYPE: cublas_sys::cudaDataType = cublas_sys::cudaDataType::CUDA_R_32F;
+    const C_BOX: [u32; 2] = contract::C_BOX_F32;
+    const ROUNDING: f64 = 1.0 / (1u64 << 24) as f64;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl TcOutput<bf16> for bf16 {
+    const IS_F32: bool = false;
+    const CUDA_TYPE: cublas_sys::cudaDataType = cublas_sys::cudaDataType::CUDA_R_16BF;
+    const C_BOX: [u32; 2] = contract::C_BOX_16;
+    const ROUNDING: f64 = 1.0 / 512.0;
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+impl TcOutput<f16> for f16 {
+    const IS_F32: bool = false;
+    const CUDA_TYPE: cublas_sys::cudaDataType = cublas_sys::cudaDataType::CUDA_R_16F;
+    const C_BOX: [u32; 2] = contract::C_BOX_16;
+    const ROUNDING: f64 = 1.0 / 2048.0;
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+
+/// A read-only row-major matrix in device memory: `rows x cols` elements, row `r` starting at
+/// element `r * pitch` of `view` (pitch in elements, `>= cols`; padding elements are never read).
+#[derive(Clone, Copy)]
+pub struct Matrix<'a, T> {
+    /// The memory.
+    pub view: DeviceView<'a, T>,
+    /// Rows.
+    pub rows: usize,
+    /// Columns (elements per row that belong to the matrix).
+    pub cols: usize,
+    /// Row pitch, elements.
+    pub pitch: usize,
+}
+
+impl<'a, T> Matrix<'a, T> {
+    /// `rows x cols` with row pitch `pitch` (checked at launch).
+    pub fn new(view: DeviceView<'a, T>, rows: usize, cols: usize, pitch: usize) -> Self {
+        Self {
+            view,
+            rows,
+            cols,
+            pitch,
+        }
+    }
+
+    fn dims(&self, elem_bytes: usize) -> MatrixDims {
+        MatrixDims {
+            rows: self.rows,
+            cols: self.cols,
+            pitch: self.pitch,
+            len: self.view.len(),
+            address: self.view.device_ptr(),
+            elem_bytes,
+        }
+    }
+}
+
+/// A writable row-major matrix in device memory (as [`Matrix`]).
+pub struct MatrixMut<'a, T> {
+    /// The memory.
+    pub view: DeviceViewMut<'a, T>,
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+    /// Row pitch, elements.
+    pub pitch: usize,
+}
+
+impl<'a, T> MatrixMut<'a, T> {
+    /// `rows x cols` with row pitch `pitch` (checked at launch).
+    pub fn new(view: DeviceViewMut<'a, T>, rows: usize, cols: usize, pitch: usize) -> Self {
+        Self {
+            view,
+            rows,
+            cols,
+            pitch,
+        }
+    }
+
+    /// The same matrix, read-only (ends the mutable borrow).
+    pub fn into_matrix(self) -> Matrix<'a, T> {
+        Matrix {
+            view: self.view.into_view(),
+            rows: self.rows,
+            cols: self.cols,
+            pitch: self.pitch,
+        }
+    }
+
+    fn dims(&self, elem_bytes: usize) -> MatrixDims {
+        MatrixDims {
+            rows: self.rows,
+            cols: self.cols,
+            pitch: self.pitch,
+            len: self.view.len(),
+            address: self.view.device_ptr(),
+            elem_bytes,
+        }
+    }
+}
+
+/// A matrix operand as plain numbers, for [`check_shapes`] (no device needed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatrixDims {
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+    /// Row pitch, elements.
+    pub pitch: usize,
+    /// Elements in the memory (view length).
+    pub len: usize,
+    /// Device address of element `[0, 0]`.
+    pub address: u64,
+    /// Bytes per element.
+    pub elem_bytes: usize,
+}
+
+/// The problem size of a GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmShape {
+    /// Rows of A and C.
+    pub m: usize,
+    /// Columns of B and C.
+    pub n: usize,
+    /// Columns of A, rows of B.
+    pub k: usize,
+}
+
+impl GemmShape {
+    /// Floating-point operations of one GEMM, `2 M N K`.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+
+    /// Work units of the persistent scheduler for clusters of `cluster`:
+    /// `ceil(ceil(M / BM) / cluster) * ceil(N / BN)` (`WG_M` instead of `BM` for ping-pong).
+    pub fn units(&self, cluster: u32) -> u64 {
+        self.units_of(cluster, false)
+    }
+
+    /// [`GemmShape::units`] for the cooperative (`pingpong = false`) or ping-pong entries.
+    pub fn units_of(&self, cluster: u32, pingpong: bool) -> u64 {
+        let rows = if pingpong {
+            contract::WG_M
+        } else {
+            contract::BM
+        };
+        let m_tiles = self.m.div_ceil(rows) as u64;
+        m_tiles.div_ceil(cluster.max(1) as u64) * self.n.div_ceil(contract::BN) as u64
+    }
+}
+
+/// Checks one matrix operand: non-empty, sizes below 2^32, `pitch >= cols`, pitch a multiple of
+/// 16 bytes, base 16-byte aligned, `(rows - 1) * pitch + cols` elements within the memory.
+pub fn check_matrix(what: &'static str, d: &MatrixDims) -> Result<()> {
+    if d.rows == 0 || d.cols == 0 {
+        return Err(Error::BadShape {
+            what,
+            detail: format!(
+                "{} x {} matrix; at least 1 x 1 is needed (any M, N, K >= 1)",
+                d.rows, d.cols
+            ),
+        });
+    }
+    for (v, name) in [(d.rows, "rows"), (d.cols, "cols"), (d.pitch, "row pitch")] {
+        if v as u64 > u32::MAX as u64 {
+            return Err(Error::BadShape {
+                what,
+                detail: format!("{name} = {v} is too large: at most 2^32 - 1 is allowed"),
+            });
+        }
+    }
+    if d.pitch < d.cols {
+        return Err(Error::BadShape {
+            what,
+            detail: format!(
+                "row pitch {} elements is less than the {} columns; allowed: pitch >= columns",
+                d.pitch, d.cols
+            ),
+        });
+    }
+    if !(d.pitch * d.elem_bytes).is_multiple_of(16) {
+        return Err(Error::PitchAlignment {
+            what,
+            pitch: d.pitch,
+            elem_bytes: d.elem_bytes,
+        });
+    }
+    if !d.address.is_multiple_of(16) {
+        return Err(Error::Misaligned {
+            what,
+            addr: d.address,
+            align: 16,
+        });
+    }
+    let need = (d.rows as u64 - 1) * d.pitch as u64 + d.cols as u64;
+    if need > d.len as u64 {
+        return Err(Error::LengthMismatch {
+            what,
+            detail: format!(
+                "{} x {} with row pitch {} needs (rows - 1) * pitch + cols = {need} elements, the view has {}",
+                d.rows, d.cols, d.pitch, d.len
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the operands of `C = alpha A B + beta C` without a device and returns `M, N, K`:
+/// each matrix as [`check_matrix`]; A is `M x K`, B stored as `layout` says (`N x K` for
+/// [`BLayout::ColMajor`], `K x N` for [`BLayout::RowMajor`]), C is `M x N`.
+///
+/// Errors: [`Error::BadShape`] (empty, pitch below the row, too large), [`Error::PitchAlignment`],
+/// [`Error::Misaligned`], [`Error::LengthMismatch`] (memory too small, or the operands'
+/// `M`/`N`/`K` disagree).
+pub fn check_shapes(
+    a: &MatrixDims,
+    b: &MatrixDims,
+    layout: BLayout,
+    c: &MatrixDims,
+) -> Result<GemmShape> {
+    check_matrix("tc_gemm A (M x K, row-major)", a)?;
+    check_matrix(
+        match layout {
+            BLayout::ColMajor => "tc_gemm B (column-major: stored N x K)",
+            BLayout::RowMajor => "tc_gemm B (row-major: K x N)",
+        },
+        b,
+    )?;
+    check_matrix("tc_gemm C (M x N, row-major)", c)?;
+    let (m, k) = (a.rows, a.cols);
+    let (bk, n) = match layout {
+        BLayout::ColMajor => (b.cols, b.rows),
+        BLayout::RowMajor => (b.rows, b.cols),
+    };
+    if bk != k || c.rows != m || c.cols != n {
+        return Err(Error::LengthMismatch {
+            what: "tc_gemm shapes",
+            detail: format!(
+                "A is {m} x {k} (M x K), B ({layout:?}, stored {} x {}) is {bk} x {n} (K x N), C is {} x {} (M x N); K of A and B, and M, N of C must agree",
+                b.rows, b.cols, c.rows, c.cols
+            ),
+        });
+    }
+    Ok(GemmShape { m, n, k })
+}
+
+/// Launch options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcGemmOptions {
+    /// CTAs per cluster, 1 or 2 (`None`: 2 when `cuOccupancyMaxActiveClusters` can place a
+    /// cluster of 2, else 1).
+    pub cluster: Option<u32>,
+    /// Tile raster order.
+    pub raster: Raster,
+    /// Tiles per raster band (>= 1).
+    pub group: u32,
+    /// Launch with Programmatic Dependent Launch (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
+    /// SERIALIZATION`): the kernel may start while the previous kernel on the stream finishes;
+    /// it waits (`griddepcontrol.wait`) before reading A, B or C.
+    pub pdl: bool,
+    /// Number of clusters in the persistent grid (`None`: as many as can be resident, at most
+    /// one per work unit). Any number >= 1 is correct; for tests and tuning.
+    pub clusters: Option<u32>,
+    /// Ping-pong consumers (`contract::KERNEL_BF16_BCOL_PINGPONG`: each consumer warpgroup takes
+    /// whole 64 x 256 tiles in turn) instead of cooperative ones (both split each 128 x 256
+    /// tile). BF16 with a column-major B only; otherwise [`Error::BadShape`].
+    pub pingpong: bool,
+}
+
+impl Default for TcGemmOptions {
+    fn default() -> Self {
+        Self {
+            cluster: None,
+            raster: Raster::AlongM,
+            group: contract::DEFAULT_GROUP,
+            pdl: false,
+            clusters: None,
+            pingpong: false,
+        }
+    }
+}
+
+/// The Rust view of the entries' parameter list (checked against the PTX at [`TcGemm::new`]).
+fn rust_params() -> Vec<RustParam> {
+    let p = |t: &str, size, kind| RustParam {
+        rust_type: t.to_string(),
+        size,
+        kind,
+    };
+    use RustParamKind::{Address, Float, Int};
+    vec![
+        p("tmap_a: u64", 8, Address),
+        p("tmap_b: u64", 8, Address),
+        p("tmap_c: u64", 8, Address),
+        p("c: u64", 8, Address),
+        p("m: u32", 4, Int),
+        p("n: u32", 4, Int),
+        p("k: u32", 4, Int),
+        p("ldc: u32", 4, Int),
+        p("alpha: f32", 4, Float),
+        p("beta: f32", 4, Float),
+        p("out_f32: u32", 4, Int),
+        p("raster: u32", 4, Int),
+        p("group: u32", 4, Int),
+    ]
+}
+
+/// The entries of the sm_90a module the launcher uses.
+pub const ENTRIES: [&str; 5] = [
+    contract::KERNEL_BF16_BCOL,
+    contract::KERNEL_BF16_BROW,
+    contract::KERNEL_F16_BCOL,
+    contract::KERNEL_F16_BROW,
+    contract::KERNEL_BF16_BCOL_PINGPONG,
+];
+
+/// Checks that `ptx` has every entry of [`ENTRIES`] with the contract's parameter list
+/// (`(u64, u64, u64, u64, u32, u32, u32, u32, f32, f32, u32, u32, u32)`), without a device.
+/// Errors: [`Error::MissingKernel`], [`Error::KernelSignatureMismatch`], [`Error::PtxSignature`].
+pub fn check_module_entries(ptx: &str) -> Result<()> {
+    let entries = crate::module::ptx_signatures(ptx);
+    let rust = rust_params();
+    for name in ENTRIES {
+        let e = entries
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| Error::MissingKernel {
+                kernel: name.to_string(),
+                entries: entries
+                    .iter()
+                    .map(|e| e.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        check_signature(e, &rust)?;
+    }
+    Ok(())
+}
+
+/// The tensor-core GEMM launcher of one device: the sm_90a module loaded, the kernels' shared
+/// memory limit raised to `SMEM_BYTES`, a memory pool for tensor-map tables.
+pub struct TcGemm<'d> {
+    dev: &'d Device,
+    module: Module,
+    pool: MemPool,
+    /// `cuOccupancyMaxActiveClusters` per (entry, cluster size).
+    resident: Mutex<HashMap<(&'static str, u32), u32>>,
+}
+
+impl std::fmt::Debug for TcGemm<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcGemm")
+            .field("device", &self.dev.capabilities().name)
+            .field("module", &self.module)
+            .finish()
+    }
+}
+
+impl<'d> TcGemm<'d> {
+    /// Loads [`crate::SM90A_PTX`] into `dev`'s context ([`Device::load_module`]), checks that it
+    /// has the four `tc_gemm_*` entries with the contract's parameter list, and sets their
+    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` to `contract::SMEM_BYTES`.
+    ///
+    /// Errors, before anything is loaded: [`Error::Sm90aRequired`] unless the device's compute
+    /// capability is exactly 9.0 (sm_90a code runs nowhere else); [`Error::ContractMismatch`]
+    /// for a module built from another `gpu/src/contract.rs`; [`Error::MissingKernel`],
+    /// [`Error::KernelSignatureMismatch`] (checked on the PTX text). Then: the errors of
+    /// [`Device::load_module`] and [`MemPool::new`], [`Error::SharedMemory`] /
+    /// [`Error::TooLarge`] if `SMEM_BYTES` exceeds the device's opt-in limit.
+    pub fn new(dev: &'d Device) -> Result<Self> {
+        Self::with_ptx(dev, crate::SM90A_PTX)
+    }
+
+    /// [`TcGemm::new`] with another build of the sm_90a module (same contract).
+    pub fn with_ptx(dev: &'d Device, ptx: &str) -> Result<Self> {
+        let caps = dev.capabilities();
+        if caps.compute_capability != (9, 0) {
+            return Err(Error::Sm90aRequired {
+                device: caps.name.clone(),
+                major: caps.compute_capability.0,
+                minor: caps.compute_capability.1,
+            });
+        }
+        crate::contract_check::check_contract(ptx, warpline_gpu::CONTRACT_HASH)?;
+        check_module_entries(ptx)?;
+        if contract::SMEM_BYTES > caps.max_shared_mem_per_block_optin {
+            return Err(Error::SharedMemory {
+                kernel: contract::KERNEL_BF16_BCOL,
+                requested: contract::SMEM_BYTES,
+                max: caps.max_shared_mem_per_block_optin,
+            });
+        }
+        let module = dev.load_module(ptx)?;
+        for name in ENTRIES {
+            module
+                .untyped_kernel(name)?
+                .raise_max_dynamic_shared_memory(contract::SMEM_BYTES)?;
+        }
+        let pool = MemPool::new(dev, 1 << 20)?;
+        Ok(Self {
+            dev,
+            module,
+            pool,
+            resident: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &'d Device {
+        self.dev
+    }
+
+    fn kernel(&self, name: &str) -> Result<&Kernel> {
+        self.module.untyped_kernel(name)
+    }
+
+    fn config(grid: u32, cluster: u32, pdl: bool) -> LaunchConfig {
+        LaunchConfig::linear(grid, contract::THREADS_PER_CTA, contract::SMEM_BYTES as u32)
+            .with_cluster_x(cluster)
+            .with_pdl(pdl)
+    }
+
+    /// Clusters of `cluster` CTAs (1 or 2) of entry `name` the device can run at once
+    /// (`cuOccupancyMaxActiveClusters`, cached). Errors: [`Error::UnsupportedClusterSize`],
+    /// [`Error::MissingKernel`], [`Error::Cuda`].
+    pub fn max_active_clusters(&self, name: &'static str, cluster: u32) -> Result<u32> {
+        check_cluster(cluster)?;
+        let key = (name, cluster);
+        if let Some(&n) = self
+            .resident
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok(n);
+        }
+        let kernel = self.kernel(name)?;
+        let n = Self::config(cluster, cluster, false).max_active_clusters(self.dev, kernel)?;
+        self.resident
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, n);
+        Ok(n)
+    }
+
+    /// The cluster size a launch of `name` uses by default: 2 when the device can run a cluster
+    /// of 2, else 1. Errors: [`Error::ClusterDoesNotFit`] when neither fits, [`Error::Cuda`].
+    pub fn default_cluster(&self, name: &'static str) -> Result<u32> {
+        if self.dev.capabilities().cluster_launch && self.max_active_clusters(name, 2)? > 0 {
+            return Ok(2);
+        }
+        if self.max_active_clusters(name, 1)? > 0 {
+            return Ok(1);
+        }
+        Err(self.does_not_fit(name, 1))
+    }
+
+    fn does_not_fit(&self, name: &'static str, cluster: u32) -> Error {
+        let fits = contract::CLUSTER_SIZES
+            .iter()
+            .copied()
+            .filter(|&s| self.max_active_clusters(name, s).unwrap_or(0) > 0)
+            .collect();
+        Error::ClusterDoesNotFit {
+            kernel: name,
+            cluster,
+            reason: format!(
+                "cuOccupancyMaxActiveClusters is 0 for {} threads and {} bytes of shared memory per CTA",
+                contract::THREADS_PER_CTA,
+                contract::SMEM_BYTES
+            ),
+            fits,
+        }
+    }
+
+    /// Validates one GEMM and returns its launch (map addresses still to fill in) and its maps.
+    #[allow(clippy::too_many_arguments)]
+    fn prepare<'a, T: TcInput, O: TcOutput<T>>(
+        &self,
+        stream: &Stream,
+        a: &Matrix<'a, T>,
+        b: &Matrix<'a, T>,
+        layout: BLayout,
+        c: &MatrixMut<'a, O>,
+        alpha: f32,
+        beta: f32,
+        opts: &TcGemmOptions,
+        pdl: bool,
+    ) -> Result<(Prepared, GemmShape, [TensorMap<'a>; 3])> {
+        if stream.context_raw() != self.dev.raw_context() {
+            return Err(Error::WrongContext {
+                what: "tc_gemm stream",
+            });
+        }
+        let shape = check_shapes(
+            &a.dims(size_of::<T>()),
+            &b.dims(size_of::<T>()),
+            layout,
+            &c.dims(size_of::<O>()),
+        )?;
+        check_stream("tc_gemm A", a.view.stream(), stream)?;
+        check_stream("tc_gemm B", b.view.stream(), stream)?;
+        check_stream("tc_gemm C", c.view.stream(), stream)?;
+        if opts.group == 0 {
+            return Err(Error::BadShape {
+                what: "tc_gemm raster group",
+                detail: "0 tiles; allowed: 1 or more".into(),
+            });
+        }
+        let name = if opts.pingpong {
+            if T::NAME != "bf16" || layout != BLayout::ColMajor {
+                return Err(Error::BadShape {
+                    what: "tc_gemm ping-pong",
+                    detail: format!(
+                        "{} with B {layout:?}; the ping-pong entry exists for bf16 with a column-major B only",
+                        T::NAME
+                    ),
+                });
+            }
+            contract::KERNEL_BF16_BCOL_PINGPONG
+        } else {
+            T::entry(layout)
+        };
+        let cluster = match opts.cluster {
+            Some(s) => {
+                check_cluster(s)?;
+                if s > 1 && !self.dev.capabilities().cluster_launch {
+                    return Err(Error::ClustersUnsupported);
+                }
+                s
+            }
+            None => self.default_cluster(name)?,
+        };
+        let units = shape.units_of(cluster, opts.pingpong);
+        if units > contract::MAX_UNITS {
+            return Err(Error::TooLarge {
+                what: "tc_gemm work units (ceil(ceil(M / 128) / cluster) * ceil(N / 256))",
+                value: units,
+                max: contract::MAX_UNITS,
+            });
+        }
+        let resident = self.max_active_clusters(name, cluster)?;
+        if resident == 0 {
+            return Err(self.does_not_fit(name, cluster));
+        }
+        let clusters = match opts.clusters {
+            Some(0) => {
+                return Err(Error::BadShape {
+                    what: "tc_gemm clusters",
+                    detail: "0 clusters; allowed: 1 or more".into(),
+                })
+            }
+            Some(n) => n as u64,
+            None => units.min(resident as u64),
+        };
+        let grid = clusters
+            .checked_mul(cluster as u64)
+            .filter(|&g| g <= super::MAX_GRID as u64)
+            .ok_or_else(|| Error::BadShape {
+                what: "tc_gemm grid",
+                detail: format!("{clusters} clusters of {cluster}; 1 to 2^31 - 1 CTAs are allowed"),
+            })? as u32;
+        let kernel = self.kernel(name)?;
+        let cfg = Self::config(grid, cluster, pdl);
+        cfg.check(name, &LaunchLimits::of(self.dev, kernel))?;
+        let b_box = match layout {
+            BLayout::ColMajor => contract::B_BOX_KMAJOR,
+            BLayout::RowMajor => contract::B_BOX_NMAJOR,
+        };
+        let sw = TmaSwizzle::B128;
+        let a_box = if opts.pingpong {
+            contract::A_BOX_PINGPONG
+        } else {
+            contract::A_BOX
+        };
+        let map_a = TensorMap::matrix(&a.view, a.rows, a.cols, a.pitch, a_box, sw)?;
+        let map_b = TensorMap::matrix(&b.view, b.rows, b.cols, b.pitch, b_box, sw)?;
+        let map_c = TensorMap::matrix_mut(&c.view, c.rows, c.cols, c.pitch, O::C_BOX, sw)?;
+        let prepared = Prepared {
+            kernel: kernel.clone(),
+            cfg,
+            c: c.view.device_ptr(),
+            scalars: [
+                ParamValue::new(shape.m as u32),
+                ParamValue::new(shape.n as u32),
+                ParamValue::new(shape.k as u32),
+                ParamValue::new(c.pitch as u32),
+                ParamValue::new(alpha),
+                ParamValue::new(beta),
+                ParamValue::new(O::IS_F32 as u32),
+                ParamValue::new(opts.raster.code()),
+                ParamValue::new(opts.group),
+            ],
+            maps: [0; 3],
+        };
+        Ok((prepared, shape, [map_a, map_b, map_c]))
+    }
+
+    /// Validates `C = alpha * A * B + beta * C` and prepares its launch on `stream`: tensor maps
+    /// encoded and uploaded (stream-ordered) into a table in device memory; nothing is launched
+    /// until [`TcGemmPlan::launch`]. The plan borrows A, B (shared) and C (exclusively) for its
+    /// lifetime, so the memory outlives every launch and C is aliased by nothing.
+    ///
+    /// Shapes: A `M x K` row-major; B `K x N` in `layout` (stored `N x K` for
+    /// [`BLayout::ColMajor`], `K x N` for [`BLayout::RowMajor`]); C `M x N` row-major; M, N, K
+    /// from 1 to 2^32 - 1; pitches in elements, `>= ` the row length, each a multiple of 16
+    /// bytes; `(rows - 1) * pitch + cols` elements within each view; base addresses 16-byte
+    /// aligned. C is read only when `beta != 0` (then it must hold values; NaN in C with
+    /// `beta == 0` is ignored). Streams: A, B, C bound to `stream`, of this device's context.
+    ///
+    /// Errors, all before anything is queued: [`Error::WrongContext`], [`Error::WrongStream`],
+    /// those of [`check_shapes`], [`Error::UnsupportedClusterSize`] (cluster not 1 or 2),
+    /// [`Error::ClustersUnsupported`], [`Error::ClusterDoesNotFit`], [`Error::BadShape`] (group
+    /// or clusters 0, grid too large), [`Error::TooLarge`] (work units above
+    /// `contract::MAX_UNITS`), the launch-limit errors of [`LaunchConfig::check`],
+    /// [`Error::TensorMap`] / [`Error::Cuda`] (`cuTensorMapEncodeTiled`); then the allocation and
+    /// copy errors of [`TensorMapTable::upload`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan<'a, T: TcInput, O: TcOutput<T>>(
+        &'a self,
+        stream: &Stream,
+        a: Matrix<'a, T>,
+        b: Matrix<'a, T>,
+        layout: BLayout,
+        c: MatrixMut<'a, O>,
+        alpha: f32,
+        beta: f32,
+        opts: &TcGemmOptions,
+    ) -> Result<TcGemmPlan<'a>> {
+        let (p, shape, maps) =
+            self.prepare(stream, &a, &b, layout, &c, alpha, beta, opts, opts.pdl)?;
+        self.finish(stream, vec![(p, maps)], vec![shape])
+    }
+
+    /// Two dependent GEMMs, `C1 = A * B1` then `C2 = C1 * B2` (alpha 1, beta 0), as one plan:
+    /// both validated and both launches' maps uploaded before anything is launched, so with
+    /// `opts.pdl` the second kernel is launched with PDL right behind the first (no copy in
+    /// between) and overlaps its prologue with the first's epilogue; it reads C1 only after its
+    /// `griddepcontrol.wait`. C1 has the input type (it is the second GEMM's A).
+    ///
+    /// Shapes: A `M x K`, B1 `K x N1` (`layout1`), C1 `M x N1`, B2 `N1 x N2` (`layout2`), C2
+    /// `M x N2`; rules and errors as [`TcGemm::plan`] for each.
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_chain2<'a, T: TcInput + TcOutput<T>, O: TcOutput<T>>(
+        &'a self,
+        stream: &Stream,
+        a: Matrix<'a, T>,
+        b1: Matrix<'a, T>,
+        layout1: BLayout,
+        c1: MatrixMut<'a, T>,
+        b2: Matrix<'a, T>,
+        layout2: BLayout,
+        c2: MatrixMut<'a, O>,
+        opts: &TcGemmOptions,
+    ) -> Result<TcGemmPlan<'a>> {
+        let (p1, s1, maps1) =
+            self.prepare(stream, &a, &b1, layout1, &c1, 1.0, 0.0, opts, opts.pdl)?;
+        let c1 = c1.into_matrix();
+        let (p2, s2, maps2) =
+            self.prepare(stream, &c1, &b2, layout2, &c2, 1.0, 0.0, opts, opts.pdl)?;
+        self.finish(stream, vec![(p1, maps1), (p2, maps2)], vec![s1, s2])
+    }
+
+    fn finish<'a>(
+        &'a self,
+        stream: &Stream,
+        parts: Vec<(Prepared, [TensorMap<'a>; 3])>,
+        shapes: Vec<GemmShape>,
+    ) -> Result<TcGemmPlan<'a>> {
+        let all: Vec<TensorMap<'a>> = parts.iter().flat_map(|(_, m)| m.clone()).collect();
+        let table = TensorMapTable::upload(&self.pool, stream, &all)?;
+        let mut launches = Vec::with_capacity(parts.len());
+        for (i, (mut p, _)) in parts.into_iter().enumerate() {
+            for j in 0..3 {
+                p.maps[j] = table.address(3 * i + j).ok_or(Error::Empty {
+                    what: "tensor map table slot",
+                })?;
+            }
+            launches.push(p);
+        }
+        Ok(TcGemmPlan {
+            dev: self.dev,
+            stream: stream.clone(),
+            table,
+            launches,
+            shapes,
+        })
+    }
+
+    /// `C = alpha * A * B + beta * C` on `stream`: [`TcGemm::plan`] then [`TcGemmPlan::launch`]
+    /// once (the map table is freed stream-ordered after the kernel). Errors: those of both.
+    ///
+    /// Input and output types are checked at compile time: A and B of one input type, C of f32
+    /// or that type. Mixing BF16 and FP16 does not build:
+    ///
+    /// ```compile_fail
+    /// use warpline::kernels::{BLayout, Matrix, MatrixMut, TcGemm};
+    /// fn f(tc: &TcGemm<'_>, s: &warpline::Stream, a: Matrix<'_, warpline::bf16>,
+    ///      b: Matrix<'_, warpline::f16>, c: MatrixMut<'_, f32>) {
+    ///     let _ = tc.gemm(s, a, b, BLayout::ColMajor, c, 1.0, 0.0, &Default::default());
+    /// }
+    /// ```
+    ///
+    /// ```compile_fail
+    /// use warpline::kernels::{BLayout, Matrix, MatrixMut, TcGemm};
+    /// fn f(tc: &TcGemm<'_>, s: &warpline::Stream, a: Matrix<'_, warpline::bf16>,
+    ///      b: Matrix<'_, warpline::bf16>, c: MatrixMut<'_, warpline::f16>) {
+    ///     let _ = tc.gemm(s, a, b, BLayout::ColMajor, c, 1.0, 0.0, &Default::default());
+    /// }
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm<T: TcInput, O: TcOutput<T>>(
+        &self,
+        stream: &Stream,
+        a: Matrix<'_, T>,
+        b: Matrix<'_, T>,
+        layout: BLayout,
+        c: MatrixMut<'_, O>,
+        alpha: f32,
+        beta: f32,
+        opts: &TcGemmOptions,
+    ) -> Result<()> {
+        self.plan(stream, a, b, layout, c, alpha, beta, opts)?
+            .launch()
+    }
+}
+
+fn check_cluster(cluster: u32) -> Result<()> {
+    if !contract::CLUSTER_SIZES.contains(&cluster) {
+        return Err(Error::UnsupportedClusterSize {
+            kernel: contract::KERNEL_BF16_BCOL,
+            cluster,
+            supported: contract::CLUSTER_SIZES.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// One validated kernel launch.
+struct Prepared {
+    kernel: Kernel,
+    cfg: LaunchConfig,
+    c: u64,
+    /// `m, n, k, ldc, alpha, beta, out_f32, raster, group`.
+    scalars: [ParamValue; 9],
+    /// Device addresses of the A, B, C maps.
+    maps: [u64; 3],
+}
+
+/// Validated GEMM launches with their tensor maps in device memory ([`TcGemm::plan`],
+/// [`TcGemm::plan_chain2`]). Borrows the operands: while it lives, A and B cannot be written
+/// and C cannot be touched from the host API. Dropping it frees the map table stream-ordered
+/// after every launch queued so far.
+pub struct TcGemmPlan<'a> {
+    dev: &'a Device,
+    stream: Stream,
+    table: TensorMapTable<'a>,
+    launches: Vec<Prepared>,
+    shapes: Vec<GemmShape>,
+}
+
+impl std::fmt::Debug for TcGemmPlan<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcGemmPlan")
+            .field("shapes", &self.shapes)
+            .field(
+                "launches",
+                &self
+                    .launches
+                    .iter()
+                    .map(|p| format!("{} {}", p.kernel.name(), p.cfg.describe()))
+                    .collect::<Vec<_>>(),
+            )
+            .field("table", &self.table)
+            .finish()
+    }
+}
+
+impl TcGemmPlan<'_> {
+    /// Queues the plan's kernels on its stream, in order (`cuLaunchKernelEx`), each with the
+    /// cluster dimension and, when asked, the PDL attribute. No copies: repeated launches
+    /// overlap through PDL. Errors: [`Error::Launch`], [`Error::ContextPoisoned`].
+    pub fn launch(&self) -> Result<()> {
+        for p in &self.launches {
+            let params = [
+                ParamValue::new(p.maps[0]),
+                ParamValue::new(p.maps[1]),
+                ParamValue::new(p.maps[2]),
+                ParamValue::new(p.c),
+                p.scalars[0],
+                p.scalars[1],
+                p.scalars[2],
+                p.scalars[3],
+                p.scalars[4],
+                p.scalars[5],
+                p.scalars[6],
+                p.scalars[7],
+                p.scalars[8],
+            ];
+            // SAFETY: the parameter list matches the entry (checked against the PTX at
+            // TcGemm::new: 4 x u64, 4 x u32, 2 x f32, 3 x u32, in the contract's order). The map
+            // addresses point into the table, uploaded on this stream before any launch and
+            // freed on it after the last; each map was encoded over a view the plan borrows
+            // (A, B shared; C exclusively, so C aliases neither), with global dims equal to the
+            // logical sizes, so TMA loads stay inside A and B (out-of-bounds boxes are zero-
+            // filled) and stores inside C; `c`/`ldc` address the same C (the kernel reads
+            // rows < m, columns < n only). The configuration was checked against the launch
+            // limits (THREADS_PER_CTA threads, SMEM_BYTES, cluster 1 or 2 dividing the grid).
+            // With PDL the kernel reads A, B and C only after `griddepcontrol.wait` (contract);
+            // the table, which it reads before, was written by a copy that precedes every
+            // launch of the plan on this stream and is never written again.
+            unsafe {
+                launch_raw(self.dev, &p.kernel, &self.stream, &p.cfg, &params)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Problem size of each launch.
+    pub fn shapes(&self) -> &[GemmShape] {
+        &self.shapes
+    }
+
+    /// Launch configuration of each launch (grid, block, shared memory, cluster, PDL).
+    pub fn configs(&self) -> Vec<LaunchConfig> {
+        self.launches.iter().map(|p| p.cfg).collect()
+    }
+
+    /// Floating-point operations of one [`TcGemmPlan::launch`].
+    pub fn flops(&self) -> f64 {
+        self.shapes.iter().map(GemmShape::flops).sum()
+    }
+
+    /// The stream the plan launches on.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+}
+
+fn cublas_call(
+    call: &'static str,
+    r: std::result::Result<(), cublas_result::CublasError>,
+) -> Result<()> {
+    r.map_err(|e| Error::Cublas {
+        call,
+        status: format!("{:?}", e.0),
+    })
+}
+
+/// cuBLAS `cublasGemmEx` on one stream as the reference for the tensor-core GEMM: BF16/FP16
+/// inputs, FP32 compute (`CUBLAS_COMPUTE_32F`, default math: tensor cores), f32 or 16-bit output,
+/// with the same row-major layouts as [`TcGemm`]. cuBLAS is column-major: row-major
+/// `C = A B` is computed as `C^T = B^T A^T` (B passed first: `N` for a row-major B, `T` for a
+/// column-major one; A with `N`).
+pub struct CublasGemmEx {
+    blas: CudaBlas,
+    stream: Stream,
+}
+
+impl CublasGemmEx {
+    /// A cuBLAS handle bound to `stream`. Errors: [`Error::Cublas`] (`cublasCreate`,
+    /// `cublasSetStream`), [`Error::ContextPoisoned`].
+    pub fn new(dev: &Device, stream: &Stream) -> Result<Self> {
+        dev.bind()?;
+        let blas = CudaBlas::new(stream.cudarc().clone()).map_err(|e| Error::Cublas {
+            call: "cublasCreate",
+            status: format!("{:?}", e.0),
+        })?;
+        Ok(Self {
+            blas,
+            stream: stream.clone(),
+        })
+    }
+
+    /// Queues `C = alpha * A * B + beta * C` (`cublasGemmEx`). Shapes and rules as
+    /// [`TcGemm::plan`] (the same validation, though cuBLAS would not need 16-byte pitches), plus
+    /// every size and pitch at most `i32::MAX`. Errors: those of [`check_shapes`],
+    /// [`Error::WrongStream`], [`Error::TooLarge`], [`Error::Cublas`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm<T: TcInput, O: TcOutput<T>>(
+        &self,
+        a: &Matrix<'_, T>,
+        b: &Matrix<'_, T>,
+        layout: BLayout,
+        c: &mut MatrixMut<'_, O>,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<()> {
+        let shape = check_shapes(
+            &a.dims(size_of::<T>()),
+            &b.dims(size_of::<T>()),
+            layout,
+            &c.dims(size_of::<O>()),
+        )?;
+        check_stream("cublas A", a.view.stream(), &self.stream)?;
+        check_stream("cublas B", b.view.stream(), &self.stream)?;
+        check_stream("cublas C", c.view.stream(), &self.stream)?;
+        let int = |v: usize, what: &'static str| -> Result<c_int> {
+            c_int::try_from(v).map_err(|_| Error::TooLarge {
+                what,
+                value: v as u64,
+                max: i32::MAX as u64,
+            })
+        };
+        let (m, n, k) = (
+            int(shape.m, "cublas M")?,
+            int(shape.n, "cublas N")?,
+            int(shape.k, "cublas K")?,
+        );
+        let (lda, ldb, ldc) = (
+            int(a.pitch, "cublas lda")?,
+            int(b.pitch, "cublas ldb")?,
+            int(c.pitch, "cublas ldc")?,
+        );
+        use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+        let op_b = match layout {
+            BLayout::RowMajor => CUBLAS_OP_N,
+            BLayout::ColMajor => CUBLAS_OP_T,
+        };
+        // SAFETY: the operands were validated: each view holds (rows - 1) * pitch + cols
+        // elements of its type, which is what cuBLAS reads/writes for these (m, n, k, ld); they
+        // are bound to the handle's stream, so the call is ordered after their writers; alpha
+        // and beta are host f32 (the handle's default pointer mode, CUBLAS_COMPUTE_32F) alive
+        // for the call.
+        let r = unsafe {
+            cublas_result::gemm_ex(
+                *self.blas.handle(),
+                op_b,
+                CUBLAS_OP_N,
+                n,
+                m,
+                k,
+                (&alpha as *const f32).cast(),
+                b.view.device_ptr() as *const std::ffi::c_void,
+                T::CUDA_TYPE,
+                ldb,
+                a.view.device_ptr() as *const std::ffi::c_void,
+                T::CUDA_TYPE,
+                lda,
+                (&beta as *const f32).cast(),
+                c.view.device_ptr() as *mut std::ffi::c_void,
+                O::CUDA_TYPE,
+                ldc,
+                cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        };
+        cublas_call("cublasGemmEx", r)
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// CPU reference
+// ------------------------------------------------------------------------------------------------
+
+/// Host copy of B with its layout, for [`reference_entry`].
+#[derive(Clone, Copy, Debug)]
+pub struct HostB<'h> {
+    /// Elements as stored (see [`BLayout`]), widened to f32.
+    pub data: &'h [f32],
+    /// Row pitch, elements.
+    pub pitch: usize,
+    /// Layout.
+    pub layout: BLayout,
+}
+
+impl HostB<'_> {
+    /// `B[kk][j]` (logical `K x N`).
+    pub fn at(&self, kk: usize, j: usize) -> f32 {
+        match self.layout {
+            BLayout::ColMajor => self.data[j * self.pitch + kk],
+            BLayout::RowMajor => self.data[kk * self.pitch + j],
+        }
+    }
+}
+
+/// `(sum_k A[i][k] B[k][j], sum_k |A[i][k] B[k][j]|)` in f64, for row `i` of a row-major A
+/// (pitch `lda`, `k` columns; values already rounded to the input type and widened).
+pub fn reference_entry(
+    a: &[f32],
+    lda: usize,
+    b: &HostB<'_>,
+    k: usize,
+    i: usize,
+    j: usize,
+) -> (f64, f64) {
+    let (mut s, mut abs) = (0f64, 0f64);
+    for kk in 0..k {
+        let p = a[i * lda + kk] as f64 * b.at(kk, j) as f64;
+        s += p;
+        abs += p.abs();
+    }
+    (s, abs)
+}
+
+/// The relative bound the tests and `warpline gemm --verify` use for one element of
+/// `alpha * A B + beta * C0` with BF16/FP16 inputs and FP32 accumulation:
+/// `|got - want| <= ACC_REL * (|alpha| * sum_k |a_ik b_kj| + |beta * c0|)
+/// + rounding * |want| + ABS_FLOOR`, with `rounding` the output type's half ulp.
+///
+/// Why: products of two BF16 (8-bit significands) or FP16 (11-bit) are exact in FP32, so the
+/// error is the FP32 summation's: at most `K * 2^-24` relative to `sum |a b|` for a serial sum
+/// (2.4e-4 at K = 4099), less for the tensor cores' tree of k16 blocks; the tensor cores' internal
+/// accumulation truncates rather than rounds, which the factor of 4 over the serial bound at the
+/// largest K tested covers. The epilogue's `alpha * acc + beta * c0` adds 2 FP32 roundings.
+pub const ACC_REL: f64 = 1e-3;
+/// Absolute floor of the bound (sums that cancel to about 0).
+pub const ABS_FLOOR: f64 = 1e-6;
+
+/// Allowed error of one output element (see [`ACC_REL`]).
+pub fn tolerance(want: f64, abs_sum: f64, alpha: f64, beta_c0: f64, rounding: f64) -> f64 {
+    ACC_REL * (alpha.abs() * abs_sum + beta_c0.abs()) + rounding * want.abs() + ABS_FLOOR
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims(rows: usize, cols: usize, pitch: usize, elem: usize) -> MatrixDims {
+        MatrixDims {
+            rows,
+            cols,
+            pitch,
+            len: (rows - 1) * pitch + cols,
+            address: 1 << 20,
+            elem_bytes: elem,
+        }
+    }
+
+    #[test]
+    fn shapes_of_any_size_with_16_byte_pitches_pass() {
+        for (m, n, k) in [(1, 1, 1), (127, 129, 65), (4097, 257, 4099)] {
+            let p16 = |c: usize| c.next_multiple_of(8);
+            let p32 = |c: usize| c.next_multiple_of(4);
+            let a = dims(m, k, p16(k), 2);
+            for layout in [BLayout::ColMajor, BLayout::RowMajor] {
+                let (r, c) = layout.stored(k, n);
+                let b = dims(r, c, p16(c), 2);
+                let out = dims(m, n, p32(n), 4);
+                assert_eq!(
+                    check_shapes(&a, &b, layout, &out).unwrap(),
+                    GemmShape { m, n, k }
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn pitch_alignment_is_a_typed_error_that_says_what_to_do() {
+        let a = dims(4, 65, 65, 2);
+        let b = dims(8, 72, 72, 2);
+        let c = dims(4, 8, 8, 4);
+        let e = check_shapes(&a, &b, BLayout::ColMajor, &c).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::PitchAlignment {
+                    pitch: 65,
+                    elem_bytes: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let m = e.to_string();
+        assert!(
+            m.contains("pad the row pitch") && m.contains("multiple of 8 elements"),
+            "{m}"
+        );
+        // f32 C with pitch 6: 24 bytes.
+        let a = dims(4, 72, 72, 2);
+        let c = dims(4, 6, 6, 4);
+        let b = dims(6, 72, 72, 2);
+        let e = check_shapes(&a, &b, BLayout::ColMajor, &c).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::PitchAlignment {
+                    pitch: 6,
+                    elem_bytes: 4,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn misaligned_base_empty_short_and_mismatched_shapes() {
+        let good = (dims(4, 8, 8, 2), dims(8, 8, 8, 2), dims(4, 8, 8, 4));
+        let mut a = good.0;
+        a.address += 2;
+        assert!(matches!(
+            check_shapes(&a, &good.1, BLayout::ColMajor, &good.2),
+            Err(Error::Misaligned { align: 16, .. })
+        ));
+        let mut a = good.0;
+        a.rows = 0;
+        assert!(matches!(
+            check_shapes(&a, &good.1, BLayout::ColMajor, &good.2),
+            Err(Error::BadShape { .. })
+        ));
+        let mut a = good.0;
+        a.len -= 1;
+        assert!(matches!(
+            check_shapes(&a, &good.1, BLayout::ColMajor, &good.2),
+            Err(Error::LengthMismatch { .. })
+        ));
+        // pitch below the row.
+        let a = MatrixDims { pitch: 0, ..good.0 };
+        assert!(matches!(
+            check_shapes(&a, &good.1, BLayout::ColMajor, &good.2),
+            Err(Error::BadShape { .. })
+        ));
+        // K disagrees (B column-major is N x K: 8 x 16).
+        let b = dims(8, 16, 16, 2);
+        assert!(matches!(
+            check_shapes(&good.0, &b, BLayout::ColMajor, &good.2),
+            Err(Error::LengthMismatch { .. })
+        ));
+        // C of the wrong shape.
+        let c = dims(5, 8, 8, 4);
+        assert!(matches!(
+            check_shapes(&good.0, &good.1, BLayout::ColMajor, &c),
+            Err(Error::LengthMismatch { .. })
+        ));
+        // Sizes of 2^32 and more.
+        let a = dims(1 << 32, 8, 8, 2);
+        assert!(matches!(
+            check_shapes(&a, &good.1, BLayout::ColMajor, &good.2),
+            Err(Error::BadShape { .. })
+        ));
+    }
+
+    #[test]
+    fn units_and_cluster_rules() {
+        let s = GemmShape {
+            m: 4097,
+            n: 257,
+            k: 1,
+        };
+        // 33 M tiles, 2 N tiles.
+        assert_eq!(s.units(1), 66);
+        assert_eq!(s.units(2), 34);
+        assert!(check_cluster(1).is_ok() && check_cluster(2).is_ok());
+        assert!(matches!(
+            check_cluster(4),
+            Err(Error::UnsupportedClusterSize { cluster: 4, .. })
+        ));
+        assert_eq!(Raster::AlongM.code(), contract::RASTER_ALONG_M);
+        assert_eq!(Raster::AlongN.code(), contract::RASTER_ALONG_N);
+    }
+
+    #[test]
+    fn the_sm90a_module_has_the_contracts_entries_and_parameters() {
+        // Fails until the lead's kernels are in the module (then: entries and parameter lists).
+        check_module_entries(crate::SM90A_PTX).unwrap();
+        crate::contract_check::check_contract(crate::SM90A_PTX, warpline_gpu::CONTRACT_HASH)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_changed_parameter_list_is_caught() {
+        let ptx = ".visible .entry tc_gemm_bf16_bcol(\n\t.param .u64 p0\n)\n{\n}\n";
+        let e = check_module_entries(ptx).unwrap_err();
+        assert!(matches!(e, Error::KernelSignatureMismatch { .. }), "{e}");
+        let e = check_module_entries("").unwrap_err();
+        assert!(matches!(e, Error::MissingKernel { .. }), "{e}");
+    }
+
+    #[test]
+    fn reference_and_tolerance() {
+        // A 2 x 3 (pitch 4), B column-major N=2 x K=3 (pitch 3).
+        let a = [1.0, 2.0, 3.0, 9.0, -1.0, 0.5, 0.25, 9.0];
+        let b = [1.0, 1.0, 1.0, 2.0, -2.0, 4.0];
+        let hb = HostB {
+            data: &b,
+            pitch: 3,
+            layout: BLayout::ColMajor,
+        };
+        assert_eq!(reference_entry(&a, 4, &hb, 3, 0, 0), (6.0, 6.0));
+        assert_eq!(
+            reference_entry(&a, 4, &hb, 3, 1, 1),
+            (-2.0 - 1.0 + 1.0, 2.0 + 1.0 + 1.0)
+        );
+        let t = tolerance(10.0, 100.0, 1.0, 0.0, 0.0);
+        assert!((t - (0.1 + ABS_FLOOR)).abs() < 1e-12);
+    }
+}
