@@ -66,7 +66,22 @@ fn random_buffer(
 fn run(dev: &Device) -> warpline::Result<()> {
     let caps = dev.capabilities();
     println!("device: {} ({} SMs)", caps.name, caps.sm_count);
-    let tc = TcGemm::new(dev)?;
+    // WARPLINE_TC_PTX=file: another build of the sm_90a module (same contract), to compare kernel
+    // variants in one run; WARPLINE_TC_SHAPES=MxNxK,...: only these shapes.
+    let tc = match std::env::var("WARPLINE_TC_PTX") {
+        Ok(path) => {
+            let ptx = std::fs::read_to_string(&path).map_err(|e| warpline::Error::BadShape {
+                what: "WARPLINE_TC_PTX",
+                detail: format!("{path}: {e}"),
+            })?;
+            println!("sm_90a module: {path}");
+            TcGemm::with_ptx(dev, &ptx)?
+        }
+        Err(_) => TcGemm::new(dev)?,
+    };
+    let only: Option<Vec<String>> = std::env::var("WARPLINE_TC_SHAPES")
+        .ok()
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
     let stream = dev.new_stream()?;
     let pool = MemPool::device_default(dev, 0)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
@@ -82,6 +97,11 @@ fn run(dev: &Device) -> warpline::Result<()> {
         (4096, 14336, 4096),
         (16384, 4096, 4096),
     ] {
+        if let Some(only) = &only {
+            if !only.contains(&format!("{m}x{n}x{k}")) {
+                continue;
+            }
+        }
         let a = random_buffer(&pool, &stream, &mut rng, m * k)?;
         let b = random_buffer(&pool, &stream, &mut rng, n * k)?;
         let mut c = pool.alloc_async::<f32>(&stream, m * n)?;

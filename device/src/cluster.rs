@@ -153,3 +153,22 @@ pub unsafe fn remote_arrive(remote: u32) {
             options(nostack))
     };
 }
+
+/// `mbarrier.arrive.shared::cluster.b64` with the default semantics (`.release`, `.cta` scope;
+/// PTX ISA 8.0 §9.7.13.15.13): one arrival on a barrier in a CTA of the cluster, *without* the
+/// cluster-scope release of [`remote_arrive`], which ptxas lowers to `MEMBAR.ALL.GPU` and which
+/// stalls the arriving warp every time. This is what CUTLASS's `ClusterBarrier::arrive(cta_id)`
+/// issues for pipeline releases ("done with this stage"): the stage's readers are this CTA's own
+/// threads (or its wgmma, complete after `wgmma.wait_group`), and the barrier's phase completion
+/// is what the refilling producer waits for.
+///
+/// # Safety
+/// As [`remote_arrive`].
+#[inline(always)]
+pub unsafe fn remote_arrive_cta(remote: u32) {
+    // SAFETY: the caller's contract (that of `remote_arrive`).
+    unsafe {
+        asm!("mbarrier.arrive.shared::cluster.b64 _, [{a}];", a = in(reg32) remote,
+            options(nostack))
+    };
+}

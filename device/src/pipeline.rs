@@ -286,7 +286,10 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
     #[inline(always)]
     pub unsafe fn consumer_release(self, state: PipelineState<STAGES>, rank: u32) {
         let remote = super::cluster::map_shared_rank(self.empty(state).addr(), rank);
-        // SAFETY: the caller's contract above is `remote_arrive`'s.
-        unsafe { super::cluster::remote_arrive(remote) };
+        // Default (CTA-scope release) arrival, as CUTLASS's pipelines release stages: a
+        // cluster-scope release costs a MEMBAR.ALL.GPU per call (measured: the tensor-core GEMM's
+        // consumers stalled on it every k-block).
+        // SAFETY: the caller's contract above is `remote_arrive_cta`'s.
+        unsafe { super::cluster::remote_arrive_cta(remote) };
     }
 }

@@ -400,7 +400,8 @@ pub mod tc_gemm {
 
     /// Shared-memory layout, byte offsets from the 1024-byte aligned base (dynamic shared memory
     /// rounded up; the launch asks for [`SMEM_BYTES`], which includes the 1 KiB of slack):
-    /// `STAGES x A | STAGES x B | 2 warpgroups x C_CHUNKS x C chunk | full[STAGES] | empty[STAGES]`.
+    /// `STAGES x A | STAGES x B | 2 warpgroups x C_CHUNKS x C chunk | full[STAGES] | empty[STAGES]
+    /// | order[2]`.
     pub const A_OFFSET: usize = 0;
     /// Offset of stage 0's B tile.
     pub const B_OFFSET: usize = A_OFFSET + STAGES * A_STAGE_BYTES;
@@ -412,7 +413,11 @@ pub mod tc_gemm {
     /// Alignment the 128-byte swizzle needs for every tile base.
     pub const SWIZZLE_ALIGN: usize = 1024;
     /// Dynamic shared memory per CTA, bytes (layout + barriers + alignment slack).
-    pub const SMEM_BYTES: usize = BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES + SWIZZLE_ALIGN;
+    /// Offset of the ping-pong mainloop-order mbarriers (one per consumer warpgroup).
+    pub const ORDER_BARRIERS_OFFSET: usize = BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES;
+    /// Dynamic shared memory per CTA, bytes (layout + barriers + alignment slack).
+    pub const SMEM_BYTES: usize =
+        ORDER_BARRIERS_OFFSET + CONSUMER_WARPGROUPS as usize * MBARRIER_BYTES + SWIZZLE_ALIGN;
 
     /// Raster order: consecutive tiles walk down M within a band of `group` tile rows (cluster
     /// tiles: `cluster` M tiles each), then move one tile along N (Triton's grouped order).

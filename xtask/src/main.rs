@@ -529,8 +529,32 @@ fn gpu_bundle() -> Result<()> {
         dir.display(),
         size as f64 / (1 << 20) as f64
     );
-    if size > 60 << 20 {
-        return Err(format!("bundle is {size} bytes, over the 60 MiB budget"));
+    // The device tool carries at most 64 MiB: ship the bundle as one xz archive
+    // (`tar xJf .gpu/gpu-bundle.tar.xz -C target` on the GPU host recreates target/gpu-bundle).
+    let carry = dir
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."))
+        .join(".gpu");
+    fs::create_dir_all(&carry).map_err(|e| e.to_string())?;
+    let archive = carry.join("gpu-bundle.tar.xz");
+    run(Command::new("tar")
+        .env("XZ_OPT", "-T0 -6")
+        .arg("cJf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(dir.parent().unwrap_or(Path::new("target")))
+        .arg("gpu-bundle"))?;
+    let packed = fs::metadata(&archive).map_err(|e| e.to_string())?.len();
+    println!(
+        "gpu-bundle: {} ({:.1} MiB; carry .gpu, then `tar xJf .gpu/gpu-bundle.tar.xz -C target` on the GPU host)",
+        archive.display(),
+        packed as f64 / (1 << 20) as f64
+    );
+    if packed > 60 << 20 {
+        return Err(format!(
+            "bundle archive is {packed} bytes, over the 60 MiB budget"
+        ));
     }
     Ok(())
 }

@@ -362,6 +362,20 @@ impl Gemm {
         self.smem
             + (C_OFFSET + (consumer as usize * C_CHUNKS + buf as usize) * C_CHUNK_BYTES) as u32
     }
+    /// Ping-pong: the barrier that consumer warpgroup `c`'s mainloop waits on, completed (one
+    /// arrival) when the other warpgroup's mainloop of the previous tile is done.
+    #[inline(always)]
+    fn order(self, c: u32) -> mbarrier::Mbarrier {
+        // SAFETY: inside the launch's shared memory at the contract's offset, initialised by
+        // thread 0 (count 1) and published before use; one arrival per phase (the other
+        // warpgroup's thread 0 after each of its mainloops), waits alternate with arrivals.
+        unsafe {
+            mbarrier::Mbarrier::at(
+                self.smem
+                    + (ORDER_BARRIERS_OFFSET + c as usize * crate::contract::MBARRIER_BYTES) as u32,
+            )
+        }
+    }
     /// Rows of a CTA tile.
     #[inline(always)]
     fn tile_m(self) -> u32 {
@@ -452,6 +466,7 @@ fn consumer<I: Input, L: BLayout, const OUT_F32: bool>(g: Gemm, consumer: u32) {
     let mut chunk = 0u32;
     let mut u = g.sched.first;
     let mut turn = 0u32; // this CTA's unit count so far (ping-pong: whose turn)
+    let mut order_waits = 0u32; // ping-pong: waits on this warpgroup's order barrier so far
     while u < g.sched.units {
         let (m0, n0) = g.tile_origin(u);
         if g.pingpong && turn % CONSUMER_WARPGROUPS != consumer {
@@ -467,7 +482,17 @@ fn consumer<I: Input, L: BLayout, const OUT_F32: bool>(g: Gemm, consumer: u32) {
             } else {
                 m0 + consumer * WG_M as u32
             };
+            if g.pingpong && turn > 0 {
+                // The other warpgroup's mainloop of the previous tile is over: this warpgroup's
+                // stages are now at most one phase ahead of its waits (mbarrier parity cannot
+                // tell further phases apart), and the two mainloops alternate.
+                g.order(consumer).wait_parity(order_waits & 1);
+                order_waits += 1;
+            }
             mainloop::<I, L>(g, consumer, &mut acc, &mut state);
+            if g.pingpong && tid == 0 {
+                g.order(1 - consumer).arrive();
+            }
             epilogue::<I, OUT_F32>(g, consumer, &acc, row0, n0, &mut chunk, bar);
         }
         turn += 1;
@@ -587,17 +612,39 @@ fn epilogue_chunk<I: Input, const OUT_F32: bool, const CH: usize>(
     if CH >= BN / cols {
         return;
     }
+    let first_col = n0 + (CH * cols) as u32;
+    if first_col >= g.n || row0 >= g.m {
+        return; // the chunk lies wholly outside C
+    }
     let tid = thread_in_warpgroup();
     let (warp, lane) = (tid / 32, tid % 32);
+    let r = warp * 16 + lane / 4; // row in the warpgroup's 64 (and r + 8)
+    let col = 2 * (lane % 4); // column in the n8 block
+                              // A TMA store writes whole 16-byte pieces of a row: where C's last column ends inside one,
+                              // the store would also write the row's padding after column N. Such a chunk is stored with
+                              // bounds-checked st.global from registers instead.
+    let direct = first_col + cols as u32 > g.n && (g.n * out_bytes as u32) % 16 != 0;
     let buf = g.c_chunk(consumer, *chunk & (C_CHUNKS as u32 - 1));
+    if direct {
+        macro_rules! n8_blocks_direct {
+            ($($i:literal)*) => {$(
+                if $i < cols / 8 {
+                    let nb = CH * (cols / 8) + $i;
+                    let c = (nb * 8) as u32 + col;
+                    store_pair_global::<I, OUT_F32>(g, row0, n0, r, c, [acc[4 * nb], acc[4 * nb + 1]]);
+                    store_pair_global::<I, OUT_F32>(g, row0, n0, r + 8, c, [acc[4 * nb + 2], acc[4 * nb + 3]]);
+                }
+            )*};
+        }
+        n8_blocks_direct!(0 1 2 3 4 5 6 7);
+        return;
+    }
     if tid == 0 {
         // The store that last used this buffer (two chunks ago) has read it.
         bulk::wait_group_read::<{ C_CHUNKS as u32 - 1 }>();
     }
     bar.sync();
-    let r = warp * 16 + lane / 4; // row in the warpgroup's 64 (and r + 8)
-    let col = 2 * (lane % 4); // column in the n8 block
-                              // Literal indices only, so the accumulators stay in registers.
+    // Literal indices only, so the accumulators stay in registers.
     macro_rules! n8_blocks {
         ($($i:literal)*) => {$(
             if $i < cols / 8 {
@@ -625,20 +672,54 @@ fn epilogue_chunk<I: Input, const OUT_F32: bool, const CH: usize>(
     *chunk += 1;
 }
 
-/// `alpha * v + beta * C[row0 + r][n0 + c ..= n0 + c + 1]` into the swizzled chunk `buf` at row
-/// `r`, byte column `byte`.
+/// `alpha * v + beta * C[row0 + r][n0 + c ..= n0 + c + 1]` straight into C (elements inside C
+/// only), for the chunk that a TMA store cannot write without touching C's row padding.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn store_pair<I: Input, const OUT_F32: bool>(
+fn store_pair_global<I: Input, const OUT_F32: bool>(
     g: Gemm,
-    buf: u32,
     row0: u32,
     n0: u32,
     r: u32,
     c: u32,
-    byte: u32,
     acc: [f32; 2],
 ) {
+    let v = scaled::<I, OUT_F32>(g, row0, n0, r, c, acc);
+    let (gr, gc) = (row0 + r, n0 + c);
+    if gr >= g.m {
+        return;
+    }
+    let packed = I::pack(v[0], v[1]);
+    let mut j = 0;
+    while j < 2 {
+        if gc + j < g.n {
+            let idx = (gr as u64 * g.ldc as u64 + (gc + j) as u64) as usize;
+            // SAFETY: (gr, gc + j) is inside C (checked against m, n; pitch ldc >= n validated by
+            // the launcher); this warpgroup alone writes these rows of this tile.
+            unsafe {
+                if OUT_F32 {
+                    (g.c as *mut f32).add(idx).write(v[j as usize]);
+                } else {
+                    (g.c as *mut u16)
+                        .add(idx)
+                        .write((packed >> (16 * j)) as u16);
+                }
+            }
+        }
+        j += 1;
+    }
+}
+
+/// `alpha * acc + beta * C[row0 + r][n0 + c ..= n0 + c + 1]` (C read only where `beta != 0`
+/// and the element lies inside C).
+#[inline(always)]
+fn scaled<I: Input, const OUT_F32: bool>(
+    g: Gemm,
+    row0: u32,
+    n0: u32,
+    r: u32,
+    c: u32,
+    acc: [f32; 2],
+) -> [f32; 2] {
     let mut v = [g.alpha * acc[0], g.alpha * acc[1]];
     if g.beta != 0.0 {
         let (gr, gc) = (row0 + r, n0 + c);
@@ -662,6 +743,24 @@ fn store_pair<I: Input, const OUT_F32: bool>(
             v[1] += g.beta * old(1);
         }
     }
+    v
+}
+
+/// `alpha * v + beta * C[row0 + r][n0 + c ..= n0 + c + 1]` into the swizzled chunk `buf` at row
+/// `r`, byte column `byte`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn store_pair<I: Input, const OUT_F32: bool>(
+    g: Gemm,
+    buf: u32,
+    row0: u32,
+    n0: u32,
+    r: u32,
+    c: u32,
+    byte: u32,
+    acc: [f32; 2],
+) {
+    let v = scaled::<I, OUT_F32>(g, row0, n0, r, c, acc);
     // SAFETY: the address lies in this warpgroup's chunk buffer (r < 64, byte < 128, aligned for
     // the store), which no TMA store reads any more (wait_group_read + barrier in the caller).
     unsafe {
@@ -725,7 +824,11 @@ unsafe fn tc_gemm<I: Input, L: BLayout, const PINGPONG: bool>(p: Params) {
     let tid = thread_idx_x();
     if tid == 0 {
         // SAFETY: one thread initialises the barriers before anyone uses them.
-        unsafe { ring.init(g.readers_per_stage() * cluster) };
+        unsafe {
+            ring.init(g.readers_per_stage() * cluster);
+            g.order(0).init(1);
+            g.order(1).init(1);
+        }
         mbarrier::fence_init();
         g.map_a.prefetch();
         g.map_b.prefetch();
