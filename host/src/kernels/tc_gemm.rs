@@ -158,7 +158,7 @@ pub trait TcOutput<I: TcInput>: TmaElement + sealed::Sealed {
     fn to_f32(self) -> f32;
     /// Rounds to nearest even.
     fn from_f32(v: f32) -> Self;
-    /// Relative rounding error of one output element (half an ulp): 2^-24, 2^-9 (bf16), 2^-11.
+    /// Relative rounding error of one output element (half an ulp): 2^-24, 2^-8 (bf16), 2^-11.
     const ROUNDING: f64;
 }
 
