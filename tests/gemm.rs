@@ -124,7 +124,7 @@ fn cluster_kernel_ptx_uses_multicast_dsmem_and_cluster_barriers() {
     for needle in [
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster",
         "mapa.shared::cluster",
-        "mbarrier.arrive.release.cluster.shared::cluster",
+        "mbarrier.arrive.shared::cluster.b64",
         "mbarrier.arrive.expect_tx",
         "barrier.cluster.arrive.release",
         "barrier.cluster.wait.acquire",

@@ -977,7 +977,7 @@ struct GemmArgs {
     #[arg(long, value_enum, default_value_t = BLayoutArg::Col)]
     b_layout: BLayoutArg,
     /// bf16/fp16: tile raster order.
-    #[arg(long, value_enum, default_value_t = RasterArg::M)]
+    #[arg(long, value_enum, default_value_t = RasterArg::N)]
     raster: RasterArg,
     /// Tensor-core GEMM: ping-pong consumer warpgroups (bf16, --b-layout col) instead of
     /// cooperative ones.
