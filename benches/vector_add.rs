@@ -1,15 +1,23 @@
 //! `ws_vector_add` bandwidth at 2^28 floats next to a device-to-device copy (cuMemcpyDtoDAsync) of
 //! the same number of floats, measured in the same run. Bytes counted: vector add reads A, B and
 //! writes C (12 bytes per element); the copy reads and writes (8 bytes per element).
+//!
+//! Then every variant of issue 12 (`kernels::vector_add_with_grid::Variant`, the default
+//! first), each checked against the f32 sum once, then timed round-robin with the copy (each
+//! round: every variant once, the copy once; medians of `ROUNDS`): one line per variant with ms,
+//! GB/s and the ratio to the copy's GB/s from the same rounds.
 
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use warpline::bandwidth::median;
+use warpline::kernels::vector_add_with_grid::{launch, Variant};
 use warpline::{kernels, Device, MemPool};
 use warpline_suite::support::{gpu_or_skip, random_f32};
 
 const N: usize = 1 << 28;
+/// Rounds of the variant table.
+const ROUNDS: usize = 30;
 
 struct Setup {
     dev: Device,
@@ -17,6 +25,8 @@ struct Setup {
     a: warpline::DeviceBuffer<f32>,
     b: warpline::DeviceBuffer<f32>,
     c: warpline::DeviceBuffer<f32>,
+    /// Host copies of A and B, for the variants' check.
+    host: (Vec<f32>, Vec<f32>),
 }
 
 fn setup() -> Option<Setup> {
@@ -26,14 +36,16 @@ fn setup() -> Option<Setup> {
     let mut a = pool.alloc_async::<f32>(&stream, N).unwrap();
     let mut b = pool.alloc_async::<f32>(&stream, N).unwrap();
     let c = pool.alloc_async::<f32>(&stream, N).unwrap();
-    a.copy_from_host(&random_f32(N)).unwrap();
-    b.copy_from_host(&random_f32(N)).unwrap();
+    let host = (random_f32(N), random_f32(N));
+    a.copy_from_host(&host.0).unwrap();
+    b.copy_from_host(&host.1).unwrap();
     Some(Setup {
         dev,
         stream,
         a,
         b,
         c,
+        host,
     })
 }
 
@@ -50,6 +62,34 @@ fn add_ms(s: &mut Setup) -> f64 {
     .unwrap();
     let t1 = s.stream.record().unwrap();
     t0.elapsed_ms(&t1).unwrap() as f64
+}
+
+/// Milliseconds of one launch of `v`, timed with events.
+fn variant_ms(s: &mut Setup, v: Variant) -> f64 {
+    let t0 = s.stream.record().unwrap();
+    launch(
+        &s.dev,
+        &s.stream,
+        v,
+        s.a.as_view(),
+        s.b.as_view(),
+        s.c.as_view_mut(),
+    )
+    .unwrap();
+    let t1 = s.stream.record().unwrap();
+    t0.elapsed_ms(&t1).unwrap() as f64
+}
+
+/// Runs `v` once on a NaN-poisoned C and compares every element with the f32 sum.
+fn check_variant(s: &mut Setup, v: Variant) {
+    s.c.fill_async(f32::NAN).unwrap();
+    variant_ms(s, v);
+    let mut c = vec![0f32; N];
+    s.c.copy_to_host(&mut c).unwrap();
+    let (a, b) = &s.host;
+    if let Some(i) = (0..N).find(|&i| c[i] != a[i] + b[i]) {
+        panic!("{}: c[{i}] = {}, want {}", v.name(), c[i], a[i] + b[i]);
+    }
 }
 
 /// Milliseconds of one D2D copy of N floats (A -> C), timed with events.
@@ -108,6 +148,54 @@ fn bench(c: &mut Criterion) {
         "ratio ws_vector_add / D2D copy bandwidth: {:.3}",
         add_gbps / copy_gbps
     );
+
+    variants(&mut s);
+}
+
+/// The issue-12 table: every variant next to the copy, round-robin in the same rounds.
+fn variants(s: &mut Setup) {
+    for v in Variant::ALL {
+        check_variant(s, v);
+    }
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); Variant::ALL.len()];
+    let mut copies = Vec::new();
+    for _ in 0..3 {
+        // Warm-up round.
+        for v in Variant::ALL {
+            variant_ms(s, v);
+        }
+        copy_ms(s);
+    }
+    for _ in 0..ROUNDS {
+        for (k, v) in Variant::ALL.into_iter().enumerate() {
+            times[k].push(variant_ms(s, v));
+        }
+        copies.push(copy_ms(s));
+    }
+    let copy = median(&mut copies);
+    let copy_gbps = 8.0 * N as f64 / (copy * 1e-3) / 1e9;
+    println!(
+        "\nissue 12: 2^28 floats, median of {ROUNDS} round-robin rounds (all variants checked exactly)"
+    );
+    println!(
+        "{:<30} {:>8} {:>10} {:>10}",
+        "variant", "ms", "GB/s", "x D2D"
+    );
+    println!(
+        "{:<30} {:>8.3} {:>10.1} {:>10.3}",
+        "D2D copy (8 B/elem)", copy, copy_gbps, 1.0
+    );
+    for (k, v) in Variant::ALL.into_iter().enumerate() {
+        let ms = median(&mut times[k]);
+        let gbps = 12.0 * N as f64 / (ms * 1e-3) / 1e9;
+        println!(
+            "{:<30} {:>8.3} {:>10.1} {:>10.3}",
+            v.name(),
+            ms,
+            gbps,
+            gbps / copy_gbps
+        );
+    }
 }
 
 criterion_group!(benches, bench);

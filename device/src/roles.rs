@@ -429,6 +429,15 @@ pub enum LoadCommit {
     /// [`WarpSpecialized::load`] issues `cp.async` copies: `cp.async.mbarrier.arrive.noinc` per
     /// producer thread, the hardware commits when they land (racecheck reports false races).
     CpAsyncBarrier,
+    /// Transaction bytes (bulk copies, TMA): each full barrier of the load ring expects one
+    /// arrival per phase. After every producer thread acquired the stage, [`run`] has thread 0 of
+    /// the producer role arm the stage's full barrier with one arrival and
+    /// [`WarpSpecialized::load_tx_bytes`]`(item)` bytes (`mbarrier.arrive.expect_tx`), then calls
+    /// [`WarpSpecialized::load`] in every producer thread. The hook's thread 0 issues bulk copies
+    /// of exactly that many bytes completing on [`Stage::load_full`]; the stage is committed when
+    /// they land (the other producer threads only wait on the empty barrier themselves, which
+    /// keeps racecheck's view of the ring whole).
+    BulkTx,
 }
 
 /// A warp-specialized kernel: its shared-memory layout and its role hooks. `STAGES` is the depth
@@ -457,6 +466,15 @@ pub trait WarpSpecialized<const STAGES: u32>: Sized {
 
     /// Work items of the whole grid (CTA `b` takes `b, b + gridDim.x, ...`).
     fn items(&self) -> u32;
+
+    /// Bytes the bulk copies of item `item` write into its stage of the load ring: what [`run`]
+    /// arms the stage's full barrier with under [`LoadCommit::BulkTx`] (unused otherwise). The
+    /// copies [`Self::load`] issues for the item must total exactly this (0: no copy; the stage
+    /// is committed at once).
+    fn load_tx_bytes(&self, item: u32) -> u32 {
+        let _ = item;
+        0
+    }
 
     /// Producer hook: fill `stage` of the load ring with item `item`.
     ///
@@ -498,7 +516,7 @@ pub use device::*;
 mod device {
     use super::*;
     use crate::cp_async;
-    use crate::mbarrier::fence_init;
+    use crate::mbarrier::{fence_init, Mbarrier};
     use crate::pipeline::{Pipeline, PipelineState};
     use crate::smem::{dynamic_smem_base, dynamic_smem_size, Shared};
     use crate::thread::{block_dim_x, block_idx_x, grid_dim_x, sync_threads, thread_idx_x};
@@ -552,6 +570,29 @@ mod device {
             Tile {
                 base: Shared::at(dynamic_smem_base() + self.offset),
                 len: self.elems,
+            }
+        }
+    }
+
+    impl<K> Stage<K> {
+        /// The load ring's full barrier of this stage: under [`LoadCommit::BulkTx`], the barrier
+        /// the producer hook's bulk copies complete on (armed by [`run`] before
+        /// [`WarpSpecialized::load`] is called). `S` is the kernel's ring depth.
+        #[inline(always)]
+        pub fn load_full<const S: u32>(self) -> Mbarrier
+        where
+            K: WarpSpecialized<S>,
+        {
+            // SAFETY: a `Stage` is made only by `run` for kernel `K`, so `index < S` and the
+            // barrier lies in the load ring that `run` initialised and published at
+            // `K::LAYOUT.load_ring_offset()`; the arrival protocol is the ring's (`run`), the
+            // transaction bytes the hook's contract (`LoadCommit::BulkTx`).
+            unsafe {
+                Mbarrier::at(
+                    dynamic_smem_base()
+                        + K::LAYOUT.load_ring_offset()
+                        + self.index * crate::MBARRIER_BYTES as u32,
+                )
             }
         }
     }
@@ -616,7 +657,8 @@ mod device {
         // above); the ring regions (8-byte aligned at offsets 0 and 2 * S * 8, below the first
         // 128-byte aligned region) hold only these barriers (SmemAlloc); thread 0 initialises
         // them below before the CTA barrier; every thread of a role arrives once per stage and
-        // phase in the loops below, which is what the init counts say.
+        // phase in the loops below (under BulkTx, producer thread 0 alone, with the hook's
+        // transaction bytes), which is what the init counts say.
         let (load_ring, store_ring) = unsafe {
             (
                 Pipeline::<S>::at(base + K::LAYOUT.load_ring_offset()),
@@ -624,13 +666,15 @@ mod device {
             )
         };
         if thread_idx_x() == 0 {
-            // SAFETY: one thread, before any use; both counts are 32..=1024 (Roles); published
-            // by fence_init and the CTA barrier below.
+            // SAFETY: one thread, before any use; the counts are 32..=1024 (Roles) or 1 (the
+            // BulkTx producer arrival); published by fence_init and the CTA barrier below.
             unsafe {
-                load_ring.init(
-                    roles.threads_of(Role::Producer),
-                    roles.threads_of(Role::Consumer),
-                );
+                // BulkTx: one arrival (the arming thread's) plus the transaction bytes.
+                let producer_arrivals = match K::LOAD_COMMIT {
+                    LoadCommit::BulkTx => 1,
+                    _ => roles.threads_of(Role::Producer),
+                };
+                load_ring.init(producer_arrivals, roles.threads_of(Role::Consumer));
                 if roles.has_storers() {
                     store_ring.init(
                         roles.threads_of(Role::Consumer),
@@ -683,6 +727,10 @@ mod device {
         let mut pending: Option<PipelineState<S>> = None;
         for_each_item(items, |item| {
             ring.producer_acquire(st);
+            if K::LOAD_COMMIT == LoadCommit::BulkTx && me.thread() == 0 {
+                // The phase's one arrival, with the bytes the hook's bulk copies will deliver.
+                ring.full(st).arrive_expect_tx(k.load_tx_bytes(item));
+            }
             let stage = Stage {
                 index: st.stage(),
                 _k: PhantomData,
@@ -691,6 +739,8 @@ mod device {
             unsafe { k.load(me, stage, item) };
             match K::LOAD_COMMIT {
                 LoadCommit::Arrive => ring.producer_commit(st),
+                // Committed by the copies' transaction bytes.
+                LoadCommit::BulkTx => {}
                 LoadCommit::CpAsyncBarrier => ring.producer_commit_cp_async(st),
                 LoadCommit::CpAsyncGroups => {
                     cp_async::commit_group();

@@ -45,6 +45,105 @@ pub mod vector_add {
 
     const _: () = assert!(CS_BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
     const _: () = assert!(TILE_ELEMS.is_multiple_of(4));
+
+    /// Candidate `ws_vector_add_bulk`: warp-specialized like `ws_vector_add`, but one loader thread
+    /// fills each stage with two bulk copies (`cp.async.bulk`, TMA without a tensor map) of A and
+    /// B completing on the stage's full mbarrier (expect-tx), and the compute warps add from
+    /// shared memory straight into global C (no C buffer, no storer warps). Issue 12, to be
+    /// measured.
+    pub mod bulk {
+        use super::*;
+
+        /// Entry point in the PTX module.
+        pub const KERNEL: &str = "ws_vector_add_bulk";
+        /// Elements of A (and of B) in one tile, a multiple of 4 (bulk copies move multiples of
+        /// 16 bytes; the ragged last tile's last `len % 4` elements are read from global).
+        pub const TILE_ELEMS: usize = 4096;
+        /// Stages of the load ring.
+        pub const STAGES: usize = 3;
+        /// Warps of the loader role (lane 0 of warp 0 issues the copies).
+        pub const LOADER_WARPS: u32 = 1;
+        /// Warps of the compute role (shared A, B -> registers -> global C).
+        pub const COMPUTE_WARPS: u32 = 2;
+        /// Threads per CTA.
+        pub const THREADS_PER_CTA: u32 = WARP_SIZE * (LOADER_WARPS + COMPUTE_WARPS);
+        /// CTAs of the persistent grid per SM (shared memory allows 2).
+        pub const CTAS_PER_SM: u32 = 2;
+        /// Offset of stage 0's A buffer (after the load ring's `2 * STAGES` mbarriers).
+        pub const BUFFERS_OFFSET: usize = 128;
+        /// Bytes of one stage `[A | B]`.
+        pub const STAGE_BYTES: usize = 2 * TILE_ELEMS * F32_BYTES;
+        /// Dynamic shared memory per CTA, bytes.
+        pub const SMEM_BYTES: usize = BUFFERS_OFFSET + STAGES * STAGE_BYTES;
+
+        const _: () = assert!(2 * STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
+        const _: () = assert!(TILE_ELEMS.is_multiple_of(4));
+    }
+
+    /// Candidate `ws_vector_add_bulk_deep`: the kernel of `bulk` with 8192-element tiles, four
+    /// compute warps and one CTA per SM (one CTA owns the SM's shared memory). Issue 12, to be
+    /// measured.
+    pub mod bulk_deep {
+        use super::*;
+
+        /// Entry point in the PTX module.
+        pub const KERNEL: &str = "ws_vector_add_bulk_deep";
+        /// Elements of A (and of B) in one tile, a multiple of 4.
+        pub const TILE_ELEMS: usize = 8192;
+        /// Stages of the load ring.
+        pub const STAGES: usize = 3;
+        /// Warps of the loader role.
+        pub const LOADER_WARPS: u32 = 1;
+        /// Warps of the compute role.
+        pub const COMPUTE_WARPS: u32 = 4;
+        /// Threads per CTA.
+        pub const THREADS_PER_CTA: u32 = WARP_SIZE * (LOADER_WARPS + COMPUTE_WARPS);
+        /// CTAs of the persistent grid per SM.
+        pub const CTAS_PER_SM: u32 = 1;
+        /// Offset of stage 0's A buffer.
+        pub const BUFFERS_OFFSET: usize = 128;
+        /// Bytes of one stage `[A | B]`.
+        pub const STAGE_BYTES: usize = 2 * TILE_ELEMS * F32_BYTES;
+        /// Dynamic shared memory per CTA, bytes.
+        pub const SMEM_BYTES: usize = BUFFERS_OFFSET + STAGES * STAGE_BYTES;
+
+        const _: () = assert!(2 * STAGES * MBARRIER_BYTES <= BUFFERS_OFFSET);
+        const _: () = assert!(TILE_ELEMS.is_multiple_of(4));
+    }
+
+    /// Candidates `vector_add_flat` and `vector_add_flat_cs`: no warp specialization, no shared
+    /// memory. CTA `b` takes tiles `b, b + gridDim.x, ...` of `TILE_ELEMS` elements
+    /// (so the grid may be one CTA per tile or persistent); each thread issues all its
+    /// `ld.global.nc` 16-byte loads of A and B before its adds, then 16-byte stores
+    /// (`vector_add_flat_cs`: `st.global.cs`, evict-first). Issue 12, to be measured.
+    pub mod flat {
+        /// Entry point, plain stores.
+        pub const KERNEL: &str = "vector_add_flat";
+        /// Entry point, streaming (`.cs`) stores.
+        pub const CS_KERNEL: &str = "vector_add_flat_cs";
+        /// Threads per CTA.
+        pub const THREADS_PER_CTA: u32 = 256;
+        /// 16-byte vectors of A (and of B) per thread per tile, all loads in flight together.
+        pub const VECS_PER_THREAD: u32 = 4;
+        /// Elements per tile: `4 x VECS_PER_THREAD x THREADS_PER_CTA`.
+        pub const TILE_ELEMS: usize = 4 * (VECS_PER_THREAD * THREADS_PER_CTA) as usize;
+        /// CTAs per SM of the persistent launch shape (host: `flat_persistent`).
+        pub const CTAS_PER_SM: u32 = 4;
+    }
+
+    /// Candidate `vector_add_flat_v1`: the `flat` kernel shaped like PyTorch's vectorized
+    /// elementwise kernel: 128 threads, one 16-byte vector of A and B per thread, one CTA per
+    /// tile. Issue 12, to be measured.
+    pub mod flat_v1 {
+        /// Entry point.
+        pub const KERNEL: &str = "vector_add_flat_v1";
+        /// Threads per CTA.
+        pub const THREADS_PER_CTA: u32 = 128;
+        /// 16-byte vectors of A (and of B) per thread per tile.
+        pub const VECS_PER_THREAD: u32 = 1;
+        /// Elements per tile.
+        pub const TILE_ELEMS: usize = 4 * (VECS_PER_THREAD * THREADS_PER_CTA) as usize;
+    }
 }
 
 /// Batched 128x128x128 FP32 GEMM, `C_t = A_t x B_t` for each tile `t` (row-major f32 tiles,
