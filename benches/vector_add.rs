@@ -2,7 +2,7 @@
 //! the same number of floats, measured in the same run. Bytes counted: vector add reads A, B and
 //! writes C (12 bytes per element); the copy reads and writes (8 bytes per element).
 //!
-//! Then every variant of issue 12 (`kernels::vector_add_with_grid::Variant`, the default
+//! Then every variant of issue 12 (`kernels::VectorAddVariant`, the default
 //! first), each checked against the f32 sum once, then timed round-robin with the copy (each
 //! round: every variant once, the copy once; medians of `ROUNDS`): one line per variant with ms,
 //! GB/s and the ratio to the copy's GB/s from the same rounds.
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use warpline::bandwidth::median;
-use warpline::kernels::vector_add_with_grid::{launch, Variant};
+use warpline::kernels::{vector_add_variant as launch, VectorAddVariant as Variant};
 use warpline::{kernels, Device, MemPool};
 use warpline_suite::support::{gpu_or_skip, random_f32};
 

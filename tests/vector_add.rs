@@ -76,7 +76,10 @@ fn any_persistent_grid_size_completes_and_is_correct() {
 // size.
 // ------------------------------------------------------------------------------------------------
 
-use warpline::kernels::vector_add_with_grid::{launch, launch_with_grid, Variant};
+use warpline::kernels::{
+    vector_add_variant as launch, vector_add_variant_with_grid as launch_with_grid,
+    VectorAddVariant as Variant,
+};
 
 const VARIANT_SIZES: &[usize] = &[
     1,

@@ -10,8 +10,8 @@ pub mod tc_gemm;
 mod vector_add;
 
 pub use vector_add::{
-    grid_for as vector_add_grid, vector_add, vector_add_with_grid,
-    MAX_ELEMS as VECTOR_ADD_MAX_ELEMS,
+    grid_for as vector_add_grid, vector_add, vector_add_variant, vector_add_variant_with_grid,
+    vector_add_with_grid, Variant as VectorAddVariant, MAX_ELEMS as VECTOR_ADD_MAX_ELEMS,
 };
 
 pub use gemm::{

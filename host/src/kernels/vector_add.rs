@@ -261,13 +261,3 @@ pub fn vector_add_variant_with_grid(
 ) -> Result<()> {
     launch(dev, stream, variant, a, b, c, grid)
 }
-
-/// The issue-12 variants, reachable as `warpline::kernels::vector_add_with_grid::{Variant,
-/// launch, launch_with_grid}`: `kernels/mod.rs` re-exports the name `vector_add_with_grid`,
-/// which then names both the launcher function above and this module. (Stopgap while
-/// `kernels/mod.rs` has no re-export of its own for them.)
-pub mod vector_add_with_grid {
-    pub use super::{
-        vector_add_variant as launch, vector_add_variant_with_grid as launch_with_grid, Variant,
-    };
-}
