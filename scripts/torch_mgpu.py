@@ -61,6 +61,10 @@ def allreduce(iters=20):
     except Exception as e:  # noqa: BLE001
         print(f"SKIPPED: torch.distributed all-reduce failed ({e})")
 
-what = sys.argv[1:] or ["peer", "allreduce"]
-if "peer" in what: peer()
-if "allreduce" in what: allreduce()
+# mp.spawn re-imports this file in each child: only the parent runs the measurements.
+if __name__ == "__main__":
+    what = sys.argv[1:] or ["peer", "allreduce"]
+    if "peer" in what:
+        peer()
+    if "allreduce" in what:
+        allreduce()
