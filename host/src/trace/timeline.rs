@@ -120,7 +120,9 @@ where
     let (lo, hi) = trace.extent_us();
     let ms = hi - lo > 5000.0;
     let (scale, unit) = if ms { (1e-3, "ms") } else { (1.0, "µs") };
-    let x0 = lo.min(0.0) * scale;
+    // From the first span (not the trace origin, which precedes setup such as allocations and
+    // module loads by up to ~100 ms and would squeeze the spans into the right edge).
+    let x0 = lo * scale;
     let x1 = (hi * scale).max(x0 + 1e-3);
     let pad = (x1 - x0) * 0.01;
     let label_w = 230u32.min(w / 4);
