@@ -623,7 +623,7 @@ fn epilogue_chunk<I: Input, const OUT_F32: bool, const CH: usize>(
                               // A TMA store writes whole 16-byte pieces of a row: where C's last column ends inside one,
                               // the store would also write the row's padding after column N. Such a chunk is stored with
                               // bounds-checked st.global from registers instead.
-    let direct = first_col + cols as u32 > g.n && (g.n * out_bytes as u32) % 16 != 0;
+    let direct = first_col + cols as u32 > g.n && !(g.n * out_bytes as u32).is_multiple_of(16);
     let buf = g.c_chunk(consumer, *chunk & (C_CHUNKS as u32 - 1));
     if direct {
         macro_rules! n8_blocks_direct {

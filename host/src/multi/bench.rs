@@ -357,7 +357,9 @@ pub fn data_parallel_step(
     let gemm_ctas: Vec<u32> = (0..n)
         .map(|i| {
             let sms = set.device(i).capabilities().sm_count;
-            sms.saturating_sub(DP_NCCL_SMS).max(1).min(tiles.max(1) as u32)
+            sms.saturating_sub(DP_NCCL_SMS)
+                .max(1)
+                .min(tiles.max(1) as u32)
         })
         .collect();
     let compute: Vec<Stream> = (0..n)
