@@ -126,16 +126,37 @@ fn run(dev: &Device) -> warpline::Result<()> {
             )
         };
         row("cuBLAS GemmEx bf16", cublas_ms);
+        // WARPLINE_TC_GROUPS=4,16: also these raster band widths (cluster 2, both orders).
+        let groups: Vec<u32> = std::env::var("WARPLINE_TC_GROUPS")
+            .ok()
+            .map(|v| v.split(',').filter_map(|g| g.trim().parse().ok()).collect())
+            .unwrap_or_default();
+        let default_group = TcGemmOptions::default().group;
         let variants = [1u32, 2]
             .into_iter()
-            .flat_map(|c| [(c, Raster::AlongM, false), (c, Raster::AlongN, false)])
-            .chain([(1, Raster::AlongM, true), (2, Raster::AlongM, true)]);
-        for (cluster, raster, pingpong) in variants {
+            .flat_map(|c| {
+                [
+                    (c, Raster::AlongM, false, default_group),
+                    (c, Raster::AlongN, false, default_group),
+                ]
+            })
+            .chain([
+                (1, Raster::AlongM, true, default_group),
+                (2, Raster::AlongM, true, default_group),
+            ])
+            .chain(
+                groups
+                    .iter()
+                    .flat_map(|&g| [(2, Raster::AlongM, false, g), (2, Raster::AlongN, false, g)]),
+            )
+            .collect::<Vec<_>>();
+        for (cluster, raster, pingpong, group) in variants {
             {
                 let opts = TcGemmOptions {
                     cluster: Some(cluster),
                     raster,
                     pingpong,
+                    group,
                     ..Default::default()
                 };
                 let plan = tc.plan(
@@ -152,7 +173,12 @@ fn run(dev: &Device) -> warpline::Result<()> {
                     Ok(plan) => {
                         let ms = median_ms(&stream, || plan.launch())?;
                         let kind = if pingpong { "ping-pong" } else { "coop" };
-                        row(&format!("tc_gemm {kind} x{cluster} {raster:?}"), ms);
+                        let g = if group == default_group {
+                            String::new()
+                        } else {
+                            format!(" g{group}")
+                        };
+                        row(&format!("tc_gemm {kind} x{cluster} {raster:?}{g}"), ms);
                     }
                     Err(e) => println!("{shape:>22} tc_gemm x{cluster} {raster:?}: {e}"),
                 }
