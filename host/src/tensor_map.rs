@@ -425,15 +425,7 @@ impl<'a> TensorMap<'a> {
         box_dims: [u32; 2],
         swizzle: TmaSwizzle,
     ) -> Result<Self> {
-        let desc = TensorMapDesc::matrix(
-            T::DTYPE,
-            view.device_ptr(),
-            cols as u64,
-            rows as u64,
-            pitch as u64,
-            box_dims,
-            swizzle,
-        );
+        let desc = matrix_desc::<T>(view.device_ptr(), rows, cols, pitch, box_dims, swizzle);
         Self::new(view, desc)
     }
 
@@ -446,15 +438,7 @@ impl<'a> TensorMap<'a> {
         box_dims: [u32; 2],
         swizzle: TmaSwizzle,
     ) -> Result<Self> {
-        let desc = TensorMapDesc::matrix(
-            T::DTYPE,
-            view.device_ptr(),
-            cols as u64,
-            rows as u64,
-            pitch as u64,
-            box_dims,
-            swizzle,
-        );
+        let desc = matrix_desc::<T>(view.device_ptr(), rows, cols, pitch, box_dims, swizzle);
         Self::new_mut(view, desc)
     }
 
@@ -608,6 +592,27 @@ impl Drop for TensorMapTable<'_> {
             drop(staged);
         });
     }
+}
+
+/// The description [`TensorMap::matrix`] and [`TensorMap::matrix_mut`] build: a row-major
+/// `rows x cols` matrix of `T` at `address` with a row pitch of `pitch` elements.
+fn matrix_desc<T: TmaElement>(
+    address: u64,
+    rows: usize,
+    cols: usize,
+    pitch: usize,
+    box_dims: [u32; 2],
+    swizzle: TmaSwizzle,
+) -> TensorMapDesc {
+    TensorMapDesc::matrix(
+        T::DTYPE,
+        address,
+        cols as u64,
+        rows as u64,
+        pitch as u64,
+        box_dims,
+        swizzle,
+    )
 }
 
 #[cfg(test)]

@@ -531,11 +531,7 @@ fn gpu_bundle() -> Result<()> {
     );
     // The device tool carries at most 64 MiB: ship the bundle as one xz archive
     // (`tar xJf .gpu/gpu-bundle.tar.xz -C target` on the GPU host recreates target/gpu-bundle).
-    let carry = dir
-        .parent()
-        .and_then(Path::parent)
-        .unwrap_or(Path::new("."))
-        .join(".gpu");
+    let carry = root.join(".gpu");
     fs::create_dir_all(&carry).map_err(|e| e.to_string())?;
     let archive = carry.join("gpu-bundle.tar.xz");
     run(Command::new("tar")
@@ -543,7 +539,7 @@ fn gpu_bundle() -> Result<()> {
         .arg("cJf")
         .arg(&archive)
         .arg("-C")
-        .arg(dir.parent().unwrap_or(Path::new("target")))
+        .arg(root.join("target"))
         .arg("gpu-bundle"))?;
     let packed = fs::metadata(&archive).map_err(|e| e.to_string())?.len();
     println!(

@@ -106,6 +106,10 @@ pub trait TcInput: TmaElement + sealed::Sealed {
     const CUDA_TYPE: cublas_sys::cudaDataType;
     /// The kernel entry for B in `layout`.
     fn entry(layout: BLayout) -> &'static str;
+    /// The ping-pong entry for B in `layout`, where the module has one.
+    fn pingpong_entry(_layout: BLayout) -> Option<&'static str> {
+        None
+    }
     /// Rounds to nearest even.
     fn from_f32(v: f32) -> Self;
     /// Exact widening.
@@ -120,6 +124,9 @@ impl TcInput for bf16 {
             BLayout::ColMajor => contract::KERNEL_BF16_BCOL,
             BLayout::RowMajor => contract::KERNEL_BF16_BROW,
         }
+    }
+    fn pingpong_entry(layout: BLayout) -> Option<&'static str> {
+        (layout == BLayout::ColMajor).then_some(contract::KERNEL_BF16_BCOL_PINGPONG)
     }
     fn from_f32(v: f32) -> Self {
         bf16::from_f32(v)
@@ -697,16 +704,13 @@ impl<'d> TcGemm<'d> {
             });
         }
         let name = if opts.pingpong {
-            if T::NAME != "bf16" || layout != BLayout::ColMajor {
-                return Err(Error::BadShape {
-                    what: "tc_gemm ping-pong",
-                    detail: format!(
-                        "{} with B {layout:?}; the ping-pong entry exists for bf16 with a column-major B only",
-                        T::NAME
-                    ),
-                });
-            }
-            contract::KERNEL_BF16_BCOL_PINGPONG
+            T::pingpong_entry(layout).ok_or_else(|| Error::BadShape {
+                what: "tc_gemm ping-pong",
+                detail: format!(
+                    "{} with B {layout:?}; the ping-pong entry exists for bf16 with a column-major B only",
+                    T::NAME
+                ),
+            })?
         } else {
             T::entry(layout)
         };
