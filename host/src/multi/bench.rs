@@ -350,10 +350,10 @@ pub fn data_parallel_step(
         });
     }
     let n = set.len();
-    // The GEMM is persistent (one 200 KiB CTA per SM): on every SM it would leave no room for
-    // NCCL's kernels, which then run only between layers, i.e. not overlapped (measured on two
-    // H200s: overlapped 3.47 ms = sequential 3.49 ms). Leave DP_NCCL_SMS SMs free for them, in
-    // every mode, so compute-only and overlapped run the same GEMM.
+    // The GEMM is persistent (one 200 KiB CTA per SM): on every SM it leaves NCCL's kernels no
+    // SM until a layer ends. Leave DP_NCCL_SMS SMs free for them, in every mode, so compute-only
+    // and overlapped run the same GEMM. (On its own this did not make the step overlap on two
+    // H200s; the per-step buffer move below did.)
     let gemm_ctas: Vec<u32> = (0..n)
         .map(|i| {
             let sms = set.device(i).capabilities().sm_count;
