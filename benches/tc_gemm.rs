@@ -1,8 +1,8 @@
-//! BF16 tensor-core GEMM throughput (`TcGemm`, FP32 accumulation, f32 output; B column-major)
-//! side by side with cuBLAS `cublasGemmEx` (BF16 in, `CUBLAS_COMPUTE_32F`, f32 out) on the same
-//! device buffers in the same run, at the six shapes (M x N x K): 2048^3, 4096^3,
+//! BF16 tensor-core GEMM throughput (`TcGemm`, FP32 accumulation, BF16 and f32 output; B
+//! column-major) side by side with cuBLAS `cublasGemmEx` (BF16 in, `CUBLAS_COMPUTE_32F`, the
+//! same output type) on the same device buffers in the same run, at the six shapes (M x N x K): 2048^3, 4096^3,
 //! 8192^3, 8192x8192x1024, 4096x14336x4096, 16384x4096x4096. Per shape: cluster 1 and 2, raster
-//! along M and along N. Then a chain of two dependent GEMMs (`C1 = A B1`, `C2 = C1 B2`, 4096^3
+//! along M and along N, ping-pong (knobs: `Knobs`). Then a chain of two dependent GEMMs (`C1 = A B1`, `C2 = C1 B2`, 4096^3
 //! each) launched back to back, with and without PDL.
 //!
 //! Random normal inputs (input data changes power draw and so clocks). Each figure is the median
@@ -12,7 +12,7 @@
 
 use rand::{Rng, SeedableRng};
 use warpline::kernels::tc_gemm::{
-    BLayout, CublasGemmEx, Matrix, MatrixMut, Raster, TcGemm, TcGemmOptions, TcGemmPlan,
+    BLayout, CublasGemmEx, Matrix, MatrixMut, Raster, TcGemm, TcGemmOptions, TcGemmPlan, TcOutput,
 };
 use warpline::{bf16, Device, DeviceBuffer, MemPool, Stream};
 use warpline_suite::support::gpu_or_skip;
@@ -82,6 +82,13 @@ fn run(dev: &Device) -> warpline::Result<()> {
     let only: Option<Vec<String>> = std::env::var("WARPLINE_TC_SHAPES")
         .ok()
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+    // WARPLINE_TC_OUT=f32,bf16: C's element types (default both; cuBLAS writes the same type).
+    let outs: Vec<String> = std::env::var("WARPLINE_TC_OUT")
+        .unwrap_or_else(|_| "bf16,f32".into())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .collect();
+    let knobs = Knobs::from_env();
     let stream = dev.new_stream()?;
     let pool = MemPool::device_default(dev, 0)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
@@ -104,84 +111,11 @@ fn run(dev: &Device) -> warpline::Result<()> {
         }
         let a = random_buffer(&pool, &stream, &mut rng, m * k)?;
         let b = random_buffer(&pool, &stream, &mut rng, n * k)?;
-        let mut c = pool.alloc_async::<f32>(&stream, m * n)?;
-        let flop = 2.0 * m as f64 * n as f64 * k as f64;
-        let shape = format!("{m}x{n}x{k}");
-        let blas = CublasGemmEx::new(dev, &stream)?;
-        let cublas_ms = {
-            let (am, bm) = (
-                Matrix::new(a.as_view(), m, k, k),
-                Matrix::new(b.as_view(), n, k, k),
-            );
-            let mut cm = MatrixMut::new(c.as_view_mut(), m, n, n);
-            median_ms(&stream, || {
-                blas.gemm(&am, &bm, BLayout::ColMajor, &mut cm, 1.0, 0.0)
-            })?
-        };
-        let row = |name: &str, ms: f64| {
-            println!(
-                "{shape:>22} {name:>28} {ms:>10.4} {:>10.1} {:>10.3}",
-                flop / ms / 1e9,
-                cublas_ms / ms
-            )
-        };
-        row("cuBLAS GemmEx bf16", cublas_ms);
-        // WARPLINE_TC_GROUPS=4,16: also these raster band widths (cluster 2, both orders).
-        let groups: Vec<u32> = std::env::var("WARPLINE_TC_GROUPS")
-            .ok()
-            .map(|v| v.split(',').filter_map(|g| g.trim().parse().ok()).collect())
-            .unwrap_or_default();
-        let default_group = TcGemmOptions::default().group;
-        let variants = [1u32, 2]
-            .into_iter()
-            .flat_map(|c| {
-                [
-                    (c, Raster::AlongM, false, default_group),
-                    (c, Raster::AlongN, false, default_group),
-                ]
-            })
-            .chain([
-                (1, Raster::AlongM, true, default_group),
-                (2, Raster::AlongM, true, default_group),
-            ])
-            .chain(
-                groups
-                    .iter()
-                    .flat_map(|&g| [(2, Raster::AlongM, false, g), (2, Raster::AlongN, false, g)]),
-            )
-            .collect::<Vec<_>>();
-        for (cluster, raster, pingpong, group) in variants {
-            {
-                let opts = TcGemmOptions {
-                    cluster: Some(cluster),
-                    raster,
-                    pingpong,
-                    group,
-                    ..Default::default()
-                };
-                let plan = tc.plan(
-                    &stream,
-                    Matrix::new(a.as_view(), m, k, k),
-                    Matrix::new(b.as_view(), n, k, k),
-                    BLayout::ColMajor,
-                    MatrixMut::new(c.as_view_mut(), m, n, n),
-                    1.0,
-                    0.0,
-                    &opts,
-                );
-                match plan {
-                    Ok(plan) => {
-                        let ms = median_ms(&stream, || plan.launch())?;
-                        let kind = if pingpong { "ping-pong" } else { "coop" };
-                        let g = if group == default_group {
-                            String::new()
-                        } else {
-                            format!(" g{group}")
-                        };
-                        row(&format!("tc_gemm {kind} x{cluster} {raster:?}{g}"), ms);
-                    }
-                    Err(e) => println!("{shape:>22} tc_gemm x{cluster} {raster:?}: {e}"),
-                }
+        for out in &outs {
+            match out.as_str() {
+                "f32" => shape_rows::<f32>(&tc, dev, &pool, &stream, &a, &b, (m, n, k), &knobs)?,
+                "bf16" => shape_rows::<bf16>(&tc, dev, &pool, &stream, &a, &b, (m, n, k), &knobs)?,
+                other => println!("WARPLINE_TC_OUT: unknown output type {other:?} (f32, bf16)"),
             }
         }
         stream.synchronize()?;
@@ -222,6 +156,128 @@ fn run(dev: &Device) -> warpline::Result<()> {
         (times[0] - times[1]) * 1e3,
         times[0] / times[1]
     );
+    stream.synchronize()
+}
+
+/// Bench options from the environment.
+struct Knobs {
+    /// WARPLINE_TC_GROUPS=4,16: also these raster band widths (cluster 2, both orders).
+    groups: Vec<u32>,
+    /// WARPLINE_TC_CLUSTERS=64,...: also cluster 2 along N with these persistent grid sizes (in
+    /// clusters) instead of every resident cluster.
+    clusters: Vec<u32>,
+    /// WARPLINE_TC_PINGPONG=0: leave out the ping-pong rows.
+    pingpong: bool,
+}
+
+impl Knobs {
+    fn from_env() -> Self {
+        let list = |var: &str| -> Vec<u32> {
+            std::env::var(var)
+                .ok()
+                .map(|v| v.split(',').filter_map(|g| g.trim().parse().ok()).collect())
+                .unwrap_or_default()
+        };
+        Self {
+            groups: list("WARPLINE_TC_GROUPS"),
+            clusters: list("WARPLINE_TC_CLUSTERS"),
+            pingpong: std::env::var("WARPLINE_TC_PINGPONG").map_or(true, |v| v != "0"),
+        }
+    }
+}
+
+/// One shape with output type `O`: cuBLAS, then every tc_gemm variant, each as a row with its
+/// ratio to cuBLAS.
+#[allow(clippy::too_many_arguments)]
+fn shape_rows<O: TcOutput<bf16>>(
+    tc: &TcGemm<'_>,
+    dev: &Device,
+    pool: &MemPool,
+    stream: &Stream,
+    a: &DeviceBuffer<bf16>,
+    b: &DeviceBuffer<bf16>,
+    (m, n, k): (usize, usize, usize),
+    knobs: &Knobs,
+) -> warpline::Result<()> {
+    let mut c = pool.alloc_async::<O>(stream, m * n)?;
+    let flop = 2.0 * m as f64 * n as f64 * k as f64;
+    let out = if O::IS_F32 { "f32" } else { "bf16" };
+    let shape = format!("{m}x{n}x{k} {out}");
+    let blas = CublasGemmEx::new(dev, stream)?;
+    let cublas_ms = {
+        let (am, bm) = (
+            Matrix::new(a.as_view(), m, k, k),
+            Matrix::new(b.as_view(), n, k, k),
+        );
+        let mut cm = MatrixMut::new(c.as_view_mut(), m, n, n);
+        median_ms(stream, || {
+            blas.gemm(&am, &bm, BLayout::ColMajor, &mut cm, 1.0, 0.0)
+        })?
+    };
+    let row = |name: &str, ms: f64| {
+        println!(
+            "{shape:>22} {name:>28} {ms:>10.4} {:>10.1} {:>10.3}",
+            flop / ms / 1e9,
+            cublas_ms / ms
+        )
+    };
+    row("cuBLAS GemmEx bf16", cublas_ms);
+    let default_group = TcGemmOptions::default().group;
+    let base = |cluster, raster, pingpong, group, clusters| TcGemmOptions {
+        cluster: Some(cluster),
+        raster,
+        pingpong,
+        group,
+        clusters,
+        ..Default::default()
+    };
+    let mut variants = Vec::new();
+    for c in [1u32, 2] {
+        for r in [Raster::AlongM, Raster::AlongN] {
+            variants.push(base(c, r, false, default_group, None));
+        }
+    }
+    if knobs.pingpong {
+        for c in [1u32, 2] {
+            variants.push(base(c, Raster::AlongM, true, default_group, None));
+        }
+    }
+    for &g in &knobs.groups {
+        for r in [Raster::AlongM, Raster::AlongN] {
+            variants.push(base(2, r, false, g, None));
+        }
+    }
+    for &n in &knobs.clusters {
+        variants.push(base(2, Raster::AlongN, false, default_group, Some(n)));
+    }
+    for opts in variants {
+        let plan = tc.plan(
+            stream,
+            Matrix::new(a.as_view(), m, k, k),
+            Matrix::new(b.as_view(), n, k, k),
+            BLayout::ColMajor,
+            MatrixMut::new(c.as_view_mut(), m, n, n),
+            1.0,
+            0.0,
+            &opts,
+        );
+        let x = opts.cluster.unwrap_or(0);
+        let r = opts.raster;
+        match plan {
+            Ok(plan) => {
+                let ms = median_ms(stream, || plan.launch())?;
+                let kind = if opts.pingpong { "ping-pong" } else { "coop" };
+                let g = if opts.group == default_group {
+                    String::new()
+                } else {
+                    format!(" g{}", opts.group)
+                };
+                let grid = opts.clusters.map_or(String::new(), |n| format!(" {n}cl"));
+                row(&format!("tc_gemm {kind} x{x} {r:?}{g}{grid}"), ms);
+            }
+            Err(e) => println!("{shape:>22} tc_gemm x{x} {r:?}: {e}"),
+        }
+    }
     stream.synchronize()
 }
 

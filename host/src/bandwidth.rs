@@ -47,6 +47,44 @@ pub fn pinned_d2h_gbps(dev: &Device, bytes: usize, reps: usize) -> Result<f64> {
     Ok(best)
 }
 
+/// Pinned host <-> device bandwidth with both directions at once, GB/s counting the bytes of both:
+/// an H2D copy of `h2d_bytes` on one stream and a D2H copy of `d2h_bytes` on another, started
+/// together (the second stream waits on the first's start event) and timed from that start to
+/// the later end; best of `reps`. With `h2d_bytes = 2 d2h_bytes` it is the ceiling of a pipeline
+/// that moves two inputs in and one result out, kernels aside.
+pub fn pinned_duplex_gbps(
+    dev: &Device,
+    h2d_bytes: usize,
+    d2h_bytes: usize,
+    reps: usize,
+) -> Result<f64> {
+    let (up, down) = (dev.new_stream()?, dev.new_stream()?);
+    let pool = MemPool::new(dev, u64::MAX)?;
+    let src = PinnedBuffer::<u8>::new(dev, h2d_bytes)?;
+    let mut dst = PinnedBuffer::<u8>::new(dev, d2h_bytes)?;
+    let mut d_in = pool.alloc_async::<u8>(&up, h2d_bytes)?;
+    let mut d_out = pool.alloc_async::<u8>(&down, d2h_bytes)?;
+    d_out.fill_async(5)?;
+    down.synchronize()?;
+    let mut best = 0.0f64;
+    for _ in 0..reps.max(1) {
+        let t0 = up.record()?;
+        down.wait(&t0)?;
+        // SAFETY: `src` and `dst` live until after both streams synchronise below.
+        unsafe {
+            d_in.copy_from_host_async(&src)?;
+            d_out.copy_to_host_async(&mut dst)?;
+        }
+        let down_done = down.record()?;
+        up.wait(&down_done)?;
+        let t1 = up.record()?;
+        up.synchronize()?;
+        down.synchronize()?;
+        best = best.max(gbps(h2d_bytes + d2h_bytes, t0.elapsed_ms(&t1)?));
+    }
+    Ok(best)
+}
+
 /// Device-to-device copy bandwidth, GB/s counting bytes read plus bytes written (2 x `bytes`),
 /// median of `reps` (cuMemcpyDtoDAsync).
 pub fn d2d_copy_gbps(dev: &Device, bytes: usize, reps: usize) -> Result<f64> {

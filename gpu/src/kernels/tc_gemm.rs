@@ -588,12 +588,129 @@ fn epilogue<I: Input, const OUT_F32: bool>(
     chunk: &mut u32,
     bar: NamedBarrier,
 ) {
+    if g.beta == 0.0 && row0 + WG_M as u32 <= g.m && n0 + BN as u32 <= g.n {
+        // The common case, kept apart from the general path so the code every tile runs is
+        // short: ncu showed the fully unrolled general path stalling on instruction fetch
+        // ("no instruction") once per tile.
+        let lanes = ChunkLanes::new();
+        macro_rules! chunks_interior {
+            ($($ch:literal)*) => {
+                $(epilogue_chunk_interior::<I, OUT_F32, $ch>(g, consumer, acc, row0, n0, chunk, bar, lanes);)*
+            };
+        }
+        chunks_interior!(0 1 2 3 4 5 6 7);
+        return;
+    }
     macro_rules! chunks {
         ($($ch:literal)*) => {
             $(epilogue_chunk::<I, OUT_F32, $ch>(g, consumer, acc, row0, n0, chunk, bar);)*
         };
     }
     chunks!(0 1 2 3 4 5 6 7);
+}
+
+/// This thread's place in a 128-byte-swizzled C chunk, for [`epilogue_chunk_interior`]: its row
+/// `r` (and `r + 8`) of the warpgroup's 64 and the row's swizzle phase `r % 8`. The thread holds
+/// columns `8 i + 2 (lane % 4) ..+ 2` of each n8 block `i` (wgmma's accumulator layout).
+#[derive(Clone, Copy)]
+struct ChunkLanes {
+    /// Byte offset of row `r` in a chunk (`128 r`).
+    row: u32,
+    /// `r % 8`: the row's 16-byte-unit XOR under the 128-byte swizzle.
+    phase: u32,
+    /// `lane % 4`.
+    quad: u32,
+}
+
+impl ChunkLanes {
+    #[inline(always)]
+    fn new() -> Self {
+        let tid = thread_in_warpgroup();
+        let (warp, lane) = (tid / 32, tid % 32);
+        let r = warp * 16 + lane / 4;
+        Self {
+            row: r * 128,
+            phase: r & 7,
+            quad: lane % 4,
+        }
+    }
+
+    /// Byte offset in the chunk of this thread's pair in n8 block `i` of the chunk, row `r`
+    /// (row `r + 8` is 1024 bytes further, with the same swizzle phase).
+    #[inline(always)]
+    fn pair(self, i: u32, out_bytes: u32) -> u32 {
+        // Byte column of the pair: 8 i + 2 quad elements.
+        let byte = (8 * i + 2 * self.quad) * out_bytes;
+        self.row + ((((byte >> 4) ^ self.phase) << 4) | (byte & 15))
+    }
+}
+
+/// Chunk `CH` of the epilogue of a warpgroup tile that lies wholly inside C, with `beta == 0`:
+/// `alpha * acc` into the swizzled chunk buffer, then one TMA store. As [`epilogue_chunk`] minus
+/// C reads, bounds checks and the direct-store case, none of which such a tile needs.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn epilogue_chunk_interior<I: Input, const OUT_F32: bool, const CH: usize>(
+    g: Gemm,
+    consumer: u32,
+    acc: &[f32; ACC],
+    row0: u32,
+    n0: u32,
+    chunk: &mut u32,
+    bar: NamedBarrier,
+    lanes: ChunkLanes,
+) {
+    let out_bytes: usize = if OUT_F32 { 4 } else { 2 };
+    let cols = C_CHUNK_ROW_BYTES / out_bytes;
+    if CH >= BN / cols {
+        return;
+    }
+    let tid = thread_in_warpgroup();
+    let buf = g.c_chunk(consumer, *chunk & (C_CHUNKS as u32 - 1));
+    if tid == 0 {
+        // The store that last used this buffer (two chunks ago) has read it.
+        bulk::wait_group_read::<{ C_CHUNKS as u32 - 1 }>();
+    }
+    bar.sync();
+    // Literal indices only, so the accumulators stay in registers.
+    macro_rules! n8_blocks {
+        ($($i:literal)*) => {$(
+            if $i < cols / 8 {
+                let nb = CH * (cols / 8) + $i; // n8 block of the warpgroup tile
+                let at = buf + lanes.pair($i, out_bytes as u32);
+                let (top, bottom) = (
+                    [g.alpha * acc[4 * nb], g.alpha * acc[4 * nb + 1]],
+                    [g.alpha * acc[4 * nb + 2], g.alpha * acc[4 * nb + 3]],
+                );
+                // SAFETY: `at` and `at + 1024` lie in this warpgroup's chunk buffer (rows r and
+                // r + 8 < 64, byte column < 128, aligned for the store), which no TMA store reads
+                // any more (wait_group_read + barrier above).
+                unsafe {
+                    if OUT_F32 {
+                        Shared::<f32>::at(at).store_v2(top);
+                        Shared::<f32>::at(at + 1024).store_v2(bottom);
+                    } else {
+                        Shared::<u32>::at(at).store(I::pack(top[0], top[1]));
+                        Shared::<u32>::at(at + 1024).store(I::pack(bottom[0], bottom[1]));
+                    }
+                }
+            }
+        )*};
+    }
+    n8_blocks!(0 1 2 3 4 5 6 7);
+    // Generic-proxy writes before the async-proxy (TMA) read.
+    bulk::fence_proxy_async_shared();
+    bar.sync();
+    if tid == 0 {
+        // SAFETY: the chunk is complete (bar), fenced, 1024-byte aligned and in C's box layout;
+        // it lies inside C; only this warpgroup writes these rows of C.
+        unsafe {
+            g.map_c
+                .store_2d(buf, (n0 + (CH * cols) as u32) as i32, row0 as i32);
+        }
+        bulk::commit_group();
+    }
+    *chunk += 1;
 }
 
 /// Chunk `CH` of the epilogue (f32 output: 32 columns, 8 chunks; 16-bit: 64 columns, 4 chunks).

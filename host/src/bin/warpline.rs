@@ -255,11 +255,11 @@ struct PipelineArgs {
     /// Also run the same batches on 1 stream in this run and print the speed-up.
     #[arg(long)]
     compare_one_stream: bool,
-    /// Split the last N batches into --tail-pieces pieces each (speed A/B; default 0: off).
-    #[arg(long, default_value_t = 0)]
+    /// Split the last N batches into --tail-pieces pieces each (0: no split).
+    #[arg(long, default_value_t = warpline::pipeline::Schedule::DEFAULT_TAIL_BATCHES)]
     tail_batches: usize,
     /// Pieces each of the last --tail-batches batches is split into.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = warpline::pipeline::Schedule::DEFAULT_TAIL_PIECES)]
     tail_pieces: usize,
     /// Stream priorities: equal (default), first-high or last-high.
     #[arg(long, value_enum, default_value_t = PriorityArg::Equal)]
@@ -852,11 +852,11 @@ fn ab_runs(
         priorities,
     };
     let variants: [(&str, Option<Schedule>); 9] = [
-        ("default", Some(Schedule::default())),
+        ("default (tail 2 x 4)", Some(Schedule::default())),
+        ("plain (no split)", Some(Schedule::PLAIN)),
         ("tail 1 x 2", Some(sched(1, 2, Priorities::Equal))),
         ("tail 1 x 4", Some(sched(1, 4, Priorities::Equal))),
         ("tail 1 x 8", Some(sched(1, 8, Priorities::Equal))),
-        ("tail 2 x 4", Some(sched(2, 4, Priorities::Equal))),
         ("first-high", Some(sched(0, 0, Priorities::FirstHigh))),
         ("last-high", Some(sched(0, 0, Priorities::LastHigh))),
         (

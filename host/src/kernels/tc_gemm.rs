@@ -439,6 +439,17 @@ pub fn check_shapes(
     Ok(GemmShape { m, n, k })
 }
 
+/// The default persistent grid, in clusters, for `units` work units when `resident` clusters fit
+/// on the device: as few clusters as finish in the same number of rounds (`ceil(units /
+/// resident)`) as every resident cluster would, so each cluster takes the same number of units
+/// (4096^3 with clusters of 2 on the H100: 256 units, 66 resident, 4 rounds: 64 clusters). The
+/// SMs left idle hold no tile that would finish late; measured on the H100 (docs/perf-notes.md)
+/// it was faster than the full grid at 4096^3 and 8192^3.
+pub fn balanced_clusters(units: u64, resident: u64) -> u64 {
+    let (units, resident) = (units.max(1), resident.max(1));
+    units.div_ceil(units.div_ceil(resident))
+}
+
 /// Launch options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcGemmOptions {
@@ -453,8 +464,8 @@ pub struct TcGemmOptions {
     /// SERIALIZATION`): the kernel may start while the previous kernel on the stream finishes;
     /// it waits (`griddepcontrol.wait`) before reading A, B or C.
     pub pdl: bool,
-    /// Number of clusters in the persistent grid (`None`: as many as can be resident, at most
-    /// one per work unit). Any number >= 1 is correct; for tests and tuning.
+    /// Number of clusters in the persistent grid (`None`: [`balanced_clusters`] of the work units
+    /// and the clusters that can be resident). Any number >= 1 is correct; for tests and tuning.
     pub clusters: Option<u32>,
     /// Ping-pong consumers (`contract::KERNEL_BF16_BCOL_PINGPONG`: each consumer warpgroup takes
     /// whole 64 x 256 tiles in turn) instead of cooperative ones (both split each 128 x 256
@@ -744,7 +755,7 @@ impl<'d> TcGemm<'d> {
                 })
             }
             Some(n) => n as u64,
-            None => units.min(resident as u64),
+            None => balanced_clusters(units, resident as u64),
         };
         let grid = clusters
             .checked_mul(cluster as u64)
@@ -1217,6 +1228,26 @@ mod tests {
             len: (rows - 1) * pitch + cols,
             address: 1 << 20,
             elem_bytes: elem,
+        }
+    }
+
+    #[test]
+    fn balanced_grid_keeps_the_rounds_and_evens_the_units() {
+        // 4096^3, clusters of 2 on 132 SMs: 256 units, 66 resident -> 4 rounds of 64.
+        assert_eq!(balanced_clusters(256, 66), 64);
+        // 8192^3: 1024 units -> 16 rounds of 64.
+        assert_eq!(balanced_clusters(1024, 66), 64);
+        // Fewer units than clusters: one cluster per unit.
+        assert_eq!(balanced_clusters(5, 66), 5);
+        for units in 1..2000u64 {
+            for resident in [1u64, 7, 64, 66, 132] {
+                let c = balanced_clusters(units, resident);
+                assert!(
+                    c >= 1 && c <= resident.min(units),
+                    "{units} {resident} -> {c}"
+                );
+                assert_eq!(units.div_ceil(c), units.div_ceil(resident.min(units)));
+            }
         }
     }
 
