@@ -1,14 +1,17 @@
 //! BF16 tensor-core GEMM throughput (`TcGemm`, FP32 accumulation, BF16 and f32 output; B
 //! column-major) side by side with cuBLAS `cublasGemmEx` (BF16 in, `CUBLAS_COMPUTE_32F`, the
-//! same output type) on the same device buffers in the same run, at the six shapes (M x N x K): 2048^3, 4096^3,
+//! same output type) in the same run, at the six shapes (M x N x K): 2048^3, 4096^3,
 //! 8192^3, 8192x8192x1024, 4096x14336x4096, 16384x4096x4096. Per shape: cluster 1 and 2, raster
-//! along M and along N, ping-pong (knobs: `Knobs`). Then a chain of two dependent GEMMs (`C1 = A B1`, `C2 = C1 B2`, 4096^3
-//! each) launched back to back, with and without PDL.
+//! along M and along N, ping-pong (options from the environment: `Knobs`). Then a chain of two
+//! dependent GEMMs (`C1 = A B1`, `C2 = C1 B2`, 4096^3 each) launched back to back, with and
+//! without PDL.
 //!
-//! Random normal inputs (input data changes power draw and so clocks). Each figure is the median
-//! of `REPS` timings (CUDA events around `BATCH` launches of a prepared plan, so no tensor-map
-//! upload is timed) after warm-up. TFLOP/s = 2 M N K / time. Without a driver, or on a device
-//! other than compute capability 9.0, it prints why it skipped and exits 0.
+//! Random normal inputs (input data changes power draw and so clocks). Per shape and output
+//! type, after warm-up (3 launches of each kernel, then `WARM_MS` of cuBLAS), `REPS` rounds each
+//! time one batch of `BATCH` launches of every kernel, cuBLAS first (CUDA events around the
+//! batch; prepared plans, so no tensor-map upload is timed); each row is the median, and its
+//! ratio is to cuBLAS's median of the same rounds. TFLOP/s = 2 M N K / time. Without a driver, or
+//! on a device other than compute capability 9.0, it prints why it skipped and exits 0.
 
 use rand::{Rng, SeedableRng};
 use warpline::kernels::tc_gemm::{
@@ -19,6 +22,8 @@ use warpline_suite::support::gpu_or_skip;
 
 const REPS: usize = 15;
 const BATCH: usize = 10;
+/// Milliseconds of cuBLAS launches before each shape's timed rounds, to settle the clocks.
+const WARM_MS: f64 = 300.0;
 
 fn median_ms(
     stream: &Stream,
@@ -186,8 +191,9 @@ impl Knobs {
     }
 }
 
-/// One shape with output type `O`: cuBLAS, then every tc_gemm variant, each as a row with its
-/// ratio to cuBLAS.
+/// One shape with output type `O`: cuBLAS and every tc_gemm variant, timed round-robin (each
+/// round: one batch of each, cuBLAS first) so all see the same clocks and temperature; one row
+/// per kernel with the median batch time and its ratio to cuBLAS's median.
 #[allow(clippy::too_many_arguments)]
 fn shape_rows<O: TcOutput<bf16>>(
     tc: &TcGemm<'_>,
@@ -199,29 +205,9 @@ fn shape_rows<O: TcOutput<bf16>>(
     (m, n, k): (usize, usize, usize),
     knobs: &Knobs,
 ) -> warpline::Result<()> {
-    let mut c = pool.alloc_async::<O>(stream, m * n)?;
     let flop = 2.0 * m as f64 * n as f64 * k as f64;
     let out = if O::IS_F32 { "f32" } else { "bf16" };
     let shape = format!("{m}x{n}x{k} {out}");
-    let blas = CublasGemmEx::new(dev, stream)?;
-    let cublas_ms = {
-        let (am, bm) = (
-            Matrix::new(a.as_view(), m, k, k),
-            Matrix::new(b.as_view(), n, k, k),
-        );
-        let mut cm = MatrixMut::new(c.as_view_mut(), m, n, n);
-        median_ms(stream, || {
-            blas.gemm(&am, &bm, BLayout::ColMajor, &mut cm, 1.0, 0.0)
-        })?
-    };
-    let row = |name: &str, ms: f64| {
-        println!(
-            "{shape:>22} {name:>28} {ms:>10.4} {:>10.1} {:>10.3}",
-            flop / ms / 1e9,
-            cublas_ms / ms
-        )
-    };
-    row("cuBLAS GemmEx bf16", cublas_ms);
     let default_group = TcGemmOptions::default().group;
     let base = |cluster, raster, pingpong, group, clusters| TcGemmOptions {
         cluster: Some(cluster),
@@ -250,22 +236,25 @@ fn shape_rows<O: TcOutput<bf16>>(
     for &n in &knobs.clusters {
         variants.push(base(2, Raster::AlongN, false, default_group, Some(n)));
     }
-    for opts in variants {
-        let plan = tc.plan(
-            stream,
-            Matrix::new(a.as_view(), m, k, k),
-            Matrix::new(b.as_view(), n, k, k),
-            BLayout::ColMajor,
-            MatrixMut::new(c.as_view_mut(), m, n, n),
-            1.0,
-            0.0,
-            &opts,
-        );
+    // One C per kernel: a plan borrows its C exclusively for its lifetime.
+    let mut outs = (0..=variants.len())
+        .map(|_| pool.alloc_async::<O>(stream, m * n))
+        .collect::<warpline::Result<Vec<_>>>()?;
+    let (c_blas, c_ours) = outs.split_first_mut().expect("one C per kernel");
+    let blas = CublasGemmEx::new(dev, stream)?;
+    let (am, bm) = (
+        Matrix::new(a.as_view(), m, k, k),
+        Matrix::new(b.as_view(), n, k, k),
+    );
+    let mut cm = MatrixMut::new(c_blas.as_view_mut(), m, n, n);
+    let mut names = vec!["cuBLAS GemmEx bf16".to_string()];
+    let mut plans = Vec::new();
+    for (opts, c) in variants.iter().zip(c_ours.iter_mut()) {
         let x = opts.cluster.unwrap_or(0);
         let r = opts.raster;
-        match plan {
+        let cv = MatrixMut::new(c.as_view_mut(), m, n, n);
+        match tc.plan(stream, am, bm, BLayout::ColMajor, cv, 1.0, 0.0, opts) {
             Ok(plan) => {
-                let ms = median_ms(stream, || plan.launch())?;
                 let kind = if opts.pingpong { "ping-pong" } else { "coop" };
                 let g = if opts.group == default_group {
                     String::new()
@@ -273,10 +262,60 @@ fn shape_rows<O: TcOutput<bf16>>(
                     format!(" g{}", opts.group)
                 };
                 let grid = opts.clusters.map_or(String::new(), |n| format!(" {n}cl"));
-                row(&format!("tc_gemm {kind} x{x} {r:?}{g}{grid}"), ms);
+                names.push(format!("tc_gemm {kind} x{x} {r:?}{g}{grid}"));
+                plans.push(plan);
             }
             Err(e) => println!("{shape:>22} tc_gemm x{x} {r:?}: {e}"),
         }
+    }
+    let mut launch = |i: usize| -> warpline::Result<()> {
+        if i == 0 {
+            blas.gemm(&am, &bm, BLayout::ColMajor, &mut cm, 1.0, 0.0)
+        } else {
+            plans[i - 1].launch()
+        }
+    };
+    let kernels = names.len();
+    // Warm-up: every kernel, then about WARM_MS of cuBLAS so the clocks settle.
+    for i in 0..kernels {
+        for _ in 0..3 {
+            launch(i)?;
+        }
+    }
+    let t0 = stream.record()?;
+    launch(0)?;
+    let t1 = stream.record()?;
+    t1.synchronize()?;
+    let one = (t0.elapsed_ms(&t1)? as f64).max(1e-3);
+    for _ in 0..((WARM_MS / one) as usize).min(100_000) {
+        launch(0)?;
+    }
+    stream.synchronize()?;
+    let mut times = vec![Vec::with_capacity(REPS); kernels];
+    for _ in 0..REPS {
+        for (i, t) in times.iter_mut().enumerate() {
+            let start = stream.record()?;
+            for _ in 0..BATCH {
+                launch(i)?;
+            }
+            let end = stream.record()?;
+            end.synchronize()?;
+            t.push(start.elapsed_ms(&end)? as f64 / BATCH as f64);
+        }
+    }
+    let med: Vec<f64> = times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        })
+        .collect();
+    for (name, ms) in names.iter().zip(&med) {
+        println!(
+            "{shape:>22} {name:>28} {ms:>10.4} {:>10.1} {:>10.3}",
+            flop / ms / 1e9,
+            med[0] / ms
+        );
     }
     stream.synchronize()
 }
