@@ -33,11 +33,12 @@ cli)
     for c in 2 4; do $B/warpline gemm --tiles 4096 --cluster $c || failed=1; done; } > "$OUT/cli.log" 2>&1 ;;
 timeline)
   # Issue 12 pictures: Chrome traces (open in ui.perfetto.dev) and timelines of the pipeline (the
-  # "done means" command), its tail-split variant, gemm --streams and the ordering demo.
+  # "done means" command; its default splits the last 2 batches in 4), the plain pipeline, gemm
+  # --streams and the ordering demo.
   P="$B/warpline --seed 12"
   { $P pipeline --streams 3 --batches 16 --batch-elems 16777216 --trace "$OUT/pipeline.json" --timeline "$OUT/pipeline.png" || failed=1
     $P pipeline --streams 3 --batches 16 --batch-elems 16777216 --timeline "$OUT/pipeline.svg" || failed=1
-    $P pipeline --streams 3 --batches 16 --batch-elems 16777216 --tail-batches 1 --tail-pieces 4 --trace "$OUT/pipeline-tail1x4.json" --timeline "$OUT/pipeline-tail1x4.png" || failed=1
+    $P pipeline --streams 3 --batches 16 --batch-elems 16777216 --tail-batches 0 --trace "$OUT/pipeline-plain.json" --timeline "$OUT/pipeline-plain.png" || failed=1
     $P gemm --tiles 4096 --cluster 2 --streams 3 --reps 5 --trace "$OUT/gemm-streams.json" --timeline "$OUT/gemm-streams.png" || failed=1
     $P ordering-demo --runs 2 --trace "$OUT/ordering.json" --timeline "$OUT/ordering.png" || failed=1
     $P ordering-demo --runs 2 --json > "$OUT/ordering-demo.json" || failed=1
