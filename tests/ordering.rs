@@ -23,7 +23,15 @@ use warpline::{Error, MemPool, Stream};
 use warpline_gpu::contract::signal::pattern;
 use warpline_suite::support::gpu_or_skip;
 
-const RUNS: usize = 200;
+/// Repetitions of the seed scenarios: 200, or `WARPLINE_ORDERING_RUNS` (for slow tools such as
+/// compute-sanitizer's initcheck, which scripts/sanitize.sh runs with fewer).
+fn runs() -> usize {
+    std::env::var("WARPLINE_ORDERING_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(200)
+}
 const BOUND: Duration = Duration::from_secs(10);
 const POISON: u32 = 0xDEAD_BEEF;
 
@@ -126,7 +134,8 @@ fn two_waits_released_in_reverse_order_complete_in_signal_order_200_times() {
         order.device_ptr() + 8,
     );
     let mut worst = Duration::ZERO;
-    for run in 0..RUNS {
+    let runs = runs();
+    for run in 0..runs {
         order.fill_async(0).unwrap();
         s3.synchronize().unwrap();
         let epoch = run as u64 + 1; // monotonic epochs with >=: the signals are never reset
@@ -160,7 +169,7 @@ fn two_waits_released_in_reverse_order_complete_in_signal_order_200_times() {
         );
     }
     println!(
-        "reverse-order signals: {RUNS} runs, {RUNS} completed in signal order, worst {worst:?}"
+        "reverse-order signals: {runs} runs, {runs} completed in signal order, worst {worst:?}"
     );
 }
 
@@ -255,7 +264,8 @@ fn message_exchange_runs_200_times_as_a_task_graph() {
     let sig_refs = [&sigs[0], &sigs[1]];
     let mut rng = rand::rng();
     let mut worst = Duration::ZERO;
-    for run in 0..RUNS {
+    let runs = runs();
+    for run in 0..runs {
         for b in bufs.iter_mut() {
             b.fill_async(POISON).unwrap();
         }
@@ -274,7 +284,7 @@ fn message_exchange_runs_200_times_as_a_task_graph() {
             expect_pattern(&format!("run {run}: pe{pe} received"), &got, seeds[pe]);
         }
     }
-    println!("message exchange (enqueue): {RUNS} runs, {RUNS} completed, worst {worst:?}");
+    println!("message exchange (enqueue): {runs} runs, {runs} completed, worst {worst:?}");
 
     // The same graph as a captured CUDA graph (every edge CUDA-visible), replayed.
     let seeds = [0x1234_5678, 0x9abc_def0];
