@@ -14,6 +14,7 @@
 
 pub mod bench;
 pub mod commands;
+mod graphs;
 pub mod nccl;
 mod pipeline;
 pub mod seeds;
