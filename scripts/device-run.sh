@@ -66,6 +66,9 @@ mgpu)
     timeout 300 $B/warpline mgpu allreduce || failed=1
     timeout 300 $B/warpline mgpu allreduce --procs 2 || failed=1
     timeout 300 $B/warpline mgpu dp-step || failed=1
+    # Issue 13 graphs: eager vs CUDA-graph replay of each GPU's compute (NCCL outside), checked.
+    timeout 300 $B/warpline mgpu dp-step --graphs --verify || failed=1
+    timeout 300 $B/warpline --json mgpu dp-step --graphs --verify > "$OUT/dp-step-graphs.json" || failed=1
     timeout 300 $B/warpline mgpu pipeline --verify || failed=1
     echo "== torch references (same run)"; timeout 300 python3 scripts/torch_mgpu.py || true
   } > "$OUT/mgpu.log" 2>&1 ;;

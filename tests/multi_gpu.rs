@@ -3,7 +3,12 @@
 //! (`WARPLINE_REQUIRE_GPUS=2` makes the skip a failure); the NCCL tests also skip, with the reason,
 //! when no libnccl can be loaded.
 
-use warpline::multi::bench::{all_reduce_sweep, data_parallel_step, peer_copy_bandwidth};
+use std::time::{Duration, Instant};
+
+use warpline::multi::bench::{
+    all_reduce_sweep, data_parallel_step, data_parallel_step_with, peer_copy_bandwidth,
+    DataParallelConfig,
+};
 use warpline::multi::nccl::{self, Communicator};
 use warpline::multi::{check_ordinals, DeviceSet, LayerPipeline, LayerPipelineConfig, Placement};
 use warpline::{Error, MemPool};
@@ -168,4 +173,90 @@ fn all_reduce_matches_the_cpu_sum() {
     assert_eq!(pts.len(), 2);
     let r = data_parallel_step(&set, &comms, 3, 16, 1, 2).unwrap();
     assert!(r.overlapped_ms > 0.0 && r.ideal_ms() > 0.0, "{r:?}");
+}
+
+#[test]
+fn dp_step_graph_replay_equals_the_eager_step_and_the_cpu() {
+    let test = "dp_step_graph_replay_equals_the_eager_step_and_the_cpu";
+    let Some(set) = two_gpus_or_skip(test) else {
+        return;
+    };
+    let Some(comms) = comms_or_skip(test, &set) else {
+        return;
+    };
+    let cfg = DataParallelConfig {
+        buckets: 3,
+        tiles: 16,
+        layers: 2,
+        steps: 2,
+        graphs: true,
+        verify: true,
+    };
+    let r = data_parallel_step_with(&set, &comms, &cfg).unwrap();
+    // Every bucket of both GPUs equals the f64 CPU sum over GPUs of x_i w_i (eager and graph
+    // steps), and the graph-replayed buckets equal the eager ones bit for bit.
+    assert!(r.max_rel_error.unwrap() < 1e-4, "{r:?}");
+    assert_eq!(r.graph_matches_eager, Some(true), "{r:?}");
+    assert!(
+        r.graph_overlapped_ms.unwrap() > 0.0 && r.graph_compute_ms.unwrap() > 0.0,
+        "{r:?}"
+    );
+    // Without graphs nothing graph-related is reported.
+    let eager = data_parallel_step_with(
+        &set,
+        &comms,
+        &DataParallelConfig {
+            graphs: false,
+            ..cfg
+        },
+    )
+    .unwrap();
+    assert!(eager.graph_overlapped_ms.is_none() && eager.graph_matches_eager.is_none());
+    assert!(eager.max_rel_error.unwrap() < 1e-4);
+}
+
+#[test]
+fn init_rank_times_out_and_aborts_when_the_other_rank_never_joins() {
+    let test = "init_rank_times_out_and_aborts_when_the_other_rank_never_joins";
+    let Some(set) = two_gpus_or_skip(test) else {
+        return;
+    };
+    if let Err(e) = nccl::library_available() {
+        skip(test, e);
+        return;
+    }
+    // Rank 0 of 2 joins; rank 1 never does. Before: ncclCommInitRank blocked forever.
+    let id = nccl::NcclId::new().unwrap();
+    let stream = set.high_priority_stream(0).unwrap();
+    let t0 = Instant::now();
+    let r = Communicator::init_rank_with_timeout(
+        set.device(0),
+        &stream,
+        0,
+        2,
+        &id,
+        Duration::from_secs(3),
+    );
+    let took = t0.elapsed();
+    match r {
+        Err(Error::NcclTimeout {
+            call,
+            rank: 0,
+            world: 2,
+            waited,
+            env,
+            ..
+        }) => {
+            assert_eq!(call, "ncclCommInitRankConfig");
+            assert_eq!(env, nccl::INIT_TIMEOUT_ENV);
+            assert!(waited >= Duration::from_secs(3), "{waited:?}");
+        }
+        other => panic!("expected NcclTimeout, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(60), "abort took {took:?}");
+    // A zero bound is refused before NCCL is called.
+    assert!(matches!(
+        Communicator::init_rank_with_timeout(set.device(0), &stream, 0, 2, &id, Duration::ZERO),
+        Err(Error::BadShape { .. })
+    ));
 }

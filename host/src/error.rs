@@ -269,6 +269,19 @@ pub enum Error {
     /// An NCCL call failed.
     #[error("NCCL call {call} failed: {result}")]
     Nccl { call: &'static str, result: String },
+    /// A nonblocking NCCL operation (`ncclInProgress`, polled with `ncclCommGetAsyncError`) did
+    /// not finish within the bound, e.g. `ncclCommInitRankConfig` when another rank never joined.
+    #[error("NCCL {call} (rank {rank} of {world}) did not finish within {waited:?}: another rank may never have joined or may have died; {action}. Change the bound with {env}=<seconds> or Communicator::init_rank_with_timeout")]
+    NcclTimeout {
+        call: &'static str,
+        rank: usize,
+        world: usize,
+        waited: std::time::Duration,
+        /// What was done about it (the communicator aborted, or left to be aborted on drop).
+        action: &'static str,
+        /// The environment variable of the default bound (`WARPLINE_NCCL_INIT_TIMEOUT_S`).
+        env: &'static str,
+    },
     /// A trace or timeline could not be written (file system, encoder, font) to `path`.
     #[error("trace output {path}: {detail}")]
     TraceOutput { path: String, detail: String },

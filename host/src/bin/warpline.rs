@@ -152,6 +152,14 @@ enum MgpuCmd {
         layers: usize,
         #[arg(long, default_value_t = 10)]
         steps: usize,
+        /// Also capture each GPU's per-bucket GEMM layers into CUDA graphs (NCCL stays outside)
+        /// and print eager vs graph-replay time per step, same run.
+        #[arg(long)]
+        graphs: bool,
+        /// Check every bucket against the CPU reference (and, with --graphs, graph replay
+        /// against the eager step, bit for bit).
+        #[arg(long)]
+        verify: bool,
     },
     /// The cross-GPU seed scenarios: opposite-order signals (must complete every run) and a
     /// cyclic dependency (must be rejected).
@@ -164,7 +172,7 @@ enum MgpuCmd {
     },
 }
 
-fn mgpu(cmd: MgpuCmd) -> CliResult {
+fn mgpu(cmd: MgpuCmd) -> CliResult<Value> {
     use warpline::multi::commands as c;
     if let Some(code) = c::reexec_for_nccl_if_needed()? {
         std::process::exit(code);
@@ -194,10 +202,66 @@ fn mgpu(cmd: MgpuCmd) -> CliResult {
             tiles,
             layers,
             steps,
-        } => c::dp_step(buckets, tiles, layers, steps)?,
+            graphs,
+            verify,
+        } => {
+            let cfg = warpline::multi::bench::DataParallelConfig {
+                buckets,
+                tiles,
+                layers,
+                steps,
+                graphs,
+                verify,
+            };
+            // Under --json stdout holds only the JSON object: the text goes to stderr.
+            let r = if cli_json::enabled() {
+                c::dp_step(&cfg, &mut std::io::stderr())?
+            } else {
+                c::dp_step(&cfg, &mut std::io::stdout())?
+            };
+            return Ok(dp_step_json(&cfg, &r));
+        }
         MgpuCmd::Seeds { runs, bound_ms } => c::seeds(runs, bound_ms)?,
     }
-    Ok(())
+    Ok(Value::Null)
+}
+
+/// `mgpu dp-step --json`: options, times per step (ms), ratios and the verification.
+fn dp_step_json(
+    cfg: &warpline::multi::bench::DataParallelConfig,
+    r: &warpline::multi::bench::DataParallelReport,
+) -> Value {
+    json!({
+        "options": {
+            "buckets": cfg.buckets, "tiles": cfg.tiles, "layers": cfg.layers,
+            "steps": cfg.steps, "graphs": cfg.graphs, "verify": cfg.verify,
+        },
+        "bucket_bytes": r.bucket_bytes,
+        "ms_per_step": {
+            "compute_only": r.compute_ms,
+            "allreduce_only": r.comm_ms,
+            "ideal_max_compute_comm": r.ideal_ms(),
+            "sequential": r.sequential_ms,
+            "overlapped": r.overlapped_ms,
+            "graph_compute_only": r.graph_compute_ms,
+            "graph_overlapped": r.graph_overlapped_ms,
+        },
+        "ratios": {
+            "overlapped_over_ideal": r.overlapped_ms / r.ideal_ms(),
+            "sequential_over_overlapped": r.sequential_ms / r.overlapped_ms,
+            "eager_over_graph_overlapped": r.graph_overlapped_ms.map(|g| r.overlapped_ms / g),
+            "eager_over_graph_compute": r.graph_compute_ms.map(|g| r.compute_ms / g),
+        },
+        "graphs": cfg.graphs.then_some(
+            "one CUDA graph per GPU and bucket (the bucket's GEMM layers), captured on the GPU's compute stream; NCCL all-reduces outside the graphs, ordered by events"
+        ),
+        "verified": r.max_rel_error.map(|e| json!({
+            "reference": "f64 CPU sum over GPUs of x_i w_i, first and last tile of every bucket",
+            "worst_tile_rel_error": e,
+            "bound": 1e-4,
+            "graph_matches_eager_bitwise": r.graph_matches_eager,
+        })),
+    })
 }
 
 #[derive(Args)]
@@ -433,9 +497,7 @@ fn main() -> ExitCode {
             Cmd::Gemm(args) => gemm(&ctx, args),
             Cmd::Stress(args) => no_trace(&ctx, "stress").and_then(|()| stress_cmd(&ctx, args)),
             Cmd::OrderingDemo(args) => demo::run(&ctx, args),
-            Cmd::Mgpu(cmd) => no_trace(&ctx, "mgpu")
-                .and_then(|()| mgpu(cmd))
-                .map(|()| serde_json::Value::Null),
+            Cmd::Mgpu(cmd) => no_trace(&ctx, "mgpu").and_then(|()| mgpu(cmd)),
         }
     });
     let (kind, msg, code) = match r {

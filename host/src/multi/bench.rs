@@ -10,10 +10,10 @@ use std::time::Instant;
 
 use crate::driver::{core as drv, peer};
 use crate::error::{Error, Result};
-use crate::kernels::tile_gemm_with_grid;
 use crate::memory::DeviceBuffer;
 use crate::stream::Stream;
 
+use super::graphs::{all_reduce_bucket, DpGpu};
 use super::nccl::{all_reduce_sum_group, Communicator};
 use super::DeviceSet;
 
@@ -305,6 +305,42 @@ pub enum StepMode {
 /// SMs the data-parallel step's GEMM leaves free for NCCL's all-reduce kernels.
 pub const DP_NCCL_SMS: u32 = 16;
 
+/// Options of the data-parallel step ([`data_parallel_step_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataParallelConfig {
+    /// Gradient buckets per step (>= 1).
+    pub buckets: usize,
+    /// 128x128 f32 tiles per bucket (bucket = `tiles` x 64 KiB per GPU).
+    pub tiles: usize,
+    /// GEMM layers per bucket (>= 1).
+    pub layers: usize,
+    /// Timed steps per mode, after one warm-up step (>= 1).
+    pub steps: usize,
+    /// Also capture each GPU's compute into CUDA graphs (one per bucket, see
+    /// `multi::graphs`), replay them with `cuGraphLaunch` (NCCL outside the graphs), and time
+    /// the graph-replayed step next to the eager one in the same run.
+    pub graphs: bool,
+    /// Check the step's result: every bucket of every GPU against the f64 CPU reference (first
+    /// and last tile, bound 1e-4), and, with `graphs`, the graph-replayed step bit for bit
+    /// against the eager step.
+    pub verify: bool,
+}
+
+impl Default for DataParallelConfig {
+    /// 8 buckets of 400 tiles, 4 layers, 10 steps, no graphs, no verification (the CLI's
+    /// defaults).
+    fn default() -> Self {
+        Self {
+            buckets: 8,
+            tiles: 400,
+            layers: 4,
+            steps: 10,
+            graphs: false,
+            verify: false,
+        }
+    }
+}
+
 /// Times per step of the data-parallel step, milliseconds.
 #[derive(Clone, Debug)]
 pub struct DataParallelReport {
@@ -320,6 +356,16 @@ pub struct DataParallelReport {
     pub compute_ms: f64,
     /// All-reduces alone.
     pub comm_ms: f64,
+    /// Overlapped step with each GPU's compute replayed from CUDA graphs (with `graphs`).
+    pub graph_overlapped_ms: Option<f64>,
+    /// Compute alone, replayed from CUDA graphs (with `graphs`).
+    pub graph_compute_ms: Option<f64>,
+    /// Worst tile relative error against the CPU reference (with `verify`; eager and, with
+    /// `graphs`, graph-replayed steps).
+    pub max_rel_error: Option<f64>,
+    /// With `verify` and `graphs`: the graph-replayed step's buckets equal the eager step's,
+    /// bit for bit (a mismatch is an [`Error::Verification`], so this is `Some(true)`).
+    pub graph_matches_eager: Option<bool>,
 }
 
 impl DataParallelReport {
@@ -334,6 +380,7 @@ impl DataParallelReport {
 /// bucket (`layers` batched GEMMs of `tiles` tiles on its compute stream), moves it to the
 /// communication stream (event), and the buckets are all-reduced there (grouped). Each mode runs
 /// `steps` steps after one warm-up step; times are host wall-clock per step with all GPUs drained.
+/// The same as [`data_parallel_step_with`] without graphs or verification.
 pub fn data_parallel_step(
     set: &DeviceSet,
     comms: &[Communicator],
@@ -342,6 +389,44 @@ pub fn data_parallel_step(
     layers: usize,
     steps: usize,
 ) -> Result<DataParallelReport> {
+    data_parallel_step_with(
+        set,
+        comms,
+        &DataParallelConfig {
+            buckets,
+            tiles,
+            layers,
+            steps,
+            graphs: false,
+            verify: false,
+        },
+    )
+}
+
+/// [`data_parallel_step`] with options: with `cfg.graphs`, each GPU's per-bucket GEMM layers are
+/// also captured into CUDA graphs on that GPU's compute stream (its context bound) and the
+/// overlapped and compute-only steps are timed again with `cuGraphLaunch` replays; the NCCL
+/// all-reduces stay outside the graphs, ordered by events as in the eager step (NCCL's rule for
+/// several GPUs in one thread; see `multi::graphs`). With `cfg.verify`, results are checked
+/// (see [`DataParallelConfig::verify`]).
+///
+/// Times: host wall-clock per step, ms, all GPUs drained before and after the timed steps.
+/// Inputs: GPU i holds its own deterministic `x_i`, `w_i`; after a step every bucket of every GPU
+/// holds `sum_i x_i w_i` (per 128x128 tile).
+/// Errors: [`Error::Empty`] (zero buckets, layers or steps), the GEMM's shape errors,
+/// [`Error::Verification`], [`Error::Nccl`], [`Error::Cuda`] (capture, instantiate, launch).
+pub fn data_parallel_step_with(
+    set: &DeviceSet,
+    comms: &[Communicator],
+    cfg: &DataParallelConfig,
+) -> Result<DataParallelReport> {
+    let DataParallelConfig {
+        buckets,
+        tiles,
+        layers,
+        steps,
+        ..
+    } = *cfg;
     let elems = tiles * 128 * 128;
     crate::kernels::check_gemm_shapes(tiles, elems, elems, elems)?;
     if buckets == 0 || layers == 0 || steps == 0 {
@@ -350,106 +435,177 @@ pub fn data_parallel_step(
         });
     }
     let n = set.len();
+    if comms.len() != n {
+        return Err(Error::LengthMismatch {
+            what: "data_parallel_step communicators",
+            detail: format!("{} communicators for {n} GPUs; one per GPU", comms.len()),
+        });
+    }
     // The GEMM is persistent (one 200 KiB CTA per SM): on every SM it leaves NCCL's kernels no
     // SM until a layer ends. Leave DP_NCCL_SMS SMs free for them, in every mode, so compute-only
     // and overlapped run the same GEMM. (On its own this did not make the step overlap on two
     // H200s; the per-step buffer move below did.)
-    let gemm_ctas: Vec<u32> = (0..n)
-        .map(|i| {
-            let sms = set.device(i).capabilities().sm_count;
-            sms.saturating_sub(DP_NCCL_SMS)
-                .max(1)
-                .min(tiles.max(1) as u32)
-        })
-        .collect();
-    let compute: Vec<Stream> = (0..n)
-        .map(|i| set.device(i).new_stream())
-        .collect::<Result<_>>()?;
-    let mut x = Vec::new();
-    let mut w = Vec::new();
-    let mut grads: Vec<Vec<DeviceBuffer<f32>>> = Vec::new();
-    for (i, s) in compute.iter().enumerate() {
+    let mut gpus: Vec<DpGpu<'_>> = Vec::with_capacity(n);
+    for i in 0..n {
+        let sms = set.device(i).capabilities().sm_count;
+        let ctas = sms
+            .saturating_sub(DP_NCCL_SMS)
+            .max(1)
+            .min(tiles.max(1) as u32);
+        let compute = set.device(i).new_stream()?;
         let pool = set.pool(i, u64::MAX)?;
-        let mut xi = pool.alloc_async::<f32>(s, elems)?;
-        xi.fill_async(0.01)?;
-        let mut wi = pool.alloc_async::<f32>(s, elems)?;
-        wi.fill_async(0.01)?;
-        x.push(xi);
-        w.push(wi);
-        let mut g = Vec::new();
-        for _ in 0..buckets {
-            let mut b = pool.alloc_async::<f32>(s, elems)?;
-            b.fill_async(0.0)?;
-            g.push(b);
-        }
-        grads.push(g);
+        gpus.push(DpGpu::new(
+            set.device(i),
+            compute,
+            &pool,
+            i,
+            (buckets, tiles, layers, ctas),
+        )?);
     }
     set.synchronize()?;
-    let mut step = |mode: StepMode| -> Result<()> {
+    let step = |gpus: &mut [DpGpu<'_>], mode: StepMode, graph: bool| -> Result<()> {
         // The gradient buffers come back to the compute streams once per step (after the
         // previous step's all-reduces, as an optimizer step would). Moving each bucket back at
         // its turn instead records the event on the communication stream *then*, behind the
         // all-reduce just queued for the previous bucket, which serialized compute and
         // communication completely (measured: overlapped = sequential on two H200s).
-        for (i, gs) in grads.iter_mut().enumerate() {
-            for g in gs.iter_mut() {
-                g.move_to_stream(&compute[i])?;
-            }
+        for g in gpus.iter_mut() {
+            g.grads_to_compute()?;
         }
         for k in 0..buckets {
-            for i in 0..n {
-                let g = &mut grads[i][k];
+            for (i, g) in gpus.iter_mut().enumerate() {
                 if mode != StepMode::CommOnly {
-                    for _ in 0..layers {
-                        tile_gemm_with_grid(
-                            set.device(i),
-                            &compute[i],
-                            x[i].as_view(),
-                            w[i].as_view(),
-                            g.as_view_mut(),
-                            tiles,
-                            gemm_ctas[i],
-                        )?;
-                    }
+                    g.compute_bucket(k, graph)?;
                 }
-                g.move_to_stream(comms[i].stream())?;
+                g.grad_to(k, comms[i].stream())?;
             }
             if mode != StepMode::ComputeOnly {
-                let mut refs: Vec<&mut DeviceBuffer<f32>> =
-                    grads.iter_mut().map(|g| &mut g[k]).collect();
-                all_reduce_sum_group(comms, &mut refs)?;
+                all_reduce_bucket(gpus, comms, k)?;
             }
             if mode == StepMode::Sequential {
-                for i in 0..n {
+                for (i, g) in gpus.iter().enumerate() {
                     let e = comms[i].stream().record_marker()?;
-                    compute[i].wait(&e)?;
+                    g.compute().wait(&e)?;
                 }
             }
         }
         Ok(())
     };
-    let mut time = |mode: StepMode| -> Result<f64> {
-        step(mode)?;
+    let time = |gpus: &mut [DpGpu<'_>], mode: StepMode, graph: bool| -> Result<f64> {
+        step(gpus, mode, graph)?;
         set.synchronize()?;
         let t0 = Instant::now();
         for _ in 0..steps {
-            step(mode)?;
+            step(gpus, mode, graph)?;
         }
         set.synchronize()?;
         Ok(t0.elapsed().as_secs_f64() * 1e3 / steps as f64)
     };
-    let overlapped_ms = time(StepMode::Overlapped)?;
-    let sequential_ms = time(StepMode::Sequential)?;
-    let compute_ms = time(StepMode::ComputeOnly)?;
-    let comm_ms = time(StepMode::CommOnly)?;
-    Ok(DataParallelReport {
+    let overlapped_ms = time(&mut gpus, StepMode::Overlapped, false)?;
+    let sequential_ms = time(&mut gpus, StepMode::Sequential, false)?;
+    let compute_ms = time(&mut gpus, StepMode::ComputeOnly, false)?;
+    let comm_ms = time(&mut gpus, StepMode::CommOnly, false)?;
+    let mut report = DataParallelReport {
         buckets,
         bucket_bytes: elems * 4,
         overlapped_ms,
         sequential_ms,
         compute_ms,
         comm_ms,
-    })
+        graph_overlapped_ms: None,
+        graph_compute_ms: None,
+        max_rel_error: None,
+        graph_matches_eager: None,
+    };
+    // One checked step: its buckets (every GPU, every bucket) against the CPU reference.
+    let mut checked_step = |gpus: &mut [DpGpu<'_>], graph: bool| -> Result<Vec<Vec<Vec<f32>>>> {
+        step(gpus, StepMode::Overlapped, graph)?;
+        set.synchronize()?;
+        let got: Vec<Vec<Vec<f32>>> = gpus
+            .iter()
+            .map(|g| (0..g.buckets()).map(|k| g.read_grad(k)).collect())
+            .collect::<Result<_>>()?;
+        let e = verify_step(gpus, &got, tiles, if graph { "graph" } else { "eager" })?;
+        report.max_rel_error = Some(report.max_rel_error.unwrap_or(0.0).max(e));
+        Ok(got)
+    };
+    let eager = if cfg.verify {
+        Some(checked_step(&mut gpus, false)?)
+    } else {
+        None
+    };
+    if cfg.graphs {
+        for g in gpus.iter_mut() {
+            g.capture()?;
+        }
+        debug_assert!(gpus.iter().all(DpGpu::has_graphs));
+        report.graph_overlapped_ms = Some(time(&mut gpus, StepMode::Overlapped, true)?);
+        report.graph_compute_ms = Some(time(&mut gpus, StepMode::ComputeOnly, true)?);
+        if let Some(eager) = &eager {
+            let replayed = checked_step(&mut gpus, true)?;
+            compare_bitwise(eager, &replayed)?;
+            report.graph_matches_eager = Some(true);
+        }
+    }
+    set.synchronize()?;
+    Ok(report)
+}
+
+/// Checks the first and last tile of every bucket of every GPU against `sum_i x_i w_i` (f64),
+/// bound 1e-4 per tile (relative Frobenius norm). Returns the worst tile error.
+fn verify_step(gpus: &[DpGpu<'_>], got: &[Vec<Vec<f32>>], tiles: usize, what: &str) -> Result<f64> {
+    const TILE: usize = 128 * 128;
+    let mut worst = 0f64;
+    let picks: Vec<usize> = if tiles > 1 {
+        vec![0, tiles - 1]
+    } else {
+        vec![0]
+    };
+    for &t in &picks {
+        let mut want = vec![0f64; TILE];
+        for g in gpus {
+            let (x, w) = g.inputs();
+            let part =
+                crate::reference::gemm_tiles_f64(&x[t * TILE..][..TILE], &w[t * TILE..][..TILE], 1);
+            for (o, p) in want.iter_mut().zip(part) {
+                *o += p;
+            }
+        }
+        for (i, buckets) in got.iter().enumerate() {
+            for (k, b) in buckets.iter().enumerate() {
+                let e = crate::reference::verify_gemm(
+                    &format!("data-parallel step ({what}) GPU {i} bucket {k} tile {t}"),
+                    &b[t * TILE..][..TILE],
+                    &want,
+                    1e-4,
+                )?;
+                worst = worst.max(e);
+            }
+        }
+    }
+    Ok(worst)
+}
+
+/// [`Error::Verification`] unless the graph-replayed buckets equal the eager ones bit for bit.
+fn compare_bitwise(eager: &[Vec<Vec<f32>>], replayed: &[Vec<Vec<f32>>]) -> Result<()> {
+    for (i, (ge, gr)) in eager.iter().zip(replayed).enumerate() {
+        for (k, (be, br)) in ge.iter().zip(gr).enumerate() {
+            if let Some(j) = be
+                .iter()
+                .zip(br)
+                .position(|(a, b)| a.to_bits() != b.to_bits())
+            {
+                return Err(Error::Verification {
+                    detail: format!(
+                        "data-parallel step: graph replay differs from the eager step at GPU {i} \
+                         bucket {k} element {j}: {} (graph) vs {} (eager)",
+                        br[j], be[j]
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -256,8 +256,14 @@ pub fn nccl_rank(rank: usize, world: usize, iters: usize) -> Result<()> {
     Ok(())
 }
 
-/// `mgpu dp-step`: the data-parallel step overlapped, sequential, and the ideal.
-pub fn dp_step(buckets: usize, tiles: usize, layers: usize, steps: usize) -> Result<()> {
+/// `mgpu dp-step`: the data-parallel step overlapped, sequential, and the ideal; with
+/// `cfg.graphs` also the graph-replayed step (eager vs `cuGraphLaunch`, same run); with
+/// `cfg.verify` checked against the CPU (and graph against eager, bit for bit). Writes the text
+/// report to `out` (the CLI passes stderr under `--json`) and returns the report.
+pub fn dp_step(
+    cfg: &bench::DataParallelConfig,
+    out: &mut dyn std::io::Write,
+) -> Result<bench::DataParallelReport> {
     nccl::library_available()?;
     let set = two_gpus("mgpu dp-step")?;
     let n = set.len();
@@ -265,22 +271,58 @@ pub fn dp_step(buckets: usize, tiles: usize, layers: usize, steps: usize) -> Res
         .map(|i| set.high_priority_stream(i))
         .collect::<Result<Vec<_>>>()?;
     let comms = Communicator::init_all(&set, &streams)?;
-    let r = bench::data_parallel_step(&set, &comms, buckets, tiles, layers, steps)?;
-    println!(
-        "data-parallel step on {n} GPUs: {} buckets of {:.1} MiB, {layers} GEMM layers of {tiles} tiles per bucket, {steps} steps",
+    let r = bench::data_parallel_step_with(&set, &comms, cfg)?;
+    let _ = write_dp_step(out, cfg, n, &r);
+    Ok(r)
+}
+
+fn write_dp_step(
+    out: &mut dyn std::io::Write,
+    cfg: &bench::DataParallelConfig,
+    n: usize,
+    r: &bench::DataParallelReport,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "data-parallel step on {n} GPUs: {} buckets of {:.1} MiB, {} GEMM layers of {} tiles per bucket, {} steps",
         r.buckets,
-        r.bucket_bytes as f64 / (1 << 20) as f64
-    );
-    println!("  compute only   {:>9.3} ms", r.compute_ms);
-    println!("  all-reduce only{:>9.3} ms", r.comm_ms);
-    println!("  ideal max(c,m) {:>9.3} ms", r.ideal_ms());
-    println!("  sequential     {:>9.3} ms", r.sequential_ms);
-    println!(
+        r.bucket_bytes as f64 / (1 << 20) as f64,
+        cfg.layers,
+        cfg.tiles,
+        cfg.steps
+    )?;
+    writeln!(out, "  compute only   {:>9.3} ms", r.compute_ms)?;
+    writeln!(out, "  all-reduce only{:>9.3} ms", r.comm_ms)?;
+    writeln!(out, "  ideal max(c,m) {:>9.3} ms", r.ideal_ms())?;
+    writeln!(out, "  sequential     {:>9.3} ms", r.sequential_ms)?;
+    writeln!(
+        out,
         "  overlapped     {:>9.3} ms  ({:.3}x of ideal, {:.3}x faster than sequential)",
         r.overlapped_ms,
         r.overlapped_ms / r.ideal_ms(),
         r.sequential_ms / r.overlapped_ms
-    );
+    )?;
+    if let (Some(g), Some(gc)) = (r.graph_overlapped_ms, r.graph_compute_ms) {
+        writeln!(
+            out,
+            "  CUDA graphs (per GPU and bucket, NCCL outside): compute only {gc:.3} ms (eager {:.3}, {:.3}x), overlapped step {g:.3} ms (eager {:.3}, {:.3}x)",
+            r.compute_ms,
+            r.compute_ms / gc,
+            r.overlapped_ms,
+            r.overlapped_ms / g
+        )?;
+    }
+    if let Some(e) = r.max_rel_error {
+        writeln!(
+            out,
+            "  verified: every bucket of every GPU against the CPU (worst tile rel. error {e:.2e}){}",
+            if r.graph_matches_eager == Some(true) {
+                "; graph replay equals the eager step bit for bit"
+            } else {
+                ""
+            }
+        )?;
+    }
     Ok(())
 }
 

@@ -1,8 +1,9 @@
 //! Several GPUs of one host (issue 13; `docs/multi-gpu.md`): a [`DeviceSet`] opened through the
 //! primary contexts, its peer-access matrix, peer copies on the copy engines, pools whose memory
 //! peers may access, high-priority communication streams, the two-GPU layer pipeline
-//! ([`LayerPipeline`]), NCCL communicators and the data-parallel step ([`nccl`]), and the
-//! measurements the `warpline mgpu` subcommand prints ([`bench`]).
+//! ([`LayerPipeline`]), NCCL communicators and the data-parallel step ([`nccl`]), CUDA graphs of
+//! each GPU's compute in that step (NCCL outside the graphs; [`bench::DataParallelConfig::graphs`]),
+//! and the measurements the `warpline mgpu` subcommand prints ([`bench`]).
 //!
 //! Safety rule of the shared machines: NVLink multicast (NVLS / NVLink SHARP) stays off.
 //! warpline never calls `cuMulticastCreate`, and sets `NCCL_NVLS_ENABLE=0` before creating any
@@ -14,6 +15,7 @@
 
 pub mod bench;
 pub mod commands;
+mod graphs;
 pub mod nccl;
 mod pipeline;
 pub mod seeds;

@@ -20,14 +20,25 @@
 //!   hosts: the id carries rank 0's bootstrap address, and NCCL finds InfiniBand/RoCE transports
 //!   between hosts by itself; only the hand-over of the id (MPI, a file, ssh, a job launcher)
 //!   changes.
+//! - **No hang at init.** [`Communicator::init_rank`] creates a *nonblocking* communicator
+//!   (`ncclCommInitRankConfig` with `ncclConfig_t.blocking = 0`, the rest as
+//!   `NCCL_CONFIG_INITIALIZER`) and polls `ncclCommGetAsyncError` until it is no longer
+//!   `ncclInProgress`, for at most [`init_timeout`] ([`INIT_TIMEOUT_ENV`], default
+//!   [`DEFAULT_INIT_TIMEOUT`]); on timeout it calls `ncclCommAbort` and returns
+//!   [`Error::NcclTimeout`]. Later calls on such a communicator may return `ncclInProgress` too;
+//!   warpline then polls `ncclCommGetAsyncError` (same bound) before returning, so callers see
+//!   blocking semantics. [`Communicator::init_all`] stays blocking (`ncclCommInitAll`): all its
+//!   ranks are in this process and created by this one call, so no rank can fail to join.
 //! - **Graphs.** warpline keeps NCCL outside CUDA graphs: NCCL's documentation warns that
 //!   capturing collectives of several GPUs driven by one thread can deadlock, and the two ways
-//!   out are one capturing thread per GPU or no NCCL in the graph. Capturing each GPU's compute
-//!   into its own graph (with collectives launched between graph launches) is the intended form;
-//!   it is not implemented yet.
+//!   out are one capturing thread per GPU or no NCCL in the graph. Each GPU's compute is captured
+//!   into graphs of its own and the all-reduces are issued between graph launches, ordered by
+//!   events ([`super::bench::DataParallelConfig::graphs`]).
 
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use crate::device::{bind_context, defer_error, Device};
 use crate::driver::nccl as raw;
@@ -47,6 +58,89 @@ pub const NCCL_ID_ENV: &str = "WARPLINE_NCCL_ID";
 
 /// The NVLS switch of NCCL (`NCCL_NVLS_ENABLE`): warpline keeps it at 0.
 pub const NVLS_ENV: &str = "NCCL_NVLS_ENABLE";
+
+/// Environment variable with the bound, in seconds, of [`Communicator::init_rank`] (and of later
+/// nonblocking NCCL calls of its communicator): a positive decimal number, e.g. `300` or `0.5`.
+pub const INIT_TIMEOUT_ENV: &str = "WARPLINE_NCCL_INIT_TIMEOUT_S";
+
+/// The bound of [`Communicator::init_rank`] when [`INIT_TIMEOUT_ENV`] is not set: 120 s.
+pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Parses a value of [`INIT_TIMEOUT_ENV`] (`None`: unset, [`DEFAULT_INIT_TIMEOUT`]): seconds as a
+/// positive, finite decimal number of at most one year. Errors: [`Error::BadShape`] naming the
+/// variable and what is allowed.
+pub fn parse_init_timeout(value: Option<&str>) -> Result<Duration> {
+    let Some(v) = value else {
+        return Ok(DEFAULT_INIT_TIMEOUT);
+    };
+    let secs: f64 = v.trim().parse().unwrap_or(f64::NAN);
+    if !(secs > 0.0 && secs <= 365.0 * 86400.0) {
+        return Err(Error::BadShape {
+            what: "WARPLINE_NCCL_INIT_TIMEOUT_S",
+            detail: format!(
+                "{v:?}; allowed: seconds, a positive decimal number up to 31536000 (one year),                  e.g. 120 or 0.5"
+            ),
+        });
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// The bound of [`Communicator::init_rank`]: [`INIT_TIMEOUT_ENV`] if set, else
+/// [`DEFAULT_INIT_TIMEOUT`]. Errors: as [`parse_init_timeout`] (also for a value that is not
+/// UTF-8).
+pub fn init_timeout() -> Result<Duration> {
+    match std::env::var(INIT_TIMEOUT_ENV) {
+        Ok(v) => parse_init_timeout(Some(&v)),
+        Err(std::env::VarError::NotPresent) => parse_init_timeout(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::BadShape {
+            what: "WARPLINE_NCCL_INIT_TIMEOUT_S",
+            detail: format!("{v:?} is not UTF-8; allowed: seconds, e.g. 120"),
+        }),
+    }
+}
+
+/// Polls `ncclCommGetAsyncError` on `comm` until its state is not `ncclInProgress` (NCCL user
+/// guide, nonblocking communicators), sleeping 50 us doubling to 10 ms between polls, for at
+/// most `timeout` after `since`. Errors: [`Error::NcclTimeout`] (nothing aborted here; `action`
+/// says what the caller does), [`Error::Nccl`] with the state when the background operation
+/// failed.
+fn poll_ready(
+    comm: cudarc::nccl::sys::ncclComm_t,
+    call: &'static str,
+    (rank, world): (usize, usize),
+    since: Instant,
+    timeout: Duration,
+    action: &'static str,
+) -> Result<()> {
+    use cudarc::nccl::sys::ncclResult_t as R;
+    let mut nap = Duration::from_micros(50);
+    loop {
+        // SAFETY: a live communicator (the caller aborts it only after this returns).
+        match unsafe { raw::comm_get_async_error(comm) }? {
+            R::ncclSuccess => return Ok(()),
+            R::ncclInProgress => {}
+            state => {
+                return Err(Error::Nccl {
+                    call,
+                    result: format!("{state:?} (state from ncclCommGetAsyncError)"),
+                })
+            }
+        }
+        let waited = since.elapsed();
+        if waited >= timeout {
+            return Err(Error::NcclTimeout {
+                call,
+                rank,
+                world,
+                waited,
+                action,
+                env: INIT_TIMEOUT_ENV,
+            });
+        }
+        std::thread::sleep(nap.min(timeout - waited));
+        nap = (nap * 2).min(Duration::from_millis(10));
+    }
+}
 
 /// The library names cudarc tries, in order.
 pub fn library_candidates() -> Vec<String> {
@@ -222,6 +316,12 @@ pub struct Communicator {
     rank: usize,
     world: usize,
     ordinal: usize,
+    /// Made with `blocking = 0` ([`Communicator::init_rank`]): calls may return `ncclInProgress`.
+    nonblocking: bool,
+    /// Bound of the `ncclInProgress` polls of a nonblocking communicator.
+    timeout: Duration,
+    /// A poll timed out: work of this communicator may never finish, so drop aborts first.
+    timed_out: Cell<bool>,
 }
 
 // SAFETY: an NCCL communicator may be used from another thread than the one that made it, one
@@ -243,11 +343,24 @@ impl Drop for Communicator {
         // Drain the communicator's stream, then `ncclCommAbort` (as cudarc's own `Comm` does):
         // unlike `ncclCommDestroy`, abort never waits for the other ranks, so dropping the
         // communicators of one process one after another cannot hang. Nothing is pending by then.
-        let synced = self.stream.synchronize();
+        // After a timed-out poll the stream may hold a collective waiting for a rank that is
+        // gone: abort first (it makes NCCL's kernels quit), then drain.
+        let first_abort = self.timed_out.get();
+        let synced = if first_abort {
+            Ok(())
+        } else {
+            self.stream.synchronize()
+        };
         let bound = bind_context(self.stream.ctx(), "ncclCommAbort");
-        // SAFETY: live communicator, its stream drained (or poisoned), not used afterwards.
+        // SAFETY: live communicator, its stream drained (or poisoned, or the communicator timed
+        // out), not used afterwards.
         let aborted = unsafe { raw::comm_abort(self.comm) };
-        if let Err(e) = synced.and(bound).and(aborted) {
+        let drained = if first_abort {
+            self.stream.synchronize()
+        } else {
+            Ok(())
+        };
+        if let Err(e) = synced.and(bound).and(aborted).and(drained) {
             defer_error(self.stream.ctx(), &e);
         }
     }
@@ -292,15 +405,19 @@ impl Communicator {
                 rank,
                 world: streams.len(),
                 ordinal: ordinals[rank] as usize,
+                nonblocking: false,
+                timeout: DEFAULT_INIT_TIMEOUT,
+                timed_out: Cell::new(false),
             })
             .collect())
     }
 
     /// Rank `rank` of `world` on `dev`, bound to `stream` (a stream of `dev`), joining the
-    /// communicator of `id` (`ncclCommInitRank`; blocks until every rank has joined).
+    /// communicator of `id`, waiting at most [`init_timeout`] (`WARPLINE_NCCL_INIT_TIMEOUT_S`,
+    /// default 120 s) for every rank to join. See [`Communicator::init_rank_with_timeout`].
     ///
-    /// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::BadShape`] unless
-    /// `rank < world`, [`Error::WrongContext`]; then [`Error::Nccl`].
+    /// Errors: those of [`init_timeout`] ([`Error::BadShape`] for a bad variable), then those of
+    /// [`Communicator::init_rank_with_timeout`].
     pub fn init_rank(
         dev: &Device,
         stream: &Stream,
@@ -308,11 +425,39 @@ impl Communicator {
         world: usize,
         id: &NcclId,
     ) -> Result<Communicator> {
+        let timeout = init_timeout()?;
+        Self::init_rank_with_timeout(dev, stream, rank, world, id, timeout)
+    }
+
+    /// Rank `rank` of `world` on `dev`, bound to `stream` (a stream of `dev`), joining the
+    /// communicator of `id`; never blocks longer than about `timeout`.
+    ///
+    /// NCCL API followed: `ncclCommInitRankConfig` with `NCCL_CONFIG_INITIALIZER` and
+    /// `blocking = 0` (a nonblocking communicator), then `ncclCommGetAsyncError` polled until the
+    /// state is not `ncclInProgress` (NCCL user guide, "nonblocking communicators"); on timeout,
+    /// `ncclCommAbort` (which stops the background init) and an error. Later collectives of the
+    /// communicator that return `ncclInProgress` are polled the same way, with the same bound,
+    /// so they return only when NCCL has enqueued them, as with a blocking communicator.
+    ///
+    /// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::BadShape`] unless
+    /// `rank < world` and `timeout > 0`, [`Error::WrongContext`]; then [`Error::NcclTimeout`]
+    /// (communicator aborted), [`Error::Nccl`] (init failed; the handle, if any, aborted).
+    pub fn init_rank_with_timeout(
+        dev: &Device,
+        stream: &Stream,
+        rank: usize,
+        world: usize,
+        id: &NcclId,
+        timeout: Duration,
+    ) -> Result<Communicator> {
         library_available()?;
-        if rank >= world || world > i32::MAX as usize {
+        if rank >= world || world > i32::MAX as usize || timeout.is_zero() {
             return Err(Error::BadShape {
                 what: "Communicator::init_rank",
-                detail: format!("rank {rank} of world {world}; allowed: rank < world"),
+                detail: format!(
+                    "rank {rank} of world {world}, timeout {timeout:?}; allowed: rank < world, \
+                     timeout > 0"
+                ),
             });
         }
         if stream.context_raw() != dev.raw_context() {
@@ -322,14 +467,81 @@ impl Communicator {
         }
         disable_nvls_unless_set();
         dev.bind()?;
-        let comm = raw::comm_init_rank(world as i32, id.raw(), rank as i32)?;
+        let mut config = raw::config_initializer();
+        config.blocking = 0;
+        let since = Instant::now();
+        let (comm, r) =
+            raw::comm_init_rank_config(world as i32, id.raw(), rank as i32, &mut config);
+        let abort = |comm: cudarc::nccl::sys::ncclComm_t| {
+            if !comm.is_null() {
+                // SAFETY: the handle NCCL returned, not used afterwards; its outcome cannot
+                // change the error returned.
+                let _ = unsafe { raw::comm_abort(comm) };
+            }
+        };
+        let ready = r.and_then(|p| match p {
+            raw::Progress::Done => Ok(()),
+            raw::Progress::InProgress => poll_ready(
+                comm,
+                "ncclCommInitRankConfig",
+                (rank, world),
+                since,
+                timeout,
+                "the communicator was aborted (ncclCommAbort)",
+            ),
+        });
+        if let Err(e) = ready {
+            abort(comm);
+            return Err(e);
+        }
         Ok(Communicator {
             comm,
             stream: stream.clone(),
             rank,
             world,
             ordinal: dev.ordinal(),
+            nonblocking: true,
+            timeout,
+            timed_out: Cell::new(false),
         })
+    }
+
+    /// Whether the communicator is nonblocking ([`Communicator::init_rank`]) rather than
+    /// blocking ([`Communicator::init_all`]).
+    pub fn is_nonblocking(&self) -> bool {
+        self.nonblocking
+    }
+
+    /// After a call returned `ncclInProgress`: polls until the communicator is ready (bounded by
+    /// the communicator's timeout; a timeout marks it so that drop aborts before draining).
+    fn settle(&self, call: &'static str, p: raw::Progress) -> Result<()> {
+        if p == raw::Progress::Done {
+            return Ok(());
+        }
+        let r = poll_ready(
+            self.comm,
+            call,
+            (self.rank, self.world),
+            Instant::now(),
+            self.timeout,
+            "the communicator is left as it is and aborted when dropped; do not use it again",
+        );
+        if matches!(r, Err(Error::NcclTimeout { .. })) {
+            self.timed_out.set(true);
+        }
+        r
+    }
+
+    fn check_usable(&self, call: &'static str) -> Result<()> {
+        if self.timed_out.get() {
+            return Err(Error::Nccl {
+                call,
+                result: "the communicator timed out earlier (Error::NcclTimeout); drop it and \
+                         create a new one"
+                    .into(),
+            });
+        }
+        Ok(())
     }
 
     /// This communicator's rank.
@@ -361,8 +573,17 @@ impl Communicator {
     /// with [`DeviceBuffer::move_to_stream`], which orders the all-reduce after the work that
     /// produced it). Every rank must call it with the same length, in the same order of
     /// collectives. With several communicators in one thread use [`all_reduce_sum_group`].
-    /// Errors: [`Error::WrongStream`]; [`Error::Nccl`].
+    /// On a nonblocking communicator, `ncclInProgress` is polled away with
+    /// `ncclCommGetAsyncError` before returning (bounded; see [`Communicator::init_rank`]).
+    /// Errors: [`Error::WrongStream`]; [`Error::Nccl`]; [`Error::NcclTimeout`].
     pub fn all_reduce_sum(&self, buf: &mut DeviceBuffer<f32>) -> Result<()> {
+        let p = self.all_reduce_sum_enqueue(buf)?;
+        self.settle("ncclAllReduce", p)
+    }
+
+    /// `ncclAllReduce` without the `ncclInProgress` poll (a group polls after `ncclGroupEnd`).
+    fn all_reduce_sum_enqueue(&self, buf: &mut DeviceBuffer<f32>) -> Result<raw::Progress> {
+        self.check_usable("ncclAllReduce")?;
         self.check_buffer(buf)?;
         bind_context(self.stream.ctx(), "ncclAllReduce")?;
         // SAFETY: `buf` is a live allocation of `len` f32 bound to the communicator's stream,
@@ -383,7 +604,8 @@ impl Communicator {
 /// calling thread: the per-GPU calls go inside `ncclGroupStart` / `ncclGroupEnd` (without the group
 /// the first call would wait for the others and the thread would deadlock).
 /// Errors: [`Error::LengthMismatch`] (one buffer per communicator, equal lengths),
-/// [`Error::WrongStream`]; then [`Error::Nccl`] (the group is always ended).
+/// [`Error::WrongStream`]; then [`Error::Nccl`] (the group is always ended),
+/// [`Error::NcclTimeout`] (nonblocking communicators whose work did not settle in time).
 pub fn all_reduce_sum_group(
     comms: &[Communicator],
     bufs: &mut [&mut DeviceBuffer<f32>],
@@ -405,11 +627,68 @@ pub fn all_reduce_sum_group(
     raw::group_start()?;
     let mut first = Ok(());
     for (c, b) in comms.iter().zip(bufs.iter_mut()) {
-        let r = c.all_reduce_sum(b);
+        let r = c.all_reduce_sum_enqueue(b).map(|_| ());
         if first.is_ok() {
             first = r;
         }
     }
     let ended = raw::group_end();
-    first.and(ended)
+    first?;
+    // Inside a group the calls return ncclSuccess; ncclGroupEnd reports ncclInProgress when a
+    // nonblocking communicator is still working: poll each of those (NCCL user guide).
+    if ended? == raw::Progress::InProgress {
+        for c in comms.iter().filter(|c| c.nonblocking) {
+            c.settle("ncclGroupEnd", raw::Progress::InProgress)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_timeout_parses_seconds_and_refuses_the_rest() {
+        assert_eq!(parse_init_timeout(None).unwrap(), DEFAULT_INIT_TIMEOUT);
+        assert_eq!(DEFAULT_INIT_TIMEOUT, Duration::from_secs(120));
+        assert_eq!(
+            parse_init_timeout(Some("300")).unwrap(),
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            parse_init_timeout(Some(" 0.5 ")).unwrap(),
+            Duration::from_millis(500)
+        );
+        for bad in ["0", "-1", "abc", "", "nan", "inf", "1e12"] {
+            match parse_init_timeout(Some(bad)) {
+                Err(Error::BadShape { what, detail }) => {
+                    assert_eq!(what, INIT_TIMEOUT_ENV);
+                    assert!(detail.contains("allowed"), "{detail}");
+                }
+                r => panic!("{bad:?}: {r:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn timeout_error_says_what_timed_out_and_how_to_change_the_bound() {
+        let e = Error::NcclTimeout {
+            call: "ncclCommInitRankConfig",
+            rank: 1,
+            world: 2,
+            waited: Duration::from_secs(120),
+            action: "the communicator was aborted (ncclCommAbort)",
+            env: INIT_TIMEOUT_ENV,
+        }
+        .to_string();
+        assert!(
+            e.contains("ncclCommInitRankConfig") && e.contains("rank 1 of 2"),
+            "{e}"
+        );
+        assert!(
+            e.contains(INIT_TIMEOUT_ENV) && e.contains("init_rank_with_timeout"),
+            "{e}"
+        );
+    }
 }
