@@ -119,8 +119,8 @@ fn bench(c: &mut Criterion) {
         "3 streams", "GB/s", "x 1.5 H2D", "x C++ pattern", "x duplex"
     );
     let mut rows = vec![
-        ("pipeline (default)".to_string(), Schedule::default()),
-        ("plain (no split)".to_string(), Schedule::PLAIN),
+        ("tail 2 x 4".to_string(), Schedule::TAIL_SPLIT),
+        ("plain (default)".to_string(), Schedule::PLAIN),
     ];
     for (tb, tp) in tails {
         let s = Schedule {

@@ -103,17 +103,19 @@ pub enum Priorities {
 }
 
 /// How a pipeline cuts its input into batches and prioritises its streams (issue 12's A/B
-/// options). The default splits the last 2 batches into 4 pieces each, at equal priorities
-/// ([`Schedule::DEFAULT_TAIL_BATCHES`], [`Schedule::DEFAULT_TAIL_PIECES`]); [`Schedule::PLAIN`]
-/// is the unsplit pipeline.
+/// options). The default ([`Schedule::PLAIN`]) is equal batches at equal priorities, so a kernel
+/// given to [`BatchPipeline::run`] sees exactly `batch_elems` per batch (the last may be
+/// shorter). [`Schedule::TAIL_SPLIT`] splits the last 2 batches into 4 pieces each, at element
+/// granularity: for element-wise kernels such as the vector add (the `warpline pipeline`
+/// default); a kernel that needs whole tiles must not be given pieces.
 ///
 /// The last batch's kernel and D2H overlap nothing (about 1.3 ms of a 43 ms run at 16 x 2^24
 /// floats on the H100); splitting the last batches into pieces shortens that tail: the last
 /// piece's D2H is `1 / tail_pieces` of a batch's. Pieces continue the round-robin over the
 /// streams. Measured on the H100 at 3 streams, 16 x 2^24 floats (docs/perf-notes.md): tail 2 x 4
-/// at 0.930 and 0.931 of 1.5 x pinned H2D in two sessions' runs, the plain pipeline at 0.894 and
-/// 0.906.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// at 0.930 and 0.931 of 1.5 x pinned H2D in two sessions' runs, the plain pipeline at 0.894 to
+/// 0.920.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Schedule {
     /// Batches at the end that are split (0: none).
     pub tail_batches: usize,
@@ -123,22 +125,14 @@ pub struct Schedule {
     pub priorities: Priorities,
 }
 
-impl Default for Schedule {
-    fn default() -> Self {
-        Self {
-            tail_batches: Self::DEFAULT_TAIL_BATCHES,
-            tail_pieces: Self::DEFAULT_TAIL_PIECES,
-            priorities: Priorities::Equal,
-        }
-    }
-}
-
 impl Schedule {
-    /// Batches at the end the default schedule splits.
-    pub const DEFAULT_TAIL_BATCHES: usize = 2;
-    /// Pieces the default schedule splits each of them into.
-    pub const DEFAULT_TAIL_PIECES: usize = 4;
-    /// Equal batches, none split, equal priorities.
+    /// The last 2 batches split into 4 pieces each, equal priorities (element-wise kernels).
+    pub const TAIL_SPLIT: Schedule = Schedule {
+        tail_batches: 2,
+        tail_pieces: 4,
+        priorities: Priorities::Equal,
+    };
+    /// Equal batches, none split, equal priorities (the default).
     pub const PLAIN: Schedule = Schedule {
         tail_batches: 0,
         tail_pieces: 0,
@@ -674,8 +668,9 @@ mod schedule_tests {
     }
 
     #[test]
-    fn default_schedule_splits_the_last_two_batches_in_four() {
-        let r = Schedule::default().ranges(16 * 100, 100);
+    fn tail_split_splits_the_last_two_batches_in_four() {
+        assert_eq!(Schedule::default(), Schedule::PLAIN);
+        let r = Schedule::TAIL_SPLIT.ranges(16 * 100, 100);
         assert_eq!(r.len(), 14 + 2 * 4);
         assert_eq!(r[13], 1300..1400);
         assert_eq!(r[14], 1400..1425);

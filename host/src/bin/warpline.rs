@@ -319,11 +319,12 @@ struct PipelineArgs {
     /// Also run the same batches on 1 stream in this run and print the speed-up.
     #[arg(long)]
     compare_one_stream: bool,
-    /// Split the last N batches into --tail-pieces pieces each (0: no split).
-    #[arg(long, default_value_t = warpline::pipeline::Schedule::DEFAULT_TAIL_BATCHES)]
+    /// Split the last N batches into --tail-pieces pieces each (0: no split; default: the
+    /// library's `Schedule::TAIL_SPLIT`).
+    #[arg(long, default_value_t = warpline::pipeline::Schedule::TAIL_SPLIT.tail_batches)]
     tail_batches: usize,
     /// Pieces each of the last --tail-batches batches is split into.
-    #[arg(long, default_value_t = warpline::pipeline::Schedule::DEFAULT_TAIL_PIECES)]
+    #[arg(long, default_value_t = warpline::pipeline::Schedule::TAIL_SPLIT.tail_pieces)]
     tail_pieces: usize,
     /// Stream priorities: equal (default), first-high or last-high.
     #[arg(long, value_enum, default_value_t = PriorityArg::Equal)]
@@ -914,8 +915,8 @@ fn ab_runs(
         priorities,
     };
     let variants: [(&str, Option<Schedule>); 9] = [
-        ("default (tail 2 x 4)", Some(Schedule::default())),
-        ("plain (no split)", Some(Schedule::PLAIN)),
+        ("tail 2 x 4 (CLI default)", Some(Schedule::TAIL_SPLIT)),
+        ("plain (library default)", Some(Schedule::PLAIN)),
         ("tail 1 x 2", Some(sched(1, 2, Priorities::Equal))),
         ("tail 1 x 4", Some(sched(1, 4, Priorities::Equal))),
         ("tail 1 x 8", Some(sched(1, 8, Priorities::Equal))),
