@@ -100,8 +100,10 @@ pub fn init_timeout() -> Result<Duration> {
 }
 
 /// Polls `ncclCommGetAsyncError` on `comm` until its state is not `ncclInProgress` (NCCL user
-/// guide, nonblocking communicators), sleeping 50 us doubling to 10 ms between polls, for at
-/// most `timeout` after `since`. Errors: [`Error::NcclTimeout`] (nothing aborted here; `action`
+/// guide, nonblocking communicators): yielding the thread between polls for the first
+/// [`SPIN_FOR`] (an enqueue that returned `ncclInProgress` is usually ready within microseconds,
+/// and a sleep would add its latency to every small collective), then sleeping 50 us doubling to
+/// 10 ms, for at most `timeout` after `since`. Errors: [`Error::NcclTimeout`] (nothing aborted here; `action`
 /// says what the caller does), [`Error::Nccl`] with the state when the background operation
 /// failed.
 fn poll_ready(
@@ -137,10 +139,17 @@ fn poll_ready(
                 env: INIT_TIMEOUT_ENV,
             });
         }
+        if waited < SPIN_FOR {
+            std::thread::yield_now();
+            continue;
+        }
         std::thread::sleep(nap.min(timeout - waited));
         nap = (nap * 2).min(Duration::from_millis(10));
     }
 }
+
+/// How long [`poll_ready`] polls without sleeping.
+const SPIN_FOR: Duration = Duration::from_millis(2);
 
 /// The library names cudarc tries, in order.
 pub fn library_candidates() -> Vec<String> {
