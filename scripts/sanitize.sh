@@ -4,15 +4,28 @@
 # (`cargo xtask gpu-bundle`; `cargo xtask sanitize` runs this script). Fails (exit 1) on any
 # error or hazard report, any failed run, or a missing binary.
 # Usage on the GPU host, from the repository root:
-#   [BUNDLE=target/gpu-bundle] [TOOLS="memcheck racecheck synccheck initcheck"] [ONLY=regex] bash scripts/sanitize.sh
-# ONLY keeps the runs whose label matches the extended regex (labels: vector_add, pipeline, pdl,
-# ordering, fence, soundness_ordering, soundness_host, modules, "tc_gemm ...", "gemm ...",
-# "pipeline CLI", ordering-demo, saxpy, softmax). A full pass is longer than one 10-minute device
-# call; split it by tool and by label, e.g. TOOLS="memcheck racecheck synccheck" in one call,
-# TOOLS=initcheck ONLY='^(vector_add|pipeline|pdl|ordering|fence)$' in a second and
-# TOOLS=initcheck ONLY='^(soundness|modules|tc_gemm|gemm|pipeline CLI|ordering-demo|saxpy|softmax)' in a third.
+#   [BUNDLE=target/gpu-bundle] [TOOLS="memcheck racecheck synccheck initcheck"] [ONLY=regex]
+#   [RUN_TIMEOUT=600] [LIST=1] bash scripts/sanitize.sh
+# ONLY keeps the runs whose label matches the extended regex. Labels: vector_add, pipeline, pdl,
+# "ordering device_side", "ordering u32_signal", "ordering two_waits", "ordering message_exchange"
+# (the GPU ordering tests, one run each), fence, soundness_ordering, soundness_host, modules,
+# "tc_gemm <variant>", "gemm <kernel>", "pipeline CLI", ordering-demo, saxpy, softmax.
+# LIST=1 prints the "tool label" of every run that TOOLS and ONLY select and runs nothing (no GPU
+# needed): check a split with it. RUN_TIMEOUT bounds each run (seconds); a run that reaches it
+# fails (exit 124), like any other failed run.
+# Splitting a full pass over 10-minute device calls: every call runs one TOOLS/ONLY pair, the
+# pairs together select every run once, and each call's outer timeout leaves the script time to
+# print its summary (e.g. `timeout 590 bash scripts/sanitize.sh`, RUN_TIMEOUT=540). A full pass
+# (the whole script with its defaults) is these four calls:
+#   1. TOOLS="memcheck racecheck synccheck"
+#   2. TOOLS=initcheck ONLY='^(vector_add|pipeline|pdl|fence|soundness_ordering|soundness_host|modules)$'
+#   3. TOOLS=initcheck ONLY='^ordering '
+#   4. TOOLS=initcheck ONLY='^(tc_gemm |gemm |pipeline CLI$|ordering-demo$|saxpy$|softmax$)'
+# If one still does not fit, split it the same way (e.g. call 1 per tool, or call 3 as
+# ONLY='^ordering (device_side|u32_signal)$' and ONLY='^ordering (two_waits|message_exchange)$').
 # Under the sanitizer the seed scenarios repeat WARPLINE_ORDERING_RUNS times (default here 10,
-# 200 otherwise) and the PDL chains WARPLINE_PDL_ITERS times (default here 50).
+# 200 otherwise; the captured-graph replays min(20, that)) and the PDL chains WARPLINE_PDL_ITERS
+# times (default here 50); the tests' checks are the same at any count.
 # Log: stdout (one "== tool what" header per run, the sanitizer's summary lines, FAILED lines).
 set -uo pipefail
 B=${BUNDLE:-target/gpu-bundle}
@@ -20,16 +33,21 @@ TOOLS=${TOOLS:-memcheck racecheck synccheck initcheck}
 export PATH=$PATH:/usr/local/cuda/bin WARPLINE_REQUIRE_GPU=1 WARPLINE_PDL_ITERS=${WARPLINE_PDL_ITERS:-50} \
   WARPLINE_ORDERING_RUNS=${WARPLINE_ORDERING_RUNS:-10}
 ONLY=${ONLY:-}
-command -v compute-sanitizer >/dev/null || { echo "FAILED: compute-sanitizer not found"; exit 1; }
+RUN_TIMEOUT=${RUN_TIMEOUT:-600}
+LIST=${LIST:-}
+if [ -z "$LIST" ]; then
+  command -v compute-sanitizer >/dev/null || { echo "FAILED: compute-sanitizer not found"; exit 1; }
+fi
 failed=0
 # One run: tool, label, command...; a non-zero exit or a non-zero summary is a failure.
 run() {
   local tool=$1 what=$2; shift 2
   if [ -n "$ONLY" ] && ! [[ "$what" =~ $ONLY ]]; then return; fi
+  if [ -n "$LIST" ]; then echo "$tool $what"; return; fi
   echo "== $tool $what"
   if [ ! -x "$1" ]; then echo "FAILED: $1 missing"; failed=1; return; fi
   local log; log=$(mktemp)
-  timeout 600 compute-sanitizer --tool "$tool" --print-limit 10 --error-exitcode 99 "$@" > "$log" 2>&1; local rc=$?
+  timeout "$RUN_TIMEOUT" compute-sanitizer --tool "$tool" --print-limit 10 --error-exitcode 99 "$@" > "$log" 2>&1; local rc=$?
   grep -E "test result|verified|SUMMARY|Error|Hazard|runs" "$log" | head -12
   if [ $rc -ne 0 ] || grep -qE "ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: [1-9]" "$log"; then
     echo "FAILED: $tool $what (exit $rc)"; tail -30 "$log"; failed=1
@@ -41,7 +59,10 @@ for tool in $TOOLS; do
   run $tool vector_add         $B/tests/vector_add --test-threads=1
   run $tool pipeline           $B/tests/pipeline --test-threads=1
   run $tool pdl                $B/tests/pdl --test-threads=1 --skip early_trigger
-  run $tool ordering           $B/tests/ordering --test-threads=1 device_side u32_signal two_waits message_exchange
+  # The GPU ordering tests, one run each (their seed scenarios repeat WARPLINE_ORDERING_RUNS times).
+  for t in device_side u32_signal two_waits message_exchange; do
+    run $tool "ordering $t"    $B/tests/ordering --test-threads=1 $t
+  done
   run $tool fence              $B/tests/fence --test-threads=1 finding_0 --skip finding_01
   run $tool soundness_ordering $B/tests/soundness_ordering --test-threads=1
   # finding_19 makes two deliberate API errors (an invalid launch, an out-of-memory allocation).
@@ -61,10 +82,12 @@ for tool in $TOOLS; do
   done
   run $tool "pipeline CLI"     $B/warpline --seed 1 pipeline --streams 3 --batches 6 --batch-elems 65536 --verify --tail-batches 1 --tail-pieces 4
   run $tool "ordering-demo"    $B/warpline --seed 1 ordering-demo --runs 2 --spin-us 100
-  if [ -d $B/examples ]; then
-    [ -x $B/examples/saxpy ] && run $tool saxpy $B/examples/saxpy --n 1048576
-    [ -x $B/examples/softmax ] && run $tool softmax $B/examples/softmax --rows 256 --cols 4096
+  if [ -d $B/examples ] || [ -n "$LIST" ]; then
+    { [ -x $B/examples/saxpy ] || [ -n "$LIST" ]; } && run $tool saxpy $B/examples/saxpy --n 1048576
+    { [ -x $B/examples/softmax ] || [ -n "$LIST" ]; } &&
+      run $tool softmax $B/examples/softmax --rows 256 --cols 4096
   fi
 done
+[ -n "$LIST" ] && exit 0
 [ $failed -eq 0 ] && echo "sanitize: all runs clean ($TOOLS${ONLY:+, ONLY=$ONLY})" || echo "sanitize: FAILED"
 exit $failed

@@ -24,7 +24,8 @@ use warpline_gpu::contract::signal::pattern;
 use warpline_suite::support::gpu_or_skip;
 
 /// Repetitions of the seed scenarios: 200, or `WARPLINE_ORDERING_RUNS` (for slow tools such as
-/// compute-sanitizer's initcheck, which scripts/sanitize.sh runs with fewer).
+/// compute-sanitizer's initcheck, which scripts/sanitize.sh runs with fewer; the captured-graph
+/// replays of the message exchange are `min(20, runs)`).
 fn runs() -> usize {
     std::env::var("WARPLINE_ORDERING_RUNS")
         .ok()
@@ -292,7 +293,8 @@ fn message_exchange_runs_200_times_as_a_task_graph() {
     ex.seeds[1].store(seeds[1], Ordering::Relaxed);
     // Launched on the capture's own lane-0 stream, ordered with every lane stream.
     let mut captured = ex.graph.capture(&dev, &streams, &sig_refs).unwrap();
-    for run in 0..20 {
+    let replays = runs.min(20); // 20, fewer only under a slow tool (WARPLINE_ORDERING_RUNS)
+    for run in 0..replays {
         for b in bufs.iter_mut() {
             b.fill_async(POISON).unwrap();
         }

@@ -120,926 +120,126 @@ pub trait Accumulators {
     fn fence_operands(&mut self);
 }
 
-impl Accumulators for [f32; 32] {
-    #[inline(always)]
-    fn fence_operands(&mut self) {
-        let d = self;
-        // SAFETY: an empty template; the operands only pin the values in registers here.
-        unsafe {
-            asm!(
-                "/* wgmma accumulators: {0} {1} {2} {3} {4} {5} {6} {7} {8} {9} {10} {11} {12} {13} {14} {15} {16} {17} {18} {19} {20} {21} {22} {23} {24} {25} {26} {27} {28} {29} {30} {31} */",
-                inout(reg32) d[0],
-                inout(reg32) d[1],
-                inout(reg32) d[2],
-                inout(reg32) d[3],
-                inout(reg32) d[4],
-                inout(reg32) d[5],
-                inout(reg32) d[6],
-                inout(reg32) d[7],
-                inout(reg32) d[8],
-                inout(reg32) d[9],
-                inout(reg32) d[10],
-                inout(reg32) d[11],
-                inout(reg32) d[12],
-                inout(reg32) d[13],
-                inout(reg32) d[14],
-                inout(reg32) d[15],
-                inout(reg32) d[16],
-                inout(reg32) d[17],
-                inout(reg32) d[18],
-                inout(reg32) d[19],
-                inout(reg32) d[20],
-                inout(reg32) d[21],
-                inout(reg32) d[22],
-                inout(reg32) d[23],
-                inout(reg32) d[24],
-                inout(reg32) d[25],
-                inout(reg32) d[26],
-                inout(reg32) d[27],
-                inout(reg32) d[28],
-                inout(reg32) d[29],
-                inout(reg32) d[30],
-                inout(reg32) d[31],
-                options(nostack, nomem, preserves_flags)
-            )
-        };
-    }
-}
+// The register-heavy items below are generated: one list of accumulator indices, one macro for
+// the operand fence and one for `mma_async`, one line per array size and per shape and type. The
+// generated `asm!` templates and operand lists are the same, token for token, as written out.
 
-impl Accumulators for [f32; 64] {
-    #[inline(always)]
-    fn fence_operands(&mut self) {
-        let d = self;
-        // SAFETY: an empty template; the operands only pin the values in registers here.
-        unsafe {
-            asm!(
-                "/* wgmma accumulators: {0} {1} {2} {3} {4} {5} {6} {7} {8} {9} {10} {11} {12} {13} {14} {15} {16} {17} {18} {19} {20} {21} {22} {23} {24} {25} {26} {27} {28} {29} {30} {31} {32} {33} {34} {35} {36} {37} {38} {39} {40} {41} {42} {43} {44} {45} {46} {47} {48} {49} {50} {51} {52} {53} {54} {55} {56} {57} {58} {59} {60} {61} {62} {63} */",
-                inout(reg32) d[0],
-                inout(reg32) d[1],
-                inout(reg32) d[2],
-                inout(reg32) d[3],
-                inout(reg32) d[4],
-                inout(reg32) d[5],
-                inout(reg32) d[6],
-                inout(reg32) d[7],
-                inout(reg32) d[8],
-                inout(reg32) d[9],
-                inout(reg32) d[10],
-                inout(reg32) d[11],
-                inout(reg32) d[12],
-                inout(reg32) d[13],
-                inout(reg32) d[14],
-                inout(reg32) d[15],
-                inout(reg32) d[16],
-                inout(reg32) d[17],
-                inout(reg32) d[18],
-                inout(reg32) d[19],
-                inout(reg32) d[20],
-                inout(reg32) d[21],
-                inout(reg32) d[22],
-                inout(reg32) d[23],
-                inout(reg32) d[24],
-                inout(reg32) d[25],
-                inout(reg32) d[26],
-                inout(reg32) d[27],
-                inout(reg32) d[28],
-                inout(reg32) d[29],
-                inout(reg32) d[30],
-                inout(reg32) d[31],
-                inout(reg32) d[32],
-                inout(reg32) d[33],
-                inout(reg32) d[34],
-                inout(reg32) d[35],
-                inout(reg32) d[36],
-                inout(reg32) d[37],
-                inout(reg32) d[38],
-                inout(reg32) d[39],
-                inout(reg32) d[40],
-                inout(reg32) d[41],
-                inout(reg32) d[42],
-                inout(reg32) d[43],
-                inout(reg32) d[44],
-                inout(reg32) d[45],
-                inout(reg32) d[46],
-                inout(reg32) d[47],
-                inout(reg32) d[48],
-                inout(reg32) d[49],
-                inout(reg32) d[50],
-                inout(reg32) d[51],
-                inout(reg32) d[52],
-                inout(reg32) d[53],
-                inout(reg32) d[54],
-                inout(reg32) d[55],
-                inout(reg32) d[56],
-                inout(reg32) d[57],
-                inout(reg32) d[58],
-                inout(reg32) d[59],
-                inout(reg32) d[60],
-                inout(reg32) d[61],
-                inout(reg32) d[62],
-                inout(reg32) d[63],
-                options(nostack, nomem, preserves_flags)
-            )
-        };
-    }
-}
-
-impl Accumulators for [f32; 128] {
-    #[inline(always)]
-    fn fence_operands(&mut self) {
-        let d = self;
-        // SAFETY: an empty template; the operands only pin the values in registers here.
-        unsafe {
-            asm!(
-                "/* wgmma accumulators: {0} {1} {2} {3} {4} {5} {6} {7} {8} {9} {10} {11} {12} {13} {14} {15} {16} {17} {18} {19} {20} {21} {22} {23} {24} {25} {26} {27} {28} {29} {30} {31} {32} {33} {34} {35} {36} {37} {38} {39} {40} {41} {42} {43} {44} {45} {46} {47} {48} {49} {50} {51} {52} {53} {54} {55} {56} {57} {58} {59} {60} {61} {62} {63} {64} {65} {66} {67} {68} {69} {70} {71} {72} {73} {74} {75} {76} {77} {78} {79} {80} {81} {82} {83} {84} {85} {86} {87} {88} {89} {90} {91} {92} {93} {94} {95} {96} {97} {98} {99} {100} {101} {102} {103} {104} {105} {106} {107} {108} {109} {110} {111} {112} {113} {114} {115} {116} {117} {118} {119} {120} {121} {122} {123} {124} {125} {126} {127} */",
-                inout(reg32) d[0],
-                inout(reg32) d[1],
-                inout(reg32) d[2],
-                inout(reg32) d[3],
-                inout(reg32) d[4],
-                inout(reg32) d[5],
-                inout(reg32) d[6],
-                inout(reg32) d[7],
-                inout(reg32) d[8],
-                inout(reg32) d[9],
-                inout(reg32) d[10],
-                inout(reg32) d[11],
-                inout(reg32) d[12],
-                inout(reg32) d[13],
-                inout(reg32) d[14],
-                inout(reg32) d[15],
-                inout(reg32) d[16],
-                inout(reg32) d[17],
-                inout(reg32) d[18],
-                inout(reg32) d[19],
-                inout(reg32) d[20],
-                inout(reg32) d[21],
-                inout(reg32) d[22],
-                inout(reg32) d[23],
-                inout(reg32) d[24],
-                inout(reg32) d[25],
-                inout(reg32) d[26],
-                inout(reg32) d[27],
-                inout(reg32) d[28],
-                inout(reg32) d[29],
-                inout(reg32) d[30],
-                inout(reg32) d[31],
-                inout(reg32) d[32],
-                inout(reg32) d[33],
-                inout(reg32) d[34],
-                inout(reg32) d[35],
-                inout(reg32) d[36],
-                inout(reg32) d[37],
-                inout(reg32) d[38],
-                inout(reg32) d[39],
-                inout(reg32) d[40],
-                inout(reg32) d[41],
-                inout(reg32) d[42],
-                inout(reg32) d[43],
-                inout(reg32) d[44],
-                inout(reg32) d[45],
-                inout(reg32) d[46],
-                inout(reg32) d[47],
-                inout(reg32) d[48],
-                inout(reg32) d[49],
-                inout(reg32) d[50],
-                inout(reg32) d[51],
-                inout(reg32) d[52],
-                inout(reg32) d[53],
-                inout(reg32) d[54],
-                inout(reg32) d[55],
-                inout(reg32) d[56],
-                inout(reg32) d[57],
-                inout(reg32) d[58],
-                inout(reg32) d[59],
-                inout(reg32) d[60],
-                inout(reg32) d[61],
-                inout(reg32) d[62],
-                inout(reg32) d[63],
-                inout(reg32) d[64],
-                inout(reg32) d[65],
-                inout(reg32) d[66],
-                inout(reg32) d[67],
-                inout(reg32) d[68],
-                inout(reg32) d[69],
-                inout(reg32) d[70],
-                inout(reg32) d[71],
-                inout(reg32) d[72],
-                inout(reg32) d[73],
-                inout(reg32) d[74],
-                inout(reg32) d[75],
-                inout(reg32) d[76],
-                inout(reg32) d[77],
-                inout(reg32) d[78],
-                inout(reg32) d[79],
-                inout(reg32) d[80],
-                inout(reg32) d[81],
-                inout(reg32) d[82],
-                inout(reg32) d[83],
-                inout(reg32) d[84],
-                inout(reg32) d[85],
-                inout(reg32) d[86],
-                inout(reg32) d[87],
-                inout(reg32) d[88],
-                inout(reg32) d[89],
-                inout(reg32) d[90],
-                inout(reg32) d[91],
-                inout(reg32) d[92],
-                inout(reg32) d[93],
-                inout(reg32) d[94],
-                inout(reg32) d[95],
-                inout(reg32) d[96],
-                inout(reg32) d[97],
-                inout(reg32) d[98],
-                inout(reg32) d[99],
-                inout(reg32) d[100],
-                inout(reg32) d[101],
-                inout(reg32) d[102],
-                inout(reg32) d[103],
-                inout(reg32) d[104],
-                inout(reg32) d[105],
-                inout(reg32) d[106],
-                inout(reg32) d[107],
-                inout(reg32) d[108],
-                inout(reg32) d[109],
-                inout(reg32) d[110],
-                inout(reg32) d[111],
-                inout(reg32) d[112],
-                inout(reg32) d[113],
-                inout(reg32) d[114],
-                inout(reg32) d[115],
-                inout(reg32) d[116],
-                inout(reg32) d[117],
-                inout(reg32) d[118],
-                inout(reg32) d[119],
-                inout(reg32) d[120],
-                inout(reg32) d[121],
-                inout(reg32) d[122],
-                inout(reg32) d[123],
-                inout(reg32) d[124],
-                inout(reg32) d[125],
-                inout(reg32) d[126],
-                inout(reg32) d[127],
-                options(nostack, nomem, preserves_flags)
-            )
-        };
-    }
-}
-
-/// `wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16` (§9.7.15.5.2): `d += A * B` (or
-/// `d = A * B` when `scale_d` is 0) for a 64x16 A and a 16x64 B in shared memory, BF16
-/// inputs, FP32 accumulators `d` (32 per thread, layout in the module docs). A is K-major;
-/// `TRANS_B` = 0 for a K-major B, 1 for an MN-major B.
-///
-/// # Safety
-/// Warpgroup-collective (all 128 threads, convergently, with the same descriptors). The
-/// descriptors describe shared memory of this CTA holding the operands in the layout they encode,
-/// written before the call (TMA completion observed on its mbarrier, or generic writes followed
-/// by [`super::bulk::fence_proxy_async_shared`]) and not written until a [`wait_group`] covering
-/// this MMA returns. [`fence`] was called since `d` was last written by other instructions.
-#[inline(always)]
-pub unsafe fn mma_async_m64n64k16_f32_bf16<const TRANS_B: u32>(
-    d: &mut [f32; 32],
-    a: MatrixDescriptor,
-    b: MatrixDescriptor,
-    scale_d: u32,
-) {
-    // SAFETY: the caller upholds the contract above; TRANS_B is an immediate 0 or 1.
-    unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {sd}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}}}, {da}, {db}, p, 1, 1, 0, {tb};",
-            "}}",
-            inout(reg32) d[0],
-            inout(reg32) d[1],
-            inout(reg32) d[2],
-            inout(reg32) d[3],
-            inout(reg32) d[4],
-            inout(reg32) d[5],
-            inout(reg32) d[6],
-            inout(reg32) d[7],
-            inout(reg32) d[8],
-            inout(reg32) d[9],
-            inout(reg32) d[10],
-            inout(reg32) d[11],
-            inout(reg32) d[12],
-            inout(reg32) d[13],
-            inout(reg32) d[14],
-            inout(reg32) d[15],
-            inout(reg32) d[16],
-            inout(reg32) d[17],
-            inout(reg32) d[18],
-            inout(reg32) d[19],
-            inout(reg32) d[20],
-            inout(reg32) d[21],
-            inout(reg32) d[22],
-            inout(reg32) d[23],
-            inout(reg32) d[24],
-            inout(reg32) d[25],
-            inout(reg32) d[26],
-            inout(reg32) d[27],
-            inout(reg32) d[28],
-            inout(reg32) d[29],
-            inout(reg32) d[30],
-            inout(reg32) d[31],
-            da = in(reg64) a.bits(),
-            db = in(reg64) b.bits(),
-            sd = in(reg32) scale_d,
-            tb = const TRANS_B,
-            options(nostack)
+/// `with_indices!(callback!{args}, R)` expands to `callback!{args [0 1 ... R-1]}` for R = 32,
+/// 64 or 128 (the FP32 accumulators of one thread for N = 64, 128, 256): the indices are written
+/// once, in quarters of 32, and `@take` appends one quarter a `q`.
+macro_rules! with_indices {
+    ($cb:ident!{$($a:tt)*}, 32) => { with_indices!(@ $cb {$($a)*} [q]); };
+    ($cb:ident!{$($a:tt)*}, 64) => { with_indices!(@ $cb {$($a)*} [q q]); };
+    ($cb:ident!{$($a:tt)*}, 128) => { with_indices!(@ $cb {$($a)*} [q q q q]); };
+    (@take $cb:ident {$($a:tt)*} [$($i:literal)*] [] $($rest:tt)*) => { $cb!{$($a)* [$($i)*]} };
+    (@take $cb:ident {$($a:tt)*} [$($i:literal)*] [q $($q:ident)*]
+        [$($c:literal)*] $($rest:tt)*) => {
+        with_indices!(@take $cb {$($a)*} [$($i)* $($c)*] [$($q)*] $($rest)*);
+    };
+    (@ $cb:ident {$($a:tt)*} $quarters:tt) => {
+        with_indices!(@take $cb {$($a)*} [] $quarters
+            [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15
+             16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31]
+            [32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47
+             48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63]
+            [64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79
+             80 81 82 83 84 85 86 87 88 89 90 91 92 93 94 95]
+            [96 97 98 99 100 101 102 103 104 105 106 107 108 109 110 111
+             112 113 114 115 116 117 118 119 120 121 122 123 124 125 126 127]
         );
-    }
+    };
 }
 
-/// `wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16` (§9.7.15.5.2): `d += A * B` (or
-/// `d = A * B` when `scale_d` is 0) for a 64x16 A and a 16x64 B in shared memory, F16
-/// inputs, FP32 accumulators `d` (32 per thread, layout in the module docs). A is K-major;
-/// `TRANS_B` = 0 for a K-major B, 1 for an MN-major B.
-///
-/// # Safety
-/// Warpgroup-collective (all 128 threads, convergently, with the same descriptors). The
-/// descriptors describe shared memory of this CTA holding the operands in the layout they encode,
-/// written before the call (TMA completion observed on its mbarrier, or generic writes followed
-/// by [`super::bulk::fence_proxy_async_shared`]) and not written until a [`wait_group`] covering
-/// this MMA returns. [`fence`] was called since `d` was last written by other instructions.
-#[inline(always)]
-pub unsafe fn mma_async_m64n64k16_f32_f16<const TRANS_B: u32>(
-    d: &mut [f32; 32],
-    a: MatrixDescriptor,
-    b: MatrixDescriptor,
-    scale_d: u32,
-) {
-    // SAFETY: the caller upholds the contract above; TRANS_B is an immediate 0 or 1.
-    unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {sd}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}}}, {da}, {db}, p, 1, 1, 0, {tb};",
-            "}}",
-            inout(reg32) d[0],
-            inout(reg32) d[1],
-            inout(reg32) d[2],
-            inout(reg32) d[3],
-            inout(reg32) d[4],
-            inout(reg32) d[5],
-            inout(reg32) d[6],
-            inout(reg32) d[7],
-            inout(reg32) d[8],
-            inout(reg32) d[9],
-            inout(reg32) d[10],
-            inout(reg32) d[11],
-            inout(reg32) d[12],
-            inout(reg32) d[13],
-            inout(reg32) d[14],
-            inout(reg32) d[15],
-            inout(reg32) d[16],
-            inout(reg32) d[17],
-            inout(reg32) d[18],
-            inout(reg32) d[19],
-            inout(reg32) d[20],
-            inout(reg32) d[21],
-            inout(reg32) d[22],
-            inout(reg32) d[23],
-            inout(reg32) d[24],
-            inout(reg32) d[25],
-            inout(reg32) d[26],
-            inout(reg32) d[27],
-            inout(reg32) d[28],
-            inout(reg32) d[29],
-            inout(reg32) d[30],
-            inout(reg32) d[31],
-            da = in(reg64) a.bits(),
-            db = in(reg64) b.bits(),
-            sd = in(reg32) scale_d,
-            tb = const TRANS_B,
-            options(nostack)
-        );
-    }
+/// `accumulators!(R)`: [`Accumulators`] for `[f32; R]`, an empty `asm!` with every element an
+/// in/out operand (template `/* wgmma accumulators: {0} {1} ... */`).
+macro_rules! accumulators {
+    ($r:tt) => {
+        with_indices!(accumulators!{@impl $r}, $r);
+    };
+    (@impl $r:tt [$($i:literal)*]) => {
+        impl Accumulators for [f32; $r] {
+            #[inline(always)]
+            fn fence_operands(&mut self) {
+                let d = self;
+                // SAFETY: an empty template; the operands only pin the values in registers here.
+                unsafe {
+                    asm!(
+                        concat!("/* wgmma accumulators:", $(" {", $i, "}",)* " */"),
+                        $(inout(reg32) d[$i],)*
+                        options(nostack, nomem, preserves_flags)
+                    )
+                };
+            }
+        }
+    };
 }
 
-/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16` (§9.7.15.5.2): `d += A * B` (or
-/// `d = A * B` when `scale_d` is 0) for a 64x16 A and a 16x128 B in shared memory, BF16
-/// inputs, FP32 accumulators `d` (64 per thread, layout in the module docs). A is K-major;
-/// `TRANS_B` = 0 for a K-major B, 1 for an MN-major B.
-///
-/// # Safety
-/// Warpgroup-collective (all 128 threads, convergently, with the same descriptors). The
-/// descriptors describe shared memory of this CTA holding the operands in the layout they encode,
-/// written before the call (TMA completion observed on its mbarrier, or generic writes followed
-/// by [`super::bulk::fence_proxy_async_shared`]) and not written until a [`wait_group`] covering
-/// this MMA returns. [`fence`] was called since `d` was last written by other instructions.
-#[inline(always)]
-pub unsafe fn mma_async_m64n128k16_f32_bf16<const TRANS_B: u32>(
-    d: &mut [f32; 64],
-    a: MatrixDescriptor,
-    b: MatrixDescriptor,
-    scale_d: u32,
-) {
-    // SAFETY: the caller upholds the contract above; TRANS_B is an immediate 0 or 1.
-    unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {sd}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}}}, {da}, {db}, p, 1, 1, 0, {tb};",
-            "}}",
-            inout(reg32) d[0],
-            inout(reg32) d[1],
-            inout(reg32) d[2],
-            inout(reg32) d[3],
-            inout(reg32) d[4],
-            inout(reg32) d[5],
-            inout(reg32) d[6],
-            inout(reg32) d[7],
-            inout(reg32) d[8],
-            inout(reg32) d[9],
-            inout(reg32) d[10],
-            inout(reg32) d[11],
-            inout(reg32) d[12],
-            inout(reg32) d[13],
-            inout(reg32) d[14],
-            inout(reg32) d[15],
-            inout(reg32) d[16],
-            inout(reg32) d[17],
-            inout(reg32) d[18],
-            inout(reg32) d[19],
-            inout(reg32) d[20],
-            inout(reg32) d[21],
-            inout(reg32) d[22],
-            inout(reg32) d[23],
-            inout(reg32) d[24],
-            inout(reg32) d[25],
-            inout(reg32) d[26],
-            inout(reg32) d[27],
-            inout(reg32) d[28],
-            inout(reg32) d[29],
-            inout(reg32) d[30],
-            inout(reg32) d[31],
-            inout(reg32) d[32],
-            inout(reg32) d[33],
-            inout(reg32) d[34],
-            inout(reg32) d[35],
-            inout(reg32) d[36],
-            inout(reg32) d[37],
-            inout(reg32) d[38],
-            inout(reg32) d[39],
-            inout(reg32) d[40],
-            inout(reg32) d[41],
-            inout(reg32) d[42],
-            inout(reg32) d[43],
-            inout(reg32) d[44],
-            inout(reg32) d[45],
-            inout(reg32) d[46],
-            inout(reg32) d[47],
-            inout(reg32) d[48],
-            inout(reg32) d[49],
-            inout(reg32) d[50],
-            inout(reg32) d[51],
-            inout(reg32) d[52],
-            inout(reg32) d[53],
-            inout(reg32) d[54],
-            inout(reg32) d[55],
-            inout(reg32) d[56],
-            inout(reg32) d[57],
-            inout(reg32) d[58],
-            inout(reg32) d[59],
-            inout(reg32) d[60],
-            inout(reg32) d[61],
-            inout(reg32) d[62],
-            inout(reg32) d[63],
-            da = in(reg64) a.bits(),
-            db = in(reg64) b.bits(),
-            sd = in(reg32) scale_d,
-            tb = const TRANS_B,
-            options(nostack)
-        );
-    }
+accumulators!(32);
+accumulators!(64);
+accumulators!(128);
+
+/// `mma_async!(name, N, R, type, TYPE)`: `name`, the `m64nNk16` FP32-accumulator `mma_async` with
+/// A and B of `type` (`bf16` or `f16`; `TYPE` as the docs spell it) and R accumulators a thread.
+macro_rules! mma_async {
+    ($name:ident, $n:tt, $r:tt, $ty:ident, $doc_ty:literal) => {
+        with_indices!(mma_async!{@fn $name, $n, $r, $ty, $doc_ty}, $r);
+    };
+    (@fn $name:ident, $n:tt, $r:tt, $ty:ident, $doc_ty:literal [$i0:literal $($i:literal)*]) => {
+        #[doc = concat!(
+            " `wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", stringify!($ty), ".",
+            stringify!($ty), "` (§9.7.15.5.2): `d += A * B` (or"
+        )]
+        #[doc = concat!(
+            " `d = A * B` when `scale_d` is 0) for a 64x16 A and a 16x", $n,
+            " B in shared memory, ", $doc_ty
+        )]
+        #[doc = concat!(
+            " inputs, FP32 accumulators `d` (", $r,
+            " per thread, layout in the module docs). A is K-major;"
+        )]
+        /// `TRANS_B` = 0 for a K-major B, 1 for an MN-major B.
+        ///
+        /// # Safety
+        /// Warpgroup-collective (all 128 threads, convergently, with the same descriptors). The
+        /// descriptors describe shared memory of this CTA holding the operands in the layout they encode,
+        /// written before the call (TMA completion observed on its mbarrier, or generic writes followed
+        /// by [`super::bulk::fence_proxy_async_shared`]) and not written until a [`wait_group`] covering
+        /// this MMA returns. [`fence`] was called since `d` was last written by other instructions.
+        #[inline(always)]
+        pub unsafe fn $name<const TRANS_B: u32>(
+            d: &mut [f32; $r],
+            a: MatrixDescriptor,
+            b: MatrixDescriptor,
+            scale_d: u32,
+        ) {
+            // SAFETY: the caller upholds the contract above; TRANS_B is an immediate 0 or 1.
+            unsafe {
+                asm!(
+                    "{{",
+                    ".reg .pred p;",
+                    "setp.ne.b32 p, {sd}, 0;",
+                    concat!(
+                        "wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", stringify!($ty), ".",
+                        stringify!($ty), " {{{", $i0, "}", $(", {", $i, "}",)*
+                        "}}, {da}, {db}, p, 1, 1, 0, {tb};"
+                    ),
+                    "}}",
+                    inout(reg32) d[$i0],
+                    $(inout(reg32) d[$i],)*
+                    da = in(reg64) a.bits(),
+                    db = in(reg64) b.bits(),
+                    sd = in(reg32) scale_d,
+                    tb = const TRANS_B,
+                    options(nostack)
+                );
+            }
+        }
+    };
 }
 
-/// `wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16` (§9.7.15.5.2): `d += A * B` (or
-/// `d = A * B` when `scale_d` is 0) for a 64x16 A and a 16x128 B in shared memory, F16
-/// inputs, FP32 accumulators `d` (64 per thread, layout in the module docs). A is K-major;
-/// `TRANS_B` = 0 for a K-major B, 1 for an MN-major B.
-///
-/// # Safety
-/// Warpgroup-collective (all 128 threads, convergently, with the same descriptors). The
-/// descriptors describe shared memory of this CTA holding the operands in the layout they encode,
-/// written before the call (TMA completion observed on its mbarrier, or generic writes followed
-/// by [`super::bulk::fence_proxy_async_shared`]) and not written until a [`wait_group`] covering
-/// this MMA returns. [`fence`] was called since `d` was last written by other instructions.
-#[inline(always)]
-pub unsafe fn mma_async_m64n128k16_f32_f16<const TRANS_B: u32>(
-    d: &mut [f32; 64],
-    a: MatrixDescriptor,
-    b: MatrixDescriptor,
-    scale_d: u32,
-) {
-    // SAFETY: the caller upholds the contract above; TRANS_B is an immediate 0 or 1.
-    unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {sd}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}}}, {da}, {db}, p, 1, 1, 0, {tb};",
-            "}}",
-            inout(reg32) d[0],
-            inout(reg32) d[1],
-            inout(reg32) d[2],
-            inout(reg32) d[3],
-            inout(reg32) d[4],
-            inout(reg32) d[5],
-            inout(reg32) d[6],
-            inout(reg32) d[7],
-            inout(reg32) d[8],
-            inout(reg32) d[9],
-            inout(reg32) d[10],
-            inout(reg32) d[11],
-            inout(reg32) d[12],
-            inout(reg32) d[13],
-            inout(reg32) d[14],
-            inout(reg32) d[15],
-            inout(reg32) d[16],
-            inout(reg32) d[17],
-            inout(reg32) d[18],
-            inout(reg32) d[19],
-            inout(reg32) d[20],
-            inout(reg32) d[21],
-            inout(reg32) d[22],
-            inout(reg32) d[23],
-            inout(reg32) d[24],
-            inout(reg32) d[25],
-            inout(reg32) d[26],
-            inout(reg32) d[27],
-            inout(reg32) d[28],
-            inout(reg32) d[29],
-            inout(reg32) d[30],
-            inout(reg32) d[31],
-            inout(reg32) d[32],
-            inout(reg32) d[33],
-            inout(reg32) d[34],
-            inout(reg32) d[35],
-            inout(reg32) d[36],
-            inout(reg32) d[37],
-            inout(reg32) d[38],
-            inout(reg32) d[39],
-            inout(reg32) d[40],
-            inout(reg32) d[41],
-            inout(reg32) d[42],
-            inout(reg32) d[43],
-            inout(reg32) d[44],
-            inout(reg32) d[45],
-            inout(reg32) d[46],
-            inout(reg32) d[47],
-            inout(reg32) d[48],
-            inout(reg32) d[49],
-            inout(reg32) d[50],
-            inout(reg32) d[51],
-            inout(reg32) d[52],
-            inout(reg32) d[53],
-            inout(reg32) d[54],
-            inout(reg32) d[55],
-            inout(reg32) d[56],
-            inout(reg32) d[57],
-            inout(reg32) d[58],
-            inout(reg32) d[59],
-            inout(reg32) d[60],
-            inout(reg32) d[61],
-            inout(reg32) d[62],
-            inout(reg32) d[63],
-            da = in(reg64) a.bits(),
-            db = in(reg64) b.bits(),
-            sd = in(reg32) scale_d,
-            tb = const TRANS_B,
-            options(nostack)
-        );
-    }
-}
-
-/// `wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16` (§9.7.15.5.2): `d += A * B` (or
-/// `d = A * B` when `scale_d` is 0) for a 64x16 A and a 16x256 B in shared memory, BF16
-/// inputs, FP32 accumulators `d` (128 per thread, layout in the module docs). A is K-major;
-/// `TRANS_B` = 0 for a K-major B, 1 for an MN-major B.
-///
-/// # Safety
-/// Warpgroup-collective (all 128 threads, convergently, with the same descriptors). The
-/// descriptors describe shared memory of this CTA holding the operands in the layout they encode,
-/// written before the call (TMA completion observed on its mbarrier, or generic writes followed
-/// by [`super::bulk::fence_proxy_async_shared`]) and not written until a [`wait_group`] covering
-/// this MMA returns. [`fence`] was called since `d` was last written by other instructions.
-#[inline(always)]
-pub unsafe fn mma_async_m64n256k16_f32_bf16<const TRANS_B: u32>(
-    d: &mut [f32; 128],
-    a: MatrixDescriptor,
-    b: MatrixDescriptor,
-    scale_d: u32,
-) {
-    // SAFETY: the caller upholds the contract above; TRANS_B is an immediate 0 or 1.
-    unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {sd}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}, {64}, {65}, {66}, {67}, {68}, {69}, {70}, {71}, {72}, {73}, {74}, {75}, {76}, {77}, {78}, {79}, {80}, {81}, {82}, {83}, {84}, {85}, {86}, {87}, {88}, {89}, {90}, {91}, {92}, {93}, {94}, {95}, {96}, {97}, {98}, {99}, {100}, {101}, {102}, {103}, {104}, {105}, {106}, {107}, {108}, {109}, {110}, {111}, {112}, {113}, {114}, {115}, {116}, {117}, {118}, {119}, {120}, {121}, {122}, {123}, {124}, {125}, {126}, {127}}}, {da}, {db}, p, 1, 1, 0, {tb};",
-            "}}",
-            inout(reg32) d[0],
-            inout(reg32) d[1],
-            inout(reg32) d[2],
-            inout(reg32) d[3],
-            inout(reg32) d[4],
-            inout(reg32) d[5],
-            inout(reg32) d[6],
-            inout(reg32) d[7],
-            inout(reg32) d[8],
-            inout(reg32) d[9],
-            inout(reg32) d[10],
-            inout(reg32) d[11],
-            inout(reg32) d[12],
-            inout(reg32) d[13],
-            inout(reg32) d[14],
-            inout(reg32) d[15],
-            inout(reg32) d[16],
-            inout(reg32) d[17],
-            inout(reg32) d[18],
-            inout(reg32) d[19],
-            inout(reg32) d[20],
-            inout(reg32) d[21],
-            inout(reg32) d[22],
-            inout(reg32) d[23],
-            inout(reg32) d[24],
-            inout(reg32) d[25],
-            inout(reg32) d[26],
-            inout(reg32) d[27],
-            inout(reg32) d[28],
-            inout(reg32) d[29],
-            inout(reg32) d[30],
-            inout(reg32) d[31],
-            inout(reg32) d[32],
-            inout(reg32) d[33],
-            inout(reg32) d[34],
-            inout(reg32) d[35],
-            inout(reg32) d[36],
-            inout(reg32) d[37],
-            inout(reg32) d[38],
-            inout(reg32) d[39],
-            inout(reg32) d[40],
-            inout(reg32) d[41],
-            inout(reg32) d[42],
-            inout(reg32) d[43],
-            inout(reg32) d[44],
-            inout(reg32) d[45],
-            inout(reg32) d[46],
-            inout(reg32) d[47],
-            inout(reg32) d[48],
-            inout(reg32) d[49],
-            inout(reg32) d[50],
-            inout(reg32) d[51],
-            inout(reg32) d[52],
-            inout(reg32) d[53],
-            inout(reg32) d[54],
-            inout(reg32) d[55],
-            inout(reg32) d[56],
-            inout(reg32) d[57],
-            inout(reg32) d[58],
-            inout(reg32) d[59],
-            inout(reg32) d[60],
-            inout(reg32) d[61],
-            inout(reg32) d[62],
-            inout(reg32) d[63],
-            inout(reg32) d[64],
-            inout(reg32) d[65],
-            inout(reg32) d[66],
-            inout(reg32) d[67],
-            inout(reg32) d[68],
-            inout(reg32) d[69],
-            inout(reg32) d[70],
-            inout(reg32) d[71],
-            inout(reg32) d[72],
-            inout(reg32) d[73],
-            inout(reg32) d[74],
-            inout(reg32) d[75],
-            inout(reg32) d[76],
-            inout(reg32) d[77],
-            inout(reg32) d[78],
-            inout(reg32) d[79],
-            inout(reg32) d[80],
-            inout(reg32) d[81],
-            inout(reg32) d[82],
-            inout(reg32) d[83],
-            inout(reg32) d[84],
-            inout(reg32) d[85],
-            inout(reg32) d[86],
-            inout(reg32) d[87],
-            inout(reg32) d[88],
-            inout(reg32) d[89],
-            inout(reg32) d[90],
-            inout(reg32) d[91],
-            inout(reg32) d[92],
-            inout(reg32) d[93],
-            inout(reg32) d[94],
-            inout(reg32) d[95],
-            inout(reg32) d[96],
-            inout(reg32) d[97],
-            inout(reg32) d[98],
-            inout(reg32) d[99],
-            inout(reg32) d[100],
-            inout(reg32) d[101],
-            inout(reg32) d[102],
-            inout(reg32) d[103],
-            inout(reg32) d[104],
-            inout(reg32) d[105],
-            inout(reg32) d[106],
-            inout(reg32) d[107],
-            inout(reg32) d[108],
-            inout(reg32) d[109],
-            inout(reg32) d[110],
-            inout(reg32) d[111],
-            inout(reg32) d[112],
-            inout(reg32) d[113],
-            inout(reg32) d[114],
-            inout(reg32) d[115],
-            inout(reg32) d[116],
-            inout(reg32) d[117],
-            inout(reg32) d[118],
-            inout(reg32) d[119],
-            inout(reg32) d[120],
-            inout(reg32) d[121],
-            inout(reg32) d[122],
-            inout(reg32) d[123],
-            inout(reg32) d[124],
-            inout(reg32) d[125],
-            inout(reg32) d[126],
-            inout(reg32) d[127],
-            da = in(reg64) a.bits(),
-            db = in(reg64) b.bits(),
-            sd = in(reg32) scale_d,
-            tb = const TRANS_B,
-            options(nostack)
-        );
-    }
-}
-
-/// `wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16` (§9.7.15.5.2): `d += A * B` (or
-/// `d = A * B` when `scale_d` is 0) for a 64x16 A and a 16x256 B in shared memory, F16
-/// inputs, FP32 accumulators `d` (128 per thread, layout in the module docs). A is K-major;
-/// `TRANS_B` = 0 for a K-major B, 1 for an MN-major B.
-///
-/// # Safety
-/// Warpgroup-collective (all 128 threads, convergently, with the same descriptors). The
-/// descriptors describe shared memory of this CTA holding the operands in the layout they encode,
-/// written before the call (TMA completion observed on its mbarrier, or generic writes followed
-/// by [`super::bulk::fence_proxy_async_shared`]) and not written until a [`wait_group`] covering
-/// this MMA returns. [`fence`] was called since `d` was last written by other instructions.
-#[inline(always)]
-pub unsafe fn mma_async_m64n256k16_f32_f16<const TRANS_B: u32>(
-    d: &mut [f32; 128],
-    a: MatrixDescriptor,
-    b: MatrixDescriptor,
-    scale_d: u32,
-) {
-    // SAFETY: the caller upholds the contract above; TRANS_B is an immediate 0 or 1.
-    unsafe {
-        asm!(
-            "{{",
-            ".reg .pred p;",
-            "setp.ne.b32 p, {sd}, 0;",
-            "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, {15}, {16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}, {24}, {25}, {26}, {27}, {28}, {29}, {30}, {31}, {32}, {33}, {34}, {35}, {36}, {37}, {38}, {39}, {40}, {41}, {42}, {43}, {44}, {45}, {46}, {47}, {48}, {49}, {50}, {51}, {52}, {53}, {54}, {55}, {56}, {57}, {58}, {59}, {60}, {61}, {62}, {63}, {64}, {65}, {66}, {67}, {68}, {69}, {70}, {71}, {72}, {73}, {74}, {75}, {76}, {77}, {78}, {79}, {80}, {81}, {82}, {83}, {84}, {85}, {86}, {87}, {88}, {89}, {90}, {91}, {92}, {93}, {94}, {95}, {96}, {97}, {98}, {99}, {100}, {101}, {102}, {103}, {104}, {105}, {106}, {107}, {108}, {109}, {110}, {111}, {112}, {113}, {114}, {115}, {116}, {117}, {118}, {119}, {120}, {121}, {122}, {123}, {124}, {125}, {126}, {127}}}, {da}, {db}, p, 1, 1, 0, {tb};",
-            "}}",
-            inout(reg32) d[0],
-            inout(reg32) d[1],
-            inout(reg32) d[2],
-            inout(reg32) d[3],
-            inout(reg32) d[4],
-            inout(reg32) d[5],
-            inout(reg32) d[6],
-            inout(reg32) d[7],
-            inout(reg32) d[8],
-            inout(reg32) d[9],
-            inout(reg32) d[10],
-            inout(reg32) d[11],
-            inout(reg32) d[12],
-            inout(reg32) d[13],
-            inout(reg32) d[14],
-            inout(reg32) d[15],
-            inout(reg32) d[16],
-            inout(reg32) d[17],
-            inout(reg32) d[18],
-            inout(reg32) d[19],
-            inout(reg32) d[20],
-            inout(reg32) d[21],
-            inout(reg32) d[22],
-            inout(reg32) d[23],
-            inout(reg32) d[24],
-            inout(reg32) d[25],
-            inout(reg32) d[26],
-            inout(reg32) d[27],
-            inout(reg32) d[28],
-            inout(reg32) d[29],
-            inout(reg32) d[30],
-            inout(reg32) d[31],
-            inout(reg32) d[32],
-            inout(reg32) d[33],
-            inout(reg32) d[34],
-            inout(reg32) d[35],
-            inout(reg32) d[36],
-            inout(reg32) d[37],
-            inout(reg32) d[38],
-            inout(reg32) d[39],
-            inout(reg32) d[40],
-            inout(reg32) d[41],
-            inout(reg32) d[42],
-            inout(reg32) d[43],
-            inout(reg32) d[44],
-            inout(reg32) d[45],
-            inout(reg32) d[46],
-            inout(reg32) d[47],
-            inout(reg32) d[48],
-            inout(reg32) d[49],
-            inout(reg32) d[50],
-            inout(reg32) d[51],
-            inout(reg32) d[52],
-            inout(reg32) d[53],
-            inout(reg32) d[54],
-            inout(reg32) d[55],
-            inout(reg32) d[56],
-            inout(reg32) d[57],
-            inout(reg32) d[58],
-            inout(reg32) d[59],
-            inout(reg32) d[60],
-            inout(reg32) d[61],
-            inout(reg32) d[62],
-            inout(reg32) d[63],
-            inout(reg32) d[64],
-            inout(reg32) d[65],
-            inout(reg32) d[66],
-            inout(reg32) d[67],
-            inout(reg32) d[68],
-            inout(reg32) d[69],
-            inout(reg32) d[70],
-            inout(reg32) d[71],
-            inout(reg32) d[72],
-            inout(reg32) d[73],
-            inout(reg32) d[74],
-            inout(reg32) d[75],
-            inout(reg32) d[76],
-            inout(reg32) d[77],
-            inout(reg32) d[78],
-            inout(reg32) d[79],
-            inout(reg32) d[80],
-            inout(reg32) d[81],
-            inout(reg32) d[82],
-            inout(reg32) d[83],
-            inout(reg32) d[84],
-            inout(reg32) d[85],
-            inout(reg32) d[86],
-            inout(reg32) d[87],
-            inout(reg32) d[88],
-            inout(reg32) d[89],
-            inout(reg32) d[90],
-            inout(reg32) d[91],
-            inout(reg32) d[92],
-            inout(reg32) d[93],
-            inout(reg32) d[94],
-            inout(reg32) d[95],
-            inout(reg32) d[96],
-            inout(reg32) d[97],
-            inout(reg32) d[98],
-            inout(reg32) d[99],
-            inout(reg32) d[100],
-            inout(reg32) d[101],
-            inout(reg32) d[102],
-            inout(reg32) d[103],
-            inout(reg32) d[104],
-            inout(reg32) d[105],
-            inout(reg32) d[106],
-            inout(reg32) d[107],
-            inout(reg32) d[108],
-            inout(reg32) d[109],
-            inout(reg32) d[110],
-            inout(reg32) d[111],
-            inout(reg32) d[112],
-            inout(reg32) d[113],
-            inout(reg32) d[114],
-            inout(reg32) d[115],
-            inout(reg32) d[116],
-            inout(reg32) d[117],
-            inout(reg32) d[118],
-            inout(reg32) d[119],
-            inout(reg32) d[120],
-            inout(reg32) d[121],
-            inout(reg32) d[122],
-            inout(reg32) d[123],
-            inout(reg32) d[124],
-            inout(reg32) d[125],
-            inout(reg32) d[126],
-            inout(reg32) d[127],
-            da = in(reg64) a.bits(),
-            db = in(reg64) b.bits(),
-            sd = in(reg32) scale_d,
-            tb = const TRANS_B,
-            options(nostack)
-        );
-    }
-}
+mma_async!(mma_async_m64n64k16_f32_bf16, 64, 32, bf16, "BF16");
+mma_async!(mma_async_m64n64k16_f32_f16, 64, 32, f16, "F16");
+mma_async!(mma_async_m64n128k16_f32_bf16, 128, 64, bf16, "BF16");
+mma_async!(mma_async_m64n128k16_f32_f16, 128, 64, f16, "F16");
+mma_async!(mma_async_m64n256k16_f32_bf16, 256, 128, bf16, "BF16");
+mma_async!(mma_async_m64n256k16_f32_f16, 256, 128, f16, "F16");
