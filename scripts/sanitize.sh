@@ -60,11 +60,20 @@ for tool in $TOOLS; do
   run $tool pipeline           $B/tests/pipeline --test-threads=1
   run $tool pdl                $B/tests/pdl --test-threads=1 --skip early_trigger
   # The GPU ordering tests, one run each (their seed scenarios repeat WARPLINE_ORDERING_RUNS times).
+  # Under initcheck, message_exchange and soundness_ordering's finding_20 never finish (H100, this session:
+  # each keeps a kernel waiting on a flag that later work must set while that kernel runs, and
+  # under initcheck the later work does not run beside it). The signal kernels (ws_signal_wait/set,
+  # ws_copy_u32) are initchecked by the other ordering runs.
   for t in device_side u32_signal two_waits message_exchange; do
+    [ "$tool" = initcheck ] && [ $t = message_exchange ] && continue
     run $tool "ordering $t"    $B/tests/ordering --test-threads=1 $t
   done
   run $tool fence              $B/tests/fence --test-threads=1 finding_0 --skip finding_01
-  run $tool soundness_ordering $B/tests/soundness_ordering --test-threads=1
+  if [ "$tool" = initcheck ]; then
+    run $tool soundness_ordering $B/tests/soundness_ordering --test-threads=1 --skip finding_20
+  else
+    run $tool soundness_ordering $B/tests/soundness_ordering --test-threads=1
+  fi
   # finding_19 makes two deliberate API errors (an invalid launch, an out-of-memory allocation).
   run $tool soundness_host     $B/tests/soundness_host --test-threads=1 --skip finding_19
   run $tool modules            $B/tests/modules --test-threads=1
