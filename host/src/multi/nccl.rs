@@ -78,7 +78,8 @@ pub fn parse_init_timeout(value: Option<&str>) -> Result<Duration> {
         return Err(Error::BadShape {
             what: "WARPLINE_NCCL_INIT_TIMEOUT_S",
             detail: format!(
-                "{v:?}; allowed: seconds, a positive decimal number up to 31536000 (one year),                  e.g. 120 or 0.5"
+                "{v:?}; allowed: seconds, a positive decimal number up to 31536000 (one year), \
+                 e.g. 120 or 0.5"
             ),
         });
     }
@@ -674,6 +675,7 @@ mod tests {
                 Err(Error::BadShape { what, detail }) => {
                     assert_eq!(what, INIT_TIMEOUT_ENV);
                     assert!(detail.contains("allowed"), "{detail}");
+                    assert!(!detail.contains("  "), "no run of spaces: {detail}");
                 }
                 r => panic!("{bad:?}: {r:?}"),
             }
