@@ -128,6 +128,10 @@ pub struct LayerPipelineReport {
     /// Worst per-tile relative error of the checked tiles against the f64 CPU reference
     /// (`None` when not verified).
     pub max_rel_error: Option<f64>,
+    /// From [`LayerPipeline::run_eager_then_graphs`] with `verify`: every slot's output of the
+    /// graph-replayed run equals the eager run's bit for bit (a mismatch is an
+    /// [`Error::Verification`], so this is `Some(true)`); `None` otherwise.
+    pub graph_matches_eager: Option<bool>,
     /// The configuration.
     pub config: LayerPipelineConfig,
 }
@@ -480,8 +484,51 @@ impl<'s> LayerPipeline<'s> {
             graphs: self.graphs.is_some(),
             seconds,
             max_rel_error,
+            graph_matches_eager: None,
             config: self.cfg,
         })
+    }
+
+    /// Eager, then graphs, in one run of the same pipeline: [`LayerPipeline::run`] kernel by
+    /// kernel (graphs released first), then [`LayerPipeline::capture_graphs`] and `run` again
+    /// with replays. With `verify` both runs are checked against the f64 CPU reference and the
+    /// graph run's outputs against the eager run's, bit for bit (the same kernels on the same
+    /// inputs). Returns `(eager, graph)`; the graphs stay captured.
+    /// Errors: as [`LayerPipeline::run`] and [`LayerPipeline::capture_graphs`];
+    /// [`Error::Verification`] naming the first differing slot and element.
+    pub fn run_eager_then_graphs(
+        &mut self,
+        microbatches: usize,
+        verify: bool,
+    ) -> Result<(LayerPipelineReport, LayerPipelineReport)> {
+        self.release_graphs();
+        let eager = self.run(microbatches, verify)?;
+        let before: Vec<Vec<f32>> = if verify {
+            self.outputs()?.iter().map(|o| o.to_vec()).collect()
+        } else {
+            Vec::new()
+        };
+        self.capture_graphs()?;
+        let mut graph = self.run(microbatches, verify)?;
+        if verify {
+            for (slot, (e, g)) in before.iter().zip(self.outputs()?).enumerate() {
+                if let Some(i) = e
+                    .iter()
+                    .zip(g)
+                    .position(|(a, b)| a.to_bits() != b.to_bits())
+                {
+                    return Err(Error::Verification {
+                        detail: format!(
+                            "layer pipeline ({:?}): graph replay differs from the eager run at \
+                             slot {slot} element {i}: {} (graph) vs {} (eager)",
+                            self.placement, g[i], e[i]
+                        ),
+                    });
+                }
+            }
+            graph.graph_matches_eager = Some(true);
+        }
+        Ok((eager, graph))
     }
 
     /// Captures each GPU's compute of every slot into CUDA graphs and makes [`LayerPipeline::run`]
