@@ -586,7 +586,17 @@ impl<'s> LayerPipeline<'s> {
                 (Err(p), _) | (_, Err(p)) => std::panic::resume_unwind(p),
             }
         });
-        let graphs = PipelineGraphs { a: ga?, b: gb? };
+        let graphs = match (ga, gb) {
+            (Ok(a), Ok(b)) => PipelineGraphs { a, b },
+            (ra, rb) => {
+                // Destroy what one GPU captured with its own context bound; report the first error.
+                let _ = db.bind();
+                let eb = rb.err();
+                let _ = da.bind();
+                let ea = ra.err();
+                return Err(ea.or(eb).expect("one capture failed"));
+            }
+        };
         if graphs.a.len() != slots.len() || (two && graphs.b.len() != slots.len()) {
             return Err(Error::BadShape {
                 what: "layer pipeline graphs",
