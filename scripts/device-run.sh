@@ -70,6 +70,9 @@ mgpu)
     timeout 300 $B/warpline mgpu dp-step --graphs --verify || failed=1
     timeout 300 $B/warpline --json mgpu dp-step --graphs --verify > "$OUT/dp-step-graphs.json" || failed=1
     timeout 300 $B/warpline mgpu pipeline --verify || failed=1
+    # Issue 13 graphs: the layer pipeline eager vs per-GPU graph replay (peer copy outside), checked.
+    timeout 300 $B/warpline mgpu pipeline --graphs --verify || failed=1
+    timeout 300 $B/warpline --json mgpu pipeline --graphs --verify > "$OUT/pipeline-graphs.json" || failed=1
     echo "== torch references (same run)"; timeout 300 python3 scripts/torch_mgpu.py || true
   } > "$OUT/mgpu.log" 2>&1 ;;
 dram)

@@ -121,6 +121,64 @@ fn layer_pipeline_two_gpus_and_one_gpu_match_the_cpu() {
     }
 }
 
+#[test]
+fn layer_pipeline_graph_replay_equals_the_eager_run_and_the_cpu() {
+    let Some(set) =
+        two_gpus_or_skip("layer_pipeline_graph_replay_equals_the_eager_run_and_the_cpu")
+    else {
+        return;
+    };
+    let cfg = LayerPipelineConfig {
+        tiles: 8,
+        layers: 3,
+        slots: 3,
+    };
+    for placement in [Placement::TwoGpus, Placement::OneGpu] {
+        let mut p = LayerPipeline::new(&set, 0, 1, placement, cfg).unwrap();
+        let eager = p.run(10, true).unwrap();
+        assert!(!eager.graphs && !p.has_graphs());
+        assert!(
+            eager.max_rel_error.unwrap() < 1e-4,
+            "{placement:?}: {eager:?}"
+        );
+        let want: Vec<Vec<f32>> = p.outputs().unwrap().iter().map(|o| o.to_vec()).collect();
+        p.capture_graphs().unwrap();
+        assert!(p.has_graphs());
+        // Replayed from the per-GPU graphs: against the f64 CPU reference (first and last tile
+        // of every slot), then every element of every slot against the eager run, bit for bit.
+        let replay = p.run(10, true).unwrap();
+        assert!(replay.graphs, "{placement:?}: {replay:?}");
+        assert!(
+            replay.max_rel_error.unwrap() < 1e-4,
+            "{placement:?}: {replay:?}"
+        );
+        let got = p.outputs().unwrap();
+        assert_eq!(got.len(), cfg.slots);
+        for (s, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g.iter().any(|&v| v != 0.0),
+                "{placement:?} slot {s}: all zero"
+            );
+            let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{placement:?} slot {s}: graph replay differs from eager"
+            );
+        }
+        // Captured again (replaces the graphs), then released: eager again, same results.
+        p.capture_graphs().unwrap();
+        p.release_graphs();
+        let again = p.run(4, true).unwrap();
+        assert!(!again.graphs && again.max_rel_error.unwrap() < 1e-4);
+        // The library path the CLI uses: eager then graphs, compared bit for bit.
+        let (e, g) = p.run_eager_then_graphs(5, true).unwrap();
+        assert!(
+            !e.graphs && g.graphs && g.graph_matches_eager == Some(true),
+            "{g:?}"
+        );
+    }
+}
+
 fn comms_or_skip(test: &str, set: &DeviceSet) -> Option<Vec<Communicator>> {
     if let Err(e) = nccl::library_available() {
         skip(test, e);

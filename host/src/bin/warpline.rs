@@ -116,9 +116,14 @@ enum MgpuCmd {
         slots: usize,
         #[arg(long, default_value_t = 60)]
         microbatches: usize,
-        /// Check the first and last tile of every slot against the f64 CPU reference.
+        /// Check the first and last tile of every slot against the f64 CPU reference (and,
+        /// with --graphs, the graph-replayed outputs against the eager ones, bit for bit).
         #[arg(long)]
         verify: bool,
+        /// Also capture each GPU's compute of every slot into CUDA graphs (peer copy, H2D and
+        /// D2H outside) and print eager vs graph-replay throughput, same run.
+        #[arg(long)]
+        graphs: bool,
     },
     /// NCCL all-reduce bus bandwidth, 1 MiB to 1 GiB (checked against the CPU sum).
     Allreduce {
@@ -186,15 +191,21 @@ fn mgpu(cmd: MgpuCmd) -> CliResult<Value> {
             slots,
             microbatches,
             verify,
-        } => c::pipeline(
-            warpline::multi::LayerPipelineConfig {
+            graphs,
+        } => {
+            let cfg = warpline::multi::LayerPipelineConfig {
                 tiles,
                 layers,
                 slots,
-            },
-            microbatches,
-            verify,
-        )?,
+            };
+            // Under --json stdout holds only the JSON object: the text goes to stderr.
+            let r = if cli_json::enabled() {
+                c::pipeline(cfg, microbatches, verify, graphs, &mut std::io::stderr())?
+            } else {
+                c::pipeline(cfg, microbatches, verify, graphs, &mut std::io::stdout())?
+            };
+            return Ok(pipeline_json(&cfg, microbatches, verify, graphs, &r));
+        }
         MgpuCmd::Allreduce { iters, procs } => c::allreduce(iters, procs)?,
         MgpuCmd::NcclRank { rank, world, iters } => c::nccl_rank(rank, world, iters)?,
         MgpuCmd::DpStep {
@@ -226,6 +237,55 @@ fn mgpu(cmd: MgpuCmd) -> CliResult<Value> {
     Ok(Value::Null)
 }
 
+/// `mgpu pipeline --json`: options, each placement eager and (with --graphs) graph-replayed,
+/// ratios and the verification.
+fn pipeline_json(
+    cfg: &warpline::multi::LayerPipelineConfig,
+    microbatches: usize,
+    verify: bool,
+    graphs: bool,
+    r: &warpline::multi::commands::PipelineRun,
+) -> Value {
+    let one = |p: &warpline::multi::LayerPipelineReport| {
+        json!({
+            "seconds": p.seconds,
+            "microbatches_per_s": p.microbatches_per_s(),
+            "gflops": p.gflops(),
+            "graphs": p.graphs,
+            "worst_tile_rel_error": p.max_rel_error,
+            "graph_matches_eager_bitwise": p.graph_matches_eager,
+        })
+    };
+    let ratio = |g: &Option<warpline::multi::LayerPipelineReport>,
+                 e: &warpline::multi::LayerPipelineReport| {
+        g.as_ref()
+            .map(|g| g.microbatches_per_s() / e.microbatches_per_s())
+    };
+    json!({
+        "options": {
+            "tiles": cfg.tiles, "layers": cfg.layers, "slots": cfg.slots,
+            "microbatches": microbatches, "verify": verify, "graphs": graphs,
+        },
+        "activation_bytes": cfg.activation_bytes(),
+        "one_gpu": { "eager": one(&r.one), "graph": r.one_graph.as_ref().map(one) },
+        "two_gpus": { "eager": one(&r.two), "graph": r.two_graph.as_ref().map(one) },
+        "ratios": {
+            "two_over_one": r.ratio(),
+            "two_over_one_graphs": r.graph_ratio(),
+            "one_gpu_graph_over_eager": ratio(&r.one_graph, &r.one),
+            "two_gpus_graph_over_eager": ratio(&r.two_graph, &r.two),
+        },
+        "goal_two_over_one": 1.8,
+        "goal_met": r.ratio() >= 1.8,
+        "graphs": graphs.then_some(
+            "one CUDA graph per GPU and slot (GPU 0: stage 1, or both stages on one GPU; GPU 1: stage 2), captured on the GPU's compute stream from a thread of its own; peer copy, H2D and D2H outside the graphs, ordered by events"
+        ),
+        "verified": verify.then_some(
+            "first and last tile of every slot against the f64 CPU reference, bound 1e-4; with graphs, graph outputs against eager bit for bit"
+        ),
+    })
+}
+
 /// `mgpu dp-step --json`: options, times per step (ms), ratios and the verification.
 fn dp_step_json(
     cfg: &warpline::multi::bench::DataParallelConfig,
@@ -253,7 +313,7 @@ fn dp_step_json(
             "eager_over_graph_compute": r.graph_compute_ms.map(|g| r.compute_ms / g),
         },
         "graphs": cfg.graphs.then_some(
-            "one CUDA graph per GPU and bucket (the bucket's GEMM layers), captured on the GPU's compute stream; NCCL all-reduces outside the graphs, ordered by events"
+            "one CUDA graph per GPU and bucket (the bucket's GEMM layers), captured on the GPU's compute stream from a thread of its own; NCCL all-reduces outside the graphs, ordered by events"
         ),
         "verified": r.max_rel_error.map(|e| json!({
             "reference": "f64 CPU sum over GPUs of x_i w_i, first and last tile of every bucket",

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::memory::DeviceBuffer;
 use crate::stream::Stream;
 
-use super::graphs::{all_reduce_bucket, DpGpu};
+use super::graphs::{all_reduce_bucket, capture_on_own_threads, DpGpu};
 use super::nccl::{all_reduce_sum_group, Communicator};
 use super::DeviceSet;
 
@@ -404,11 +404,12 @@ pub fn data_parallel_step(
 }
 
 /// [`data_parallel_step`] with options: with `cfg.graphs`, each GPU's per-bucket GEMM layers are
-/// also captured into CUDA graphs on that GPU's compute stream (its context bound) and the
-/// overlapped and compute-only steps are timed again with `cuGraphLaunch` replays; the NCCL
-/// all-reduces stay outside the graphs, ordered by events as in the eager step (NCCL's rule for
-/// several GPUs in one thread; see `multi::graphs`). With `cfg.verify`, results are checked
-/// (see [`DataParallelConfig::verify`]).
+/// also captured into CUDA graphs on that GPU's compute stream (stream capture from a thread of
+/// its own, with its context bound; one graph per GPU and bucket) and the overlapped and
+/// compute-only steps are timed again with `cuGraphLaunch` replays; the NCCL all-reduces stay
+/// outside the graphs, ordered by events as in the eager step (NCCL's user guide warns that
+/// graphs with collectives of several GPUs of one process may deadlock; see `multi::graphs`).
+/// With `cfg.verify`, results are checked (see [`DataParallelConfig::verify`]).
 ///
 /// Times: host wall-clock per step, ms, all GPUs drained before and after the timed steps.
 /// Inputs: GPU i holds its own deterministic `x_i`, `w_i`; after a step every bucket of every GPU
@@ -535,9 +536,7 @@ pub fn data_parallel_step_with(
         None
     };
     if cfg.graphs {
-        for g in gpus.iter_mut() {
-            g.capture()?;
-        }
+        capture_on_own_threads(&mut gpus)?;
         debug_assert!(gpus.iter().all(DpGpu::has_graphs));
         report.graph_overlapped_ms = Some(time(&mut gpus, StepMode::Overlapped, true)?);
         report.graph_compute_ms = Some(time(&mut gpus, StepMode::ComputeOnly, true)?);

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 
 use super::bench::{self, sweep_sizes};
 use super::nccl::{self, Communicator, NcclId, NCCL_ID_ENV};
-use super::{seeds, DeviceSet, LayerPipeline, LayerPipelineConfig, Placement};
+use super::{seeds, DeviceSet, LayerPipeline, LayerPipelineConfig, LayerPipelineReport, Placement};
 
 /// Set when the CLI has re-run itself with [`nccl::override_library_dir`] on `LD_LIBRARY_PATH`.
 pub const REEXEC_ENV: &str = "WARPLINE_NCCL_REEXEC";
@@ -110,36 +110,131 @@ pub fn peer_bw(sizes: &[usize], iters: usize) -> Result<()> {
     Ok(())
 }
 
-/// `mgpu pipeline`: the two-GPU layer pipeline against one GPU doing both stages.
-pub fn pipeline(cfg: LayerPipelineConfig, microbatches: usize, verify: bool) -> Result<()> {
+/// What `mgpu pipeline` measured: each placement eager and, with `graphs`, replayed from CUDA
+/// graphs in the same run.
+#[derive(Clone, Debug)]
+pub struct PipelineRun {
+    /// Both stages on GPU 0, kernel by kernel.
+    pub one: LayerPipelineReport,
+    /// Stage 1 on GPU 0, stage 2 on GPU 1, kernel by kernel.
+    pub two: LayerPipelineReport,
+    /// One GPU, each slot's compute replayed from a CUDA graph (with `graphs`).
+    pub one_graph: Option<LayerPipelineReport>,
+    /// Two GPUs, per-GPU graphs (with `graphs`).
+    pub two_graph: Option<LayerPipelineReport>,
+}
+
+impl PipelineRun {
+    /// Two GPUs over one GPU, microbatches per second, eager (the goal: >= 1.8).
+    pub fn ratio(&self) -> f64 {
+        self.two.microbatches_per_s() / self.one.microbatches_per_s()
+    }
+
+    /// The same ratio with both placements replayed from graphs.
+    pub fn graph_ratio(&self) -> Option<f64> {
+        Some(
+            self.two_graph.as_ref()?.microbatches_per_s()
+                / self.one_graph.as_ref()?.microbatches_per_s(),
+        )
+    }
+}
+
+/// `mgpu pipeline`: the two-GPU layer pipeline against one GPU doing both stages; with `graphs`,
+/// each placement also replayed from per-GPU CUDA graphs in the same run
+/// ([`LayerPipeline::run_eager_then_graphs`]); with `verify`, checked against the CPU (and graph
+/// outputs against eager, bit for bit). Writes the text report to `out` (the CLI passes stderr
+/// under `--json`) and returns the figures.
+pub fn pipeline(
+    cfg: LayerPipelineConfig,
+    microbatches: usize,
+    verify: bool,
+    graphs: bool,
+    out: &mut dyn std::io::Write,
+) -> Result<PipelineRun> {
     let set = two_gpus("mgpu pipeline")?;
-    let one = LayerPipeline::new(&set, 0, 0, Placement::OneGpu, cfg)?.run(microbatches, verify)?;
-    let two = LayerPipeline::new(&set, 0, 1, Placement::TwoGpus, cfg)?.run(microbatches, verify)?;
-    println!(
+    let measure = |placement, b| -> Result<(LayerPipelineReport, Option<LayerPipelineReport>)> {
+        let mut p = LayerPipeline::new(&set, 0, b, placement, cfg)?;
+        if graphs {
+            let (e, g) = p.run_eager_then_graphs(microbatches, verify)?;
+            Ok((e, Some(g)))
+        } else {
+            Ok((p.run(microbatches, verify)?, None))
+        }
+    };
+    let (one, one_graph) = measure(Placement::OneGpu, 0)?;
+    let (two, two_graph) = measure(Placement::TwoGpus, 1)?;
+    let r = PipelineRun {
+        one,
+        two,
+        one_graph,
+        two_graph,
+    };
+    let _ = write_pipeline(out, &cfg, microbatches, &r);
+    Ok(r)
+}
+
+fn write_pipeline(
+    out: &mut dyn std::io::Write,
+    cfg: &LayerPipelineConfig,
+    microbatches: usize,
+    r: &PipelineRun,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
         "layer pipeline: {} tiles x 128x128 f32 per microbatch ({:.1} MiB activations), {} GEMM layers per stage, {} slots, {} microbatches",
         cfg.tiles,
         cfg.activation_bytes() as f64 / (1 << 20) as f64,
         cfg.layers,
         cfg.slots,
         microbatches
-    );
-    for r in [&one, &two] {
-        println!(
-            "  {:?}: {:.3} s, {:.1} microbatches/s, {:.0} GFLOP/s{}",
-            r.placement,
-            r.seconds,
-            r.microbatches_per_s(),
-            r.gflops(),
-            r.max_rel_error.map_or(String::new(), |e| format!(
+    )?;
+    let line = |out: &mut dyn std::io::Write,
+                what: &str,
+                p: &LayerPipelineReport,
+                eager: Option<&LayerPipelineReport>|
+     -> std::io::Result<()> {
+        writeln!(
+            out,
+            "  {what}: {:.3} s, {:.1} microbatches/s, {:.0} GFLOP/s{}{}{}",
+            p.seconds,
+            p.microbatches_per_s(),
+            p.gflops(),
+            eager.map_or(String::new(), |e| format!(
+                " ({:.3}x eager)",
+                p.microbatches_per_s() / e.microbatches_per_s()
+            )),
+            p.max_rel_error.map_or(String::new(), |e| format!(
                 ", verified (worst tile rel. error {e:.2e})"
-            ))
-        );
+            )),
+            if p.graph_matches_eager == Some(true) {
+                ", equals the eager run bit for bit"
+            } else {
+                ""
+            }
+        )
+    };
+    line(out, "OneGpu", &r.one, None)?;
+    if let Some(g) = &r.one_graph {
+        line(out, "OneGpu, CUDA graphs", g, Some(&r.one))?;
     }
-    let ratio = two.microbatches_per_s() / one.microbatches_per_s();
-    println!(
+    line(out, "TwoGpus", &r.two, None)?;
+    if let Some(g) = &r.two_graph {
+        line(
+            out,
+            "TwoGpus, CUDA graphs (per GPU and slot, peer copy outside)",
+            g,
+            Some(&r.two),
+        )?;
+    }
+    let ratio = r.ratio();
+    writeln!(
+        out,
         "  two GPUs / one GPU: {ratio:.3}x (goal >= 1.8x: {})",
         if ratio >= 1.8 { "met" } else { "NOT met" }
-    );
+    )?;
+    if let Some(g) = r.graph_ratio() {
+        writeln!(out, "  two GPUs / one GPU, both from graphs: {g:.3}x")?;
+    }
     Ok(())
 }
 

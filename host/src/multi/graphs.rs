@@ -1,13 +1,24 @@
 //! CUDA graphs of the data-parallel step (issue 13, "Graphs"): each GPU's compute, captured on
-//! that GPU's compute stream with its context bound, replayed with `cuGraphLaunch`; the NCCL
-//! all-reduces stay outside every graph.
+//! that GPU's compute stream with its context bound, from a thread of its own, replayed with
+//! `cuGraphLaunch`; the NCCL all-reduces stay outside every graph.
 //!
-//! **Which of NCCL's two options, and why.** NCCL's documentation allows collectives in CUDA
-//! graphs when each GPU is captured from its own thread, or keeping NCCL out of the graph; one
-//! thread capturing the collectives of several GPUs can deadlock. warpline drives both GPUs from
-//! one thread, and the step's overlap needs the all-reduce of bucket k to start while bucket k+1
-//! computes, so NCCL stays outside: graphs hold only GEMM kernels, and the all-reduces are issued
-//! between graph launches, ordered with events exactly as in the eager step.
+//! **Which of NCCL's two options, and why.** The issue allows capturing each GPU from its own
+//! thread, or keeping NCCL outside the graph. warpline keeps NCCL outside. NCCL's user guide
+//! ("Using NCCL with CUDA Graphs", "Requirements and Limitations") warns that graph capture with
+//! several GPUs per process may deadlock, "likely" with one thread: `cudaGraphLaunch` of a graph
+//! holding a collective may block and so keep the other GPUs' launches from being issued.
+//! warpline replays the step from one thread (both GPUs' launches, as it issues the grouped
+//! all-reduces), and the step's overlap needs the all-reduce of bucket k to start while bucket
+//! k+1 computes; with collectives out of the graphs no `cuGraphLaunch` can wait on another GPU.
+//! Graphs hold only GEMM kernels; the all-reduces are issued between graph launches, ordered with
+//! events exactly as in the eager step.
+//!
+//! **Capture, one thread per GPU.** [`capture_on_own_threads`] captures each GPU's graphs on a
+//! scoped thread of its own (its context bound on that thread, capture mode
+//! `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`, as NCCL's guide asks of multi-threaded capture), so no
+//! GPU's capture can be invalidated by a call another thread makes. With NCCL outside the graphs
+//! this is not needed to avoid a deadlock; it keeps each capture isolated and costs one thread
+//! per GPU once.
 //!
 //! **What one graph holds.** One graph per (GPU, bucket): the `layers` GEMMs of that bucket on
 //! that GPU. One graph of a GPU's whole step would make every bucket's all-reduce wait for the
@@ -244,6 +255,36 @@ pub(crate) fn all_reduce_bucket(
     all_reduce_sum_group(comms, &mut refs)
 }
 
+/// Captures every GPU's graphs ([`DpGpu::capture`]), each GPU on a scoped thread of its own
+/// (`std::thread::scope`; the GPU's context is bound on that thread and the capture is
+/// thread-local), and returns once all have finished. Errors: the first GPU's error in order;
+/// every thread is joined first. A panic on a capture thread is resumed on the caller's thread
+/// (after the capture guard of that thread ended its capture).
+pub(crate) fn capture_on_own_threads(gpus: &mut [DpGpu<'_>]) -> Result<()> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = gpus
+            .iter_mut()
+            .map(|g| s.spawn(move || g.capture()))
+            .collect();
+        let mut first = Ok(());
+        let mut panic = None;
+        for h in handles {
+            match h.join() {
+                Ok(r) => {
+                    if first.is_ok() {
+                        first = r;
+                    }
+                }
+                Err(p) => panic = panic.or(Some(p)),
+            }
+        }
+        if let Some(p) = panic {
+            std::panic::resume_unwind(p);
+        }
+        first
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,4 +316,6 @@ mod tests {
     }
 
     static_assertions::assert_not_impl_any!(DpGpu<'static>: Sync);
+    // Send: each GPU's part moves to its own capture thread (`capture_on_own_threads`).
+    static_assertions::assert_impl_all!(DpGpu<'static>: Send);
 }

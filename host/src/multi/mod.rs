@@ -2,8 +2,10 @@
 //! primary contexts, its peer-access matrix, peer copies on the copy engines, pools whose memory
 //! peers may access, high-priority communication streams, the two-GPU layer pipeline
 //! ([`LayerPipeline`]), NCCL communicators and the data-parallel step ([`nccl`]), CUDA graphs of
-//! each GPU's compute in that step (NCCL outside the graphs; [`bench::DataParallelConfig::graphs`]),
-//! and the measurements the `warpline mgpu` subcommand prints ([`bench`]).
+//! each GPU's compute, captured per GPU from a thread of its own, in that step (NCCL outside the
+//! graphs; [`bench::DataParallelConfig::graphs`]) and in the pipeline (peer copy outside;
+//! [`LayerPipeline::capture_graphs`]), and the measurements the `warpline mgpu` subcommand prints
+//! ([`mod@bench`]).
 //!
 //! Safety rule of the shared machines: NVLink multicast (NVLS / NVLink SHARP) stays off.
 //! warpline never calls `cuMulticastCreate`, and sets `NCCL_NVLS_ENABLE=0` before creating any

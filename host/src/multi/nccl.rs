@@ -25,10 +25,15 @@
 //!   `NCCL_CONFIG_INITIALIZER`) and polls `ncclCommGetAsyncError` until it is no longer
 //!   `ncclInProgress`, for at most [`init_timeout`] ([`INIT_TIMEOUT_ENV`], default
 //!   [`DEFAULT_INIT_TIMEOUT`]); on timeout it calls `ncclCommAbort` and returns
-//!   [`Error::NcclTimeout`]. Later calls on such a communicator may return `ncclInProgress` too;
-//!   warpline then polls `ncclCommGetAsyncError` (same bound) before returning, so callers see
-//!   blocking semantics. [`Communicator::init_all`] stays blocking (`ncclCommInitAll`): all its
-//!   ranks are in this process and created by this one call, so no rank can fail to join.
+//!   [`Error::NcclTimeout`]. NCCL has no call that makes a communicator blocking again, so later
+//!   calls on it may return `ncclInProgress` too (NCCL launches each collective from a helper
+//!   thread, one per group end); warpline then polls `ncclCommGetAsyncError` (back to back for
+//!   the first 2 ms, then sleeping; same bound) before returning, so callers see blocking
+//!   semantics. `NCCL_COMM_BLOCKING=1` would make NCCL ignore `blocking = 0`, so `init_rank`
+//!   refuses it ([`COMM_BLOCKING_ENV`]). [`Communicator::init_all`] stays blocking
+//!   (`ncclCommInitAll`): all its ranks are in this process and created by this one call, so no
+//!   rank can fail to join, and a nonblocking communicator would put a helper thread and a poll
+//!   behind every grouped all-reduce of the data-parallel step.
 //! - **Graphs.** warpline keeps NCCL outside CUDA graphs: NCCL's documentation warns that
 //!   capturing collectives of several GPUs driven by one thread can deadlock, and the two ways
 //!   out are one capturing thread per GPU or no NCCL in the graph. Each GPU's compute is captured
@@ -78,7 +83,8 @@ pub fn parse_init_timeout(value: Option<&str>) -> Result<Duration> {
         return Err(Error::BadShape {
             what: "WARPLINE_NCCL_INIT_TIMEOUT_S",
             detail: format!(
-                "{v:?}; allowed: seconds, a positive decimal number up to 31536000 (one year),                  e.g. 120 or 0.5"
+                "{v:?}; allowed: seconds, a positive decimal number up to 31536000 (one year), \
+                 e.g. 120 or 0.5"
             ),
         });
     }
@@ -150,6 +156,43 @@ fn poll_ready(
 
 /// How long [`poll_ready`] polls without sleeping.
 const SPIN_FOR: Duration = Duration::from_millis(2);
+
+/// NCCL's environment override of `ncclConfig_t.blocking`: NCCL reads it at a communicator's
+/// init (once per process, also from its config files `NCCL_CONF_FILE`, `~/.nccl.conf`,
+/// `/etc/nccl.conf`) and, when it is 0 or 1, uses it instead of the config's value.
+pub const COMM_BLOCKING_ENV: &str = "NCCL_COMM_BLOCKING";
+
+/// Whether a value of [`COMM_BLOCKING_ENV`] makes NCCL create *blocking* communicators whatever
+/// `ncclConfig_t.blocking` says. NCCL parses it with `strtoll(value, NULL, 0)` (leading white
+/// space, a sign, a `0x` hex or `0` octal prefix, trailing characters ignored; an out-of-range
+/// number keeps the default) and applies it when the number is 0 or 1 (`src/misc/param.cc`,
+/// `envConfigOverride` in `src/init.cc`); this mirrors that for the value 1.
+pub fn comm_blocking_forced(value: Option<&str>) -> bool {
+    let Some(v) = value else {
+        return false;
+    };
+    let v = v.trim_start_matches([' ', '\t', '\n', '\r', '\x0b', '\x0c']);
+    let (neg, v) = match v.as_bytes().first() {
+        Some(b'-') => (true, &v[1..]),
+        Some(b'+') => (false, &v[1..]),
+        _ => (false, v),
+    };
+    let (radix, digits) = if let Some(h) = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        (16, h)
+    } else if v.starts_with('0') {
+        (8, v)
+    } else {
+        (10, v)
+    };
+    let end = digits
+        .find(|c: char| !c.is_digit(radix))
+        .unwrap_or(digits.len());
+    match i64::from_str_radix(&digits[..end], radix) {
+        Ok(n) => !neg && n == 1,
+        // No digits ("0x" alone is 0 for strtoll) or out of range: NCCL's default applies.
+        Err(_) => false,
+    }
+}
 
 /// The library names cudarc tries, in order.
 pub fn library_candidates() -> Vec<String> {
@@ -449,8 +492,10 @@ impl Communicator {
     /// so they return only when NCCL has enqueued them, as with a blocking communicator.
     ///
     /// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::BadShape`] unless
-    /// `rank < world` and `timeout > 0`, [`Error::WrongContext`]; then [`Error::NcclTimeout`]
-    /// (communicator aborted), [`Error::Nccl`] (init failed; the handle, if any, aborted).
+    /// `rank < world` and `timeout > 0`, or when [`COMM_BLOCKING_ENV`] is set to 1 (NCCL would
+    /// then ignore `blocking = 0` and could wait forever), [`Error::WrongContext`]; then
+    /// [`Error::NcclTimeout`] (communicator aborted), [`Error::Nccl`] (init failed; the handle,
+    /// if any, aborted).
     pub fn init_rank_with_timeout(
         dev: &Device,
         stream: &Stream,
@@ -472,6 +517,19 @@ impl Communicator {
         if stream.context_raw() != dev.raw_context() {
             return Err(Error::WrongContext {
                 what: "Communicator::init_rank stream",
+            });
+        }
+        let forced = std::env::var_os(COMM_BLOCKING_ENV).map(|v| v.to_string_lossy().into_owned());
+        if comm_blocking_forced(forced.as_deref()) {
+            return Err(Error::BadShape {
+                what: "NCCL_COMM_BLOCKING",
+                detail: format!(
+                    "{:?}: NCCL would make the communicator blocking, and ncclCommInitRankConfig \
+                     could then wait forever for a rank that never joins; allowed: unset or 0 \
+                     (Communicator::init_rank bounds the wait itself, see \
+                     {INIT_TIMEOUT_ENV})",
+                    forced.unwrap_or_default()
+                ),
             });
         }
         disable_nvls_unless_set();
@@ -674,10 +732,32 @@ mod tests {
                 Err(Error::BadShape { what, detail }) => {
                     assert_eq!(what, INIT_TIMEOUT_ENV);
                     assert!(detail.contains("allowed"), "{detail}");
+                    assert!(!detail.contains("  "), "no run of spaces: {detail}");
                 }
                 r => panic!("{bad:?}: {r:?}"),
             }
         }
+    }
+
+    #[test]
+    fn nccl_comm_blocking_is_read_as_strtoll_base_0_does() {
+        for forced in ["1", " +1", "\t1", "0x1", "0X01", "01", "1abc", "1.5"] {
+            assert!(comm_blocking_forced(Some(forced)), "{forced:?}");
+        }
+        for not in [
+            "",
+            "0",
+            "2",
+            "-1",
+            "abc",
+            "0x",
+            "x1",
+            "99999999999999999999",
+            " 0",
+        ] {
+            assert!(!comm_blocking_forced(Some(not)), "{not:?}");
+        }
+        assert!(!comm_blocking_forced(None));
     }
 
     #[test]

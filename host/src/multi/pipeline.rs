@@ -17,9 +17,22 @@
 //! previous activations, stage 2 waits until the D2H read its previous result). Events of one GPU
 //! are waited on by streams of the other (`cuStreamWaitEvent` accepts an event of another
 //! context). All buffers are freed only after both GPUs have drained.
+//!
+//! **CUDA graphs** ([`LayerPipeline::capture_graphs`]): each GPU's compute of each slot is
+//! captured into a graph of its own on that GPU's compute stream (GPU A: stage 1, and stage 2 too
+//! with [`Placement::OneGpu`]; GPU B: stage 2), each GPU's graphs from a scoped thread of its own
+//! with its context bound (thread-local capture), instantiated once and replayed with
+//! `cuGraphLaunch`. The peer copy, the H2D and the D2H stay outside the graphs, on their own
+//! streams, ordered by the same events: a copy inside A's graph would make the graph (and so
+//! stage 1 of the next microbatch, queued behind it on A's compute stream) wait for the copy, and
+//! the copy of n would no longer overlap the compute of n+1. The only ordering change is that
+//! "the input may be reused" (`x_free`, `r_free`) is recorded after a stage's graph rather than
+//! after its first layer; a slot is reused only `slots` microbatches later.
 
 use std::time::Instant;
 
+use crate::device::Device;
+use crate::driver::graph::{CaptureGuard, CudaGraph, GraphExec};
 use crate::error::{Error, Result};
 use crate::kernels::tile_gemm;
 use crate::memory::{DeviceBuffer, PinnedBuffer};
@@ -107,11 +120,18 @@ pub struct LayerPipelineReport {
     pub placement: Placement,
     /// Microbatches timed (after one warm-up round of `slots`).
     pub microbatches: usize,
+    /// Whether each GPU's compute was replayed from CUDA graphs
+    /// ([`LayerPipeline::capture_graphs`]) rather than launched kernel by kernel.
+    pub graphs: bool,
     /// Wall time of the timed microbatches, seconds (host clock, both GPUs drained).
     pub seconds: f64,
     /// Worst per-tile relative error of the checked tiles against the f64 CPU reference
     /// (`None` when not verified).
     pub max_rel_error: Option<f64>,
+    /// From [`LayerPipeline::run_eager_then_graphs`] with `verify`: every slot's output of the
+    /// graph-replayed run equals the eager run's bit for bit (a mismatch is an
+    /// [`Error::Verification`], so this is `Some(true)`); `None` otherwise.
+    pub graph_matches_eager: Option<bool>,
     /// The configuration.
     pub config: LayerPipelineConfig,
 }
@@ -158,8 +178,33 @@ fn wait_opt(s: &Stream, e: &Option<Event>) -> Result<()> {
     }
 }
 
+/// One GPU's captured compute of one slot: the instantiated graph and the index in the slot's
+/// ping-pong pair that holds the result. Field order: the executable graph is destroyed before
+/// the graph it came from.
+struct StageGraph {
+    exec: GraphExec,
+    _graph: CudaGraph,
+    out: usize,
+}
+
+/// The graphs of [`LayerPipeline::capture_graphs`], one per slot and GPU.
+struct PipelineGraphs {
+    /// GPU A, per slot: stage 1 (both stages with [`Placement::OneGpu`]), captured on `ca`.
+    a: Vec<StageGraph>,
+    /// GPU B, per slot: stage 2, captured on `cb` (empty with [`Placement::OneGpu`]).
+    b: Vec<StageGraph>,
+}
+
 /// The two-GPU layer pipeline over GPUs `a` and `b` of a [`DeviceSet`] (see the module docs).
+///
+/// Optionally replays each GPU's compute from CUDA graphs ([`LayerPipeline::capture_graphs`]).
+/// The graphs capture device pointers of the pipeline's own buffers; they are owned by the
+/// pipeline next to those buffers (private fields, never replaced while the graphs live) and
+/// destroyed before them, so no graph outlives what it touches.
 pub struct LayerPipeline<'s> {
+    // Declared first: destroyed (in `Drop`, each GPU's context bound) before the buffers they
+    // captured.
+    graphs: Option<PipelineGraphs>,
     set: &'s DeviceSet,
     a: usize,
     b: usize,
@@ -268,6 +313,7 @@ impl<'s> LayerPipeline<'s> {
         ca.synchronize()?;
         cb.synchronize()?;
         Ok(Self {
+            graphs: None,
             set,
             a,
             b,
@@ -288,6 +334,7 @@ impl<'s> LayerPipeline<'s> {
     /// Enqueues microbatch `n` (slot `n % slots`).
     fn enqueue(&mut self, n: usize) -> Result<()> {
         let Self {
+            graphs,
             set,
             a,
             b,
@@ -304,7 +351,8 @@ impl<'s> LayerPipeline<'s> {
             ..
         } = self;
         let (da, db) = (set.device(*a), set.device(*b));
-        let sl = &mut slots[n % cfg.slots];
+        let slot = n % cfg.slots;
+        let sl = &mut slots[slot];
         let bytes = cfg.activation_bytes();
         let two = *placement == Placement::TwoGpus;
         let ev = &mut sl.ev;
@@ -329,12 +377,32 @@ impl<'s> LayerPipeline<'s> {
         if !two {
             wait_opt(ca, &ev.y_out)?;
         }
-        let (mut cur, first) =
-            run_layers(da, ca, cfg.tiles, Some(&sl.x), &mut sl.a, w1, cfg.layers, 0)?;
-        ev.x_free = first;
-        if !two {
-            cur = run_layers(da, ca, cfg.tiles, None, &mut sl.a, w2, cfg.layers, cur)?.0;
-        }
+        let cur = if let Some(g) = graphs.as_ref() {
+            // The slot's captured stage 1 (both stages for one GPU); x is free after it.
+            let cur = launch_stage(da, ca, &g.a[slot])?;
+            ev.x_free = Some(ca.record_marker()?);
+            cur
+        } else {
+            let (mut cur, first) = run_layers(
+                da,
+                ca,
+                cfg.tiles,
+                Some(&sl.x),
+                &mut sl.a,
+                w1,
+                cfg.layers,
+                0,
+                true,
+            )?;
+            ev.x_free = first;
+            if !two {
+                cur = run_layers(
+                    da, ca, cfg.tiles, None, &mut sl.a, w2, cfg.layers, cur, false,
+                )?
+                .0;
+            }
+            cur
+        };
         ev.h_ready = Some(ca.record_marker()?);
         let out_dev = if let Some((r, pp)) = sl.b.as_mut() {
             // Communication stream of A: after stage 1, and after B read the slot's last input.
@@ -357,8 +425,16 @@ impl<'s> LayerPipeline<'s> {
             // Stage 2 on B, once the slot's previous result was copied out.
             wait_opt(cb, &ev.h_sent)?;
             wait_opt(cb, &ev.y_out)?;
-            let (cur_b, first_b) = run_layers(db, cb, cfg.tiles, Some(r), pp, w2, cfg.layers, 0)?;
-            ev.r_free = first_b;
+            let cur_b = if let Some(g) = graphs.as_ref() {
+                let cur_b = launch_stage(db, cb, &g.b[slot])?;
+                ev.r_free = Some(cb.record_marker()?);
+                cur_b
+            } else {
+                let (cur_b, first_b) =
+                    run_layers(db, cb, cfg.tiles, Some(r), pp, w2, cfg.layers, 0, true)?;
+                ev.r_free = first_b;
+                cur_b
+            };
             ev.y_ready = Some(cb.record_marker()?);
             pp[cur_b].device_ptr()
         } else {
@@ -379,8 +455,12 @@ impl<'s> LayerPipeline<'s> {
 
     /// Runs one warm-up round (`slots` microbatches), then times `microbatches` more; with
     /// `verify`, checks the first and last tile of every slot's output against the f64 CPU
-    /// reference (bound `1e-4` per tile, relative Frobenius norm).
-    /// Errors: [`Error::Empty`] for 0 microbatches, [`Error::Verification`], CUDA errors.
+    /// reference (bound `1e-4` per tile, relative Frobenius norm). Each GPU's compute is
+    /// replayed from its graphs once [`LayerPipeline::capture_graphs`] has run (the report's
+    /// `graphs`), else launched kernel by kernel. Time: host wall clock, both GPUs drained
+    /// before and after the timed microbatches.
+    /// Errors: [`Error::Empty`] for 0 microbatches, [`Error::Verification`], CUDA errors
+    /// ([`Error::Cuda`] names the call, e.g. `cuGraphLaunch`).
     pub fn run(&mut self, microbatches: usize, verify: bool) -> Result<LayerPipelineReport> {
         if microbatches == 0 {
             return Err(Error::Empty {
@@ -401,10 +481,161 @@ impl<'s> LayerPipeline<'s> {
         Ok(LayerPipelineReport {
             placement: self.placement,
             microbatches,
+            graphs: self.graphs.is_some(),
             seconds,
             max_rel_error,
+            graph_matches_eager: None,
             config: self.cfg,
         })
+    }
+
+    /// Eager, then graphs, in one run of the same pipeline: [`LayerPipeline::run`] kernel by
+    /// kernel (graphs released first), then [`LayerPipeline::capture_graphs`] and `run` again
+    /// with replays. With `verify` both runs are checked against the f64 CPU reference and the
+    /// graph run's outputs against the eager run's, bit for bit (the same kernels on the same
+    /// inputs). Returns `(eager, graph)`; the graphs stay captured.
+    /// Errors: as [`LayerPipeline::run`] and [`LayerPipeline::capture_graphs`];
+    /// [`Error::Verification`] naming the first differing slot and element.
+    pub fn run_eager_then_graphs(
+        &mut self,
+        microbatches: usize,
+        verify: bool,
+    ) -> Result<(LayerPipelineReport, LayerPipelineReport)> {
+        self.release_graphs();
+        let eager = self.run(microbatches, verify)?;
+        let before: Vec<Vec<f32>> = if verify {
+            self.outputs()?.iter().map(|o| o.to_vec()).collect()
+        } else {
+            Vec::new()
+        };
+        self.capture_graphs()?;
+        let mut graph = self.run(microbatches, verify)?;
+        if verify {
+            for (slot, (e, g)) in before.iter().zip(self.outputs()?).enumerate() {
+                if let Some(i) = e
+                    .iter()
+                    .zip(g)
+                    .position(|(a, b)| a.to_bits() != b.to_bits())
+                {
+                    return Err(Error::Verification {
+                        detail: format!(
+                            "layer pipeline ({:?}): graph replay differs from the eager run at \
+                             slot {slot} element {i}: {} (graph) vs {} (eager)",
+                            self.placement, g[i], e[i]
+                        ),
+                    });
+                }
+            }
+            graph.graph_matches_eager = Some(true);
+        }
+        Ok((eager, graph))
+    }
+
+    /// Captures each GPU's compute of every slot into CUDA graphs and makes [`LayerPipeline::run`]
+    /// replay them (`cuGraphLaunch`); replaces graphs captured before.
+    ///
+    /// Per slot: GPU A's graph holds stage 1's `layers` GEMMs (both stages' `2 x layers` with
+    /// [`Placement::OneGpu`]), captured on A's compute stream; GPU B's holds stage 2's, captured
+    /// on B's. Each GPU is captured from a scoped thread of its own with its context bound
+    /// (`cuStreamBeginCapture_v2` in `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`, `cuStreamEndCapture`,
+    /// through the capture guard shared with `chain` and `ordering`), then instantiated
+    /// (`cuGraphInstantiateWithFlags`). The peer copy, H2D and D2H are not captured (module
+    /// docs).
+    ///
+    /// Errors: [`Error::Cuda`] naming the failing call, [`Error::Launch`], the GEMM's checks; on
+    /// any error the capture is ended, partial graphs are destroyed, and the pipeline runs
+    /// eagerly (no graphs). A panic on a capture thread is resumed here.
+    pub fn capture_graphs(&mut self) -> Result<()> {
+        self.release_graphs();
+        let Self {
+            set,
+            a,
+            b,
+            placement,
+            cfg,
+            ca,
+            cb,
+            w1,
+            w2,
+            slots,
+            ..
+        } = self;
+        let two = *placement == Placement::TwoGpus;
+        let (da, db) = (set.device(*a), set.device(*b));
+        let (w1, w2) = (&*w1, &*w2);
+        // Disjoint borrows of each slot: GPU A's buffers for A's thread, GPU B's for B's.
+        let mut on_a = Vec::with_capacity(slots.len());
+        let mut on_b = Vec::with_capacity(slots.len());
+        for sl in slots.iter_mut() {
+            let Slot {
+                x, a: pp, b: recv, ..
+            } = sl;
+            on_a.push((&*x, pp));
+            if let Some((r, ppb)) = recv.as_mut() {
+                on_b.push((&*r, ppb));
+            }
+        }
+        let weights_a: Vec<&DeviceBuffer<f32>> = if two { vec![w1] } else { vec![w1, w2] };
+        let (tiles, layers) = (cfg.tiles, cfg.layers);
+        let (ga, gb) = std::thread::scope(|s| {
+            let ta = s.spawn(|| capture_stages(da, ca, tiles, layers, on_a, &weights_a));
+            let tb = s.spawn(|| capture_stages(db, cb, tiles, layers, on_b, &[w2]));
+            let (ra, rb) = (ta.join(), tb.join());
+            match (ra, rb) {
+                (Ok(ga), Ok(gb)) => (ga, gb),
+                (Err(p), _) | (_, Err(p)) => std::panic::resume_unwind(p),
+            }
+        });
+        let graphs = match (ga, gb) {
+            (Ok(a), Ok(b)) => PipelineGraphs { a, b },
+            (ra, rb) => {
+                // Destroy what one GPU captured with its own context bound; report the first error.
+                let _ = db.bind();
+                let eb = rb.err();
+                let _ = da.bind();
+                let ea = ra.err();
+                return Err(ea.or(eb).expect("one capture failed"));
+            }
+        };
+        if graphs.a.len() != slots.len() || (two && graphs.b.len() != slots.len()) {
+            return Err(Error::BadShape {
+                what: "layer pipeline graphs",
+                detail: format!(
+                    "{} graphs on GPU A and {} on GPU B for {} slots",
+                    graphs.a.len(),
+                    graphs.b.len(),
+                    slots.len()
+                ),
+            });
+        }
+        self.graphs = Some(graphs);
+        Ok(())
+    }
+
+    /// Whether [`LayerPipeline::run`] replays captured graphs.
+    pub fn has_graphs(&self) -> bool {
+        self.graphs.is_some()
+    }
+
+    /// Destroys the captured graphs (`cuGraphExecDestroy`, `cuGraphDestroy`, each GPU's context
+    /// bound; a replay still running completes first, and the buffers it uses stay owned by the
+    /// pipeline); [`LayerPipeline::run`] launches kernel by kernel again.
+    pub fn release_graphs(&mut self) {
+        if let Some(PipelineGraphs { a, b }) = self.graphs.take() {
+            let _ = self.set.device(self.a).bind();
+            drop(a);
+            let _ = self.set.device(self.b).bind();
+            drop(b);
+        }
+    }
+
+    /// Each slot's last result as copied back to pinned host memory, slot order, `tiles x 128 x
+    /// 128` f32 each (row-major tiles). Waits for both GPUs first (`cuCtxSynchronize`), so no
+    /// copy is still writing them; with `&self` borrowed nothing new can be queued.
+    /// Errors: [`Error::Cuda`] from the synchronisation.
+    pub fn outputs(&self) -> Result<Vec<&[f32]>> {
+        self.set.synchronize()?;
+        Ok(self.slots.iter().map(|sl| &sl.output[..]).collect())
     }
 
     /// Checks the first and last tile of every slot's pinned output (after a drained run).
@@ -434,12 +665,64 @@ impl Drop for LayerPipeline<'_> {
     fn drop(&mut self) {
         // Buffers are freed on their own streams; the copy streams used them too: drain first.
         let _ = self.set.synchronize();
+        // Then the graphs, before the buffers they captured (fields are dropped after this).
+        self.release_graphs();
     }
 }
 
+/// Launches a slot's captured stage graph on `stream` (the compute stream it was captured on)
+/// and returns the ping-pong index of its result.
+fn launch_stage(dev: &Device, stream: &Stream, g: &StageGraph) -> Result<usize> {
+    dev.bind()?;
+    // SAFETY: a live executable graph of `dev`'s context, launched on the stream it was captured
+    // on. Its nodes touch only buffers owned by the `LayerPipeline` that owns the graph (private
+    // fields, never replaced while the graph lives, freed only after it is destroyed), all bound
+    // to this stream, so their frees come after the replay; the copy streams' uses are ordered
+    // by the events recorded around it, as for the eager launches.
+    unsafe { g.exec.launch(stream.raw()) }?;
+    Ok(g.out)
+}
+
+/// Captures, for each `(src, pp)` of `parts` (one per slot), the GEMM layers of every weight in
+/// `weights` (`layers` each: first from `src` into `pp`, then ping-pong) on `stream` and
+/// instantiates it. Binds `dev`'s context on the calling thread first.
+fn capture_stages(
+    dev: &Device,
+    stream: &Stream,
+    tiles: usize,
+    layers: usize,
+    parts: Vec<(&DeviceBuffer<f32>, &mut [DeviceBuffer<f32>; 2])>,
+    weights: &[&DeviceBuffer<f32>],
+) -> Result<Vec<StageGraph>> {
+    if parts.is_empty() {
+        return Ok(Vec::new());
+    }
+    dev.bind()?;
+    let mut out = Vec::with_capacity(parts.len());
+    for (src, pp) in parts {
+        let guard = CaptureGuard::begin(stream, Vec::new())?;
+        // An error (or a panic) here drops `guard`, which ends the capture.
+        let mut cur = 0;
+        for (k, w) in weights.iter().enumerate() {
+            let from = (k == 0).then_some(src);
+            cur = run_layers(dev, stream, tiles, from, pp, w, layers, cur, false)?.0;
+        }
+        let graph = guard.end()?;
+        let exec = GraphExec::instantiate(&graph)?;
+        out.push(StageGraph {
+            exec,
+            _graph: graph,
+            out: cur,
+        });
+    }
+    Ok(out)
+}
+
 /// `layers` GEMM layers on `stream`: from `src` into `pp[0]` first when given, else from
-/// `pp[start]`; then ping-pong. Returns the index in `pp` of the result and, with `src`, an event
-/// after the first layer (the input may be reused then).
+/// `pp[start]`; then ping-pong. Returns the index in `pp` of the result and, with `src` and
+/// `mark_first`, an event after the first layer (the input may be reused then). Under stream
+/// capture pass `mark_first = false`: an event recorded inside a capture cannot be waited on
+/// outside it.
 #[allow(clippy::too_many_arguments)]
 fn run_layers(
     dev: &crate::Device,
@@ -450,6 +733,7 @@ fn run_layers(
     w: &DeviceBuffer<f32>,
     layers: usize,
     start: usize,
+    mark_first: bool,
 ) -> Result<(usize, Option<Event>)> {
     let mut cur = start;
     let mut after_first = None;
@@ -465,7 +749,9 @@ fn run_layers(
                     p0.as_view_mut(),
                     tiles,
                 )?;
-                after_first = Some(stream.record_marker()?);
+                if mark_first {
+                    after_first = Some(stream.record_marker()?);
+                }
                 cur = 0;
             }
             _ => {
@@ -549,6 +835,22 @@ mod tests {
             Error::BadShape { .. }
         ));
     }
+
+    /// The graphs are declared before every buffer they captured, so even without the explicit
+    /// release in `Drop` they would be destroyed first.
+    #[test]
+    fn graphs_field_is_declared_before_the_buffers() {
+        let src = include_str!("pipeline.rs");
+        let start = src.find("pub struct LayerPipeline<'s>").unwrap();
+        let body = &src[start..];
+        let graphs = body.find("graphs: Option<PipelineGraphs>").unwrap();
+        for buf in ["w1: DeviceBuffer", "w2: DeviceBuffer", "slots: Vec<Slot>"] {
+            assert!(graphs < body.find(buf).unwrap(), "{buf}");
+        }
+    }
+
+    // Graph handles are not Sync, so neither is the pipeline: launches never race.
+    static_assertions::assert_not_impl_any!(LayerPipeline<'static>: Sync);
 
     #[test]
     fn reference_chain_keeps_the_scale() {
