@@ -665,13 +665,7 @@ fn epilogue_chunk_interior<I: Input, const OUT_F32: bool, const CH: usize>(
     if CH >= BN / cols {
         return;
     }
-    let tid = thread_in_warpgroup();
-    let buf = g.c_chunk(consumer, *chunk & (C_CHUNKS as u32 - 1));
-    if tid == 0 {
-        // The store that last used this buffer (two chunks ago) has read it.
-        bulk::wait_group_read::<{ C_CHUNKS as u32 - 1 }>();
-    }
-    bar.sync();
+    let buf = chunk_acquire(g, consumer, *chunk, bar);
     // Literal indices only, so the accumulators stay in registers.
     macro_rules! n8_blocks {
         ($($i:literal)*) => {$(
@@ -698,19 +692,7 @@ fn epilogue_chunk_interior<I: Input, const OUT_F32: bool, const CH: usize>(
         )*};
     }
     n8_blocks!(0 1 2 3 4 5 6 7);
-    // Generic-proxy writes before the async-proxy (TMA) read.
-    bulk::fence_proxy_async_shared();
-    bar.sync();
-    if tid == 0 {
-        // SAFETY: the chunk is complete (bar), fenced, 1024-byte aligned and in C's box layout;
-        // it lies inside C; only this warpgroup writes these rows of C.
-        unsafe {
-            g.map_c
-                .store_2d(buf, (n0 + (CH * cols) as u32) as i32, row0 as i32);
-        }
-        bulk::commit_group();
-    }
-    *chunk += 1;
+    chunk_store(g, buf, n0 + (CH * cols) as u32, row0, chunk, bar);
 }
 
 /// Chunk `CH` of the epilogue (f32 output: 32 columns, 8 chunks; 16-bit: 64 columns, 4 chunks).
@@ -741,7 +723,6 @@ fn epilogue_chunk<I: Input, const OUT_F32: bool, const CH: usize>(
                               // the store would also write the row's padding after column N. Such a chunk is stored with
                               // bounds-checked st.global from registers instead.
     let direct = first_col + cols as u32 > g.n && !(g.n * out_bytes as u32).is_multiple_of(16);
-    let buf = g.c_chunk(consumer, *chunk & (C_CHUNKS as u32 - 1));
     if direct {
         macro_rules! n8_blocks_direct {
             ($($i:literal)*) => {$(
@@ -756,11 +737,7 @@ fn epilogue_chunk<I: Input, const OUT_F32: bool, const CH: usize>(
         n8_blocks_direct!(0 1 2 3 4 5 6 7);
         return;
     }
-    if tid == 0 {
-        // The store that last used this buffer (two chunks ago) has read it.
-        bulk::wait_group_read::<{ C_CHUNKS as u32 - 1 }>();
-    }
-    bar.sync();
+    let buf = chunk_acquire(g, consumer, *chunk, bar);
     // Literal indices only, so the accumulators stay in registers.
     macro_rules! n8_blocks {
         ($($i:literal)*) => {$(
@@ -774,16 +751,34 @@ fn epilogue_chunk<I: Input, const OUT_F32: bool, const CH: usize>(
         )*};
     }
     n8_blocks!(0 1 2 3 4 5 6 7);
-    // Generic-proxy writes before the async-proxy (TMA) read.
+    chunk_store(g, buf, n0 + (CH * cols) as u32, row0, chunk, bar);
+}
+
+/// The shared buffer of epilogue chunk number `chunk` of warpgroup `consumer`, once the TMA store
+/// that last used it (two chunks ago) has read it; the whole warpgroup returns together.
+#[inline(always)]
+fn chunk_acquire(g: Gemm, consumer: u32, chunk: u32, bar: NamedBarrier) -> u32 {
+    let buf = g.c_chunk(consumer, chunk & (C_CHUNKS as u32 - 1));
+    if thread_in_warpgroup() == 0 {
+        bulk::wait_group_read::<{ C_CHUNKS as u32 - 1 }>();
+    }
+    bar.sync();
+    buf
+}
+
+/// Publishes the chunk the warpgroup wrote into `buf`: fences its generic-proxy writes for the
+/// async proxy, waits for the whole warpgroup, and has one thread TMA-store it at (`col0`,
+/// `row0`) of C in a new bulk group; counts the chunk.
+#[inline(always)]
+fn chunk_store(g: Gemm, buf: u32, col0: u32, row0: u32, chunk: &mut u32, bar: NamedBarrier) {
     bulk::fence_proxy_async_shared();
     bar.sync();
-    if tid == 0 {
+    if thread_in_warpgroup() == 0 {
         // SAFETY: the chunk is complete (bar), fenced, 1024-byte aligned and in C's box layout;
+        // the callers store only chunks whose TMA store writes elements of C alone (a chunk
+        // whose 16-byte pieces would reach C's row padding goes out with st.global instead);
         // only this warpgroup writes these rows of C.
-        unsafe {
-            g.map_c
-                .store_2d(buf, (n0 + (CH * cols) as u32) as i32, row0 as i32);
-        }
+        unsafe { g.map_c.store_2d(buf, col0 as i32, row0 as i32) };
         bulk::commit_group();
     }
     *chunk += 1;
