@@ -610,14 +610,12 @@ fn epilogue<I: Input, const OUT_F32: bool>(
 }
 
 /// This thread's place in a 128-byte-swizzled C chunk, for [`epilogue_chunk_interior`]: its row
-/// `r` (and `r + 8`) of the warpgroup's 64 and the row's swizzle phase `r % 8`. The thread holds
-/// columns `8 i + 2 (lane % 4) ..+ 2` of each n8 block `i` (wgmma's accumulator layout).
+/// `r` (and `r + 8`) of the warpgroup's 64. The thread holds columns `8 i + 2 (lane % 4) ..+ 2`
+/// of each n8 block `i` (wgmma's accumulator layout).
 #[derive(Clone, Copy)]
 struct ChunkLanes {
-    /// Byte offset of row `r` in a chunk (`128 r`).
+    /// Row `r` of the warpgroup's 64.
     row: u32,
-    /// `r % 8`: the row's 16-byte-unit XOR under the 128-byte swizzle.
-    phase: u32,
     /// `lane % 4`.
     quad: u32,
 }
@@ -627,21 +625,17 @@ impl ChunkLanes {
     fn new() -> Self {
         let tid = thread_in_warpgroup();
         let (warp, lane) = (tid / 32, tid % 32);
-        let r = warp * 16 + lane / 4;
         Self {
-            row: r * 128,
-            phase: r & 7,
+            row: warp * 16 + lane / 4,
             quad: lane % 4,
         }
     }
 
-    /// Byte offset in the chunk of this thread's pair in n8 block `i` of the chunk, row `r`
-    /// (row `r + 8` is 1024 bytes further, with the same swizzle phase).
+    /// Byte address in `buf` of this thread's pair in n8 block `i` of the chunk, row `r` (row
+    /// `r + 8` is 1024 bytes further, with the same swizzle phase).
     #[inline(always)]
-    fn pair(self, i: u32, out_bytes: u32) -> u32 {
-        // Byte column of the pair: 8 i + 2 quad elements.
-        let byte = (8 * i + 2 * self.quad) * out_bytes;
-        self.row + ((((byte >> 4) ^ self.phase) << 4) | (byte & 15))
+    fn pair(self, buf: u32, i: u32, out_bytes: u32) -> u32 {
+        swizzled(buf, self.row, (8 * i + 2 * self.quad) * out_bytes)
     }
 }
 
@@ -671,7 +665,7 @@ fn epilogue_chunk_interior<I: Input, const OUT_F32: bool, const CH: usize>(
         ($($i:literal)*) => {$(
             if $i < cols / 8 {
                 let nb = CH * (cols / 8) + $i; // n8 block of the warpgroup tile
-                let at = buf + lanes.pair($i, out_bytes as u32);
+                let at = lanes.pair(buf, $i, out_bytes as u32);
                 let (top, bottom) = (
                     [g.alpha * acc[4 * nb], g.alpha * acc[4 * nb + 1]],
                     [g.alpha * acc[4 * nb + 2], g.alpha * acc[4 * nb + 3]],
