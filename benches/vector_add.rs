@@ -5,7 +5,8 @@
 //! Then every variant of issue 12 (`kernels::VectorAddVariant`, the default
 //! first), each checked against the f32 sum once, then timed round-robin with the copy (each
 //! round: every variant once, the copy once; medians of `ROUNDS`): one line per variant with ms,
-//! GB/s and the ratio to the copy's GB/s from the same rounds.
+//! GB/s and the ratio to the copy's GB/s from the same rounds; then `ws_vector_add` on other grids
+//! (tiles per CTA, `WARPLINE_VA_GRID_ROWS`) in the same rounds.
 
 use std::time::Duration;
 
@@ -152,23 +153,73 @@ fn bench(c: &mut Criterion) {
     variants(&mut s);
 }
 
-/// The issue-12 table: every variant next to the copy, round-robin in the same rounds.
+/// The issue-12 table: every variant next to the copy, round-robin in the same rounds; then
+/// variants on other grids: `WARPLINE_VA_GRID_ROWS`, comma-separated `name:m` (m x the variant's
+/// grid) or `name/k` (k tiles per CTA); default `ws_vector_add/1,ws_vector_add/4` (the default
+/// grid is 2 tiles per CTA).
 fn variants(s: &mut Setup) {
+    let extra = std::env::var("WARPLINE_VA_GRID_ROWS")
+        .unwrap_or_else(|_| "ws_vector_add/1,ws_vector_add/4".to_string());
+    let mut rows: Vec<(String, Variant, Option<u32>)> = Variant::ALL
+        .into_iter()
+        .map(|v| (v.name().to_string(), v, None))
+        .collect();
+    for spec in extra.split(',').filter(|s| !s.is_empty()) {
+        fn bad<T>(spec: &str) -> T {
+            panic!("WARPLINE_VA_GRID_ROWS: `{spec}` is not `name:m` or `name/k` (variant name, m, k >= 1)")
+        }
+        let i = spec.find([':', '/']).unwrap_or_else(|| bad(spec));
+        let (name, per_cta, x) = (&spec[..i], &spec[i..=i] == "/", &spec[i + 1..]);
+        let v = Variant::ALL
+            .into_iter()
+            .find(|v| v.name() == name)
+            .unwrap_or_else(|| bad(spec));
+        let x: u32 = x
+            .parse()
+            .ok()
+            .filter(|&x| x > 0)
+            .unwrap_or_else(|| bad(spec));
+        let tiles = N.div_ceil(v.tile_elems()) as u32;
+        let g = if per_cta {
+            tiles.div_ceil(x)
+        } else {
+            (x * v.grid(&s.dev, N)).min(tiles)
+        };
+        rows.push((format!("{spec} grid {g}"), v, Some(g)));
+    }
+    let run = |s: &mut Setup, v: Variant, g: Option<u32>| match g {
+        None => variant_ms(s, v),
+        Some(g) => {
+            let t0 = s.stream.record().unwrap();
+            kernels::vector_add_variant_with_grid(
+                &s.dev,
+                &s.stream,
+                v,
+                s.a.as_view(),
+                s.b.as_view(),
+                s.c.as_view_mut(),
+                g,
+            )
+            .unwrap();
+            let t1 = s.stream.record().unwrap();
+            t0.elapsed_ms(&t1).unwrap() as f64
+        }
+    };
     for v in Variant::ALL {
         check_variant(s, v);
     }
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); Variant::ALL.len()];
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
     let mut copies = Vec::new();
     for _ in 0..3 {
         // Warm-up round.
-        for v in Variant::ALL {
-            variant_ms(s, v);
+        for (_, v, g) in &rows {
+            run(s, *v, *g);
         }
         copy_ms(s);
     }
     for _ in 0..ROUNDS {
-        for (k, v) in Variant::ALL.into_iter().enumerate() {
-            times[k].push(variant_ms(s, v));
+        for (k, (_, v, g)) in rows.iter().enumerate() {
+            times[k].push(run(s, *v, *g));
         }
         copies.push(copy_ms(s));
     }
@@ -185,12 +236,12 @@ fn variants(s: &mut Setup) {
         "{:<30} {:>8.3} {:>10.1} {:>10.3}",
         "D2D copy (8 B/elem)", copy, copy_gbps, 1.0
     );
-    for (k, v) in Variant::ALL.into_iter().enumerate() {
+    for (k, (name, _, _)) in rows.iter().enumerate() {
         let ms = median(&mut times[k]);
         let gbps = 12.0 * N as f64 / (ms * 1e-3) / 1e9;
         println!(
             "{:<30} {:>8.3} {:>10.1} {:>10.3}",
-            v.name(),
+            name,
             ms,
             gbps,
             gbps / copy_gbps

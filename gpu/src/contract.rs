@@ -25,8 +25,15 @@ pub mod vector_add {
     pub const STORER_WARPS: u32 = 1;
     /// Threads per CTA.
     pub const THREADS_PER_CTA: u32 = WARP_SIZE * (LOADER_WARPS + COMPUTE_WARPS + STORER_WARPS);
-    /// CTAs the persistent grid places on each SM (shared memory allows 2 at 96 KiB each).
+    /// CTAs resident on each SM (shared memory allows 2 at 96 KiB each): the size of a
+    /// persistent grid, `CTAS_PER_SM x SMs`.
     pub const CTAS_PER_SM: u32 = 2;
+    /// Tiles per CTA of the default grid (`ceil(tiles / TILES_PER_CTA)` CTAs, so each CTA fills
+    /// its `STAGES` stages once and the block scheduler hands the next tiles to whichever SM
+    /// frees first). Measured on the H100 at 2^28 floats (issue 12, docs/perf-notes.md): 1.016x
+    /// the D2D copy against 0.975x for the persistent grid, whose CTAs each take a fixed share
+    /// and finish unevenly; 1 tile per CTA leaves half the ring idle (0.959x).
+    pub const TILES_PER_CTA: usize = STAGES;
 
     /// Shared-memory layout, byte offsets from the start of dynamic shared memory:
     /// `[loader->compute full|empty mbarriers][compute->storer full|empty mbarriers][pad]`

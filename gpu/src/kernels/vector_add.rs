@@ -11,8 +11,8 @@
 //! ```
 //!
 //! [`run`] owns the rings (init, fence, CTA barrier), the dispatch of each warp to its role, the
-//! persistent loop (CTA `b` takes tiles `b, b + gridDim.x, ...`, so any grid size works; a CTA
-//! with no tile exits after setup) and the stage/phase bookkeeping; the hooks below only move
+//! tile loop (CTA `b` takes tiles `b, b + gridDim.x, ...`, so any grid size works, persistent or
+//! not; a CTA with no tile exits after setup) and the stage/phase bookkeeping; the hooks below only move
 //! one tile's data. The last tile may be ragged: whole 16-byte vectors, then up to 3 scalars.
 
 use core::arch::asm;
@@ -224,7 +224,8 @@ impl WarpSpecialized<{ STAGES as u32 }> for VectorAdd {
 /// C[i] = A[i] + B[i] for i < n.
 ///
 /// Launch: `THREADS_PER_CTA` x 1 x 1 threads, `SMEM_BYTES` dynamic shared memory, a grid of at
-/// least one CTA, any size (persistent; `CTAS_PER_SM x SMs` fills the device). `a`, `b`, `c`:
+/// least one CTA, any size (CTA `b` takes tiles `b, b + gridDim.x, ...`: `CTAS_PER_SM x SMs` is
+/// the persistent grid; the host's default is one CTA per `TILES_PER_CTA` tiles, faster). `a`, `b`, `c`:
 /// 16-byte aligned device pointers of at least `n` floats; `c` must not overlap `a` or `b`; `n`
 /// at most `u32::MAX` tiles (the host's `MAX_ELEMS`). Another block shape, less shared memory or
 /// a larger `n` traps.

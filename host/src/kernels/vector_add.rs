@@ -13,11 +13,15 @@ use crate::stream::Stream;
 /// Largest `n`: tile indices must fit in 32 bits.
 pub const MAX_ELEMS: u64 = (u32::MAX as u64) * contract::TILE_ELEMS as u64;
 
-/// Grid of the persistent kernel for `n` elements: one CTA per tile up to `CTAS_PER_SM` per SM.
-pub fn grid_for(dev: &Device, n: usize) -> u32 {
+/// The default grid of `ws_vector_add` for `n` elements: one CTA per `TILES_PER_CTA` tiles
+/// (`ceil(n / (TILE_ELEMS x TILES_PER_CTA))`, at least 1, at most 2^31 - 1), not the persistent
+/// `CTAS_PER_SM x SMs`: each CTA fills its ring once and the block scheduler balances the rest
+/// (contract `vector_add::TILES_PER_CTA` has the measurement).
+pub fn grid_for(n: usize) -> u32 {
     let tiles = n.div_ceil(contract::TILE_ELEMS) as u64;
-    let resident = (contract::CTAS_PER_SM * dev.capabilities().sm_count) as u64;
-    tiles.min(resident).max(1) as u32
+    tiles
+        .div_ceil(contract::TILES_PER_CTA as u64)
+        .clamp(1, super::MAX_GRID as u64) as u32
 }
 
 /// Queues `c = a + b` (f32, element-wise) on `stream` with the warp-specialized, double-buffered
@@ -36,12 +40,14 @@ pub fn vector_add(
     b: DeviceView<'_, f32>,
     c: DeviceViewMut<'_, f32>,
 ) -> Result<()> {
-    let grid = grid_for(dev, a.len());
+    let grid = grid_for(a.len());
     vector_add_with_grid(dev, stream, a, b, c, grid)
 }
 
-/// [`vector_add`] with an explicit persistent grid of `grid` CTAs (1 to 2^31 - 1): any grid size is
-/// correct; [`grid_for`] is the fast one. For tests and tuning.
+/// [`vector_add`] with an explicit grid of `grid` CTAs (1 to 2^31 - 1; CTA `b` takes tiles
+/// `b, b + grid, ...`): any grid size is correct; [`grid_for`] is the fast one,
+/// `CTAS_PER_SM x SMs` the persistent one ([`Variant::WarpSpecializedPersistent`]). For tests
+/// and tuning.
 pub fn vector_add_with_grid(
     dev: &Device,
     stream: &Stream,
@@ -112,8 +118,11 @@ fn launch(
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Variant {
     /// `ws_vector_add`, the default ([`vector_add`]): cp.async loader, compute and storer warps
-    /// over shared `[A | B | C]` stages, `CTAS_PER_SM` CTAs per SM.
+    /// over shared `[A | B | C]` stages, `TILES_PER_CTA` tiles per CTA ([`grid_for`]).
     WarpSpecialized,
+    /// `ws_vector_add` on the persistent grid (`CTAS_PER_SM` CTAs per SM,
+    /// each walking its fixed share of the tiles through its ring).
+    WarpSpecializedPersistent,
     /// `ws_vector_add_bulk` (contract `vector_add::bulk`): one bulk copy per operand per tile
     /// completing on the stage's mbarrier, compute warps store to global from registers.
     Bulk,
@@ -133,8 +142,9 @@ pub enum Variant {
 
 impl Variant {
     /// Every variant, the default first.
-    pub const ALL: [Variant; 7] = [
+    pub const ALL: [Variant; 8] = [
         Variant::WarpSpecialized,
+        Variant::WarpSpecializedPersistent,
         Variant::Bulk,
         Variant::BulkDeep,
         Variant::Flat,
@@ -147,6 +157,7 @@ impl Variant {
     pub fn name(self) -> &'static str {
         match self {
             Variant::WarpSpecialized => "ws_vector_add",
+            Variant::WarpSpecializedPersistent => "ws_vector_add (persistent)",
             Variant::Bulk => "ws_vector_add_bulk",
             Variant::BulkDeep => "ws_vector_add_bulk_deep",
             Variant::Flat => "vector_add_flat",
@@ -160,7 +171,7 @@ impl Variant {
     pub fn kernel(self) -> &'static str {
         use warpline_gpu::contract::vector_add::{bulk, bulk_deep, flat, flat_v1};
         match self {
-            Variant::WarpSpecialized => contract::KERNEL,
+            Variant::WarpSpecialized | Variant::WarpSpecializedPersistent => contract::KERNEL,
             Variant::Bulk => bulk::KERNEL,
             Variant::BulkDeep => bulk_deep::KERNEL,
             Variant::Flat | Variant::FlatPersistent => flat::KERNEL,
@@ -173,7 +184,9 @@ impl Variant {
     pub fn threads(self) -> u32 {
         use warpline_gpu::contract::vector_add::{bulk, bulk_deep, flat, flat_v1};
         match self {
-            Variant::WarpSpecialized => contract::THREADS_PER_CTA,
+            Variant::WarpSpecialized | Variant::WarpSpecializedPersistent => {
+                contract::THREADS_PER_CTA
+            }
             Variant::Bulk => bulk::THREADS_PER_CTA,
             Variant::BulkDeep => bulk_deep::THREADS_PER_CTA,
             Variant::Flat | Variant::FlatPersistent | Variant::FlatCs => flat::THREADS_PER_CTA,
@@ -185,7 +198,7 @@ impl Variant {
     pub fn smem_bytes(self) -> usize {
         use warpline_gpu::contract::vector_add::{bulk, bulk_deep};
         match self {
-            Variant::WarpSpecialized => contract::SMEM_BYTES,
+            Variant::WarpSpecialized | Variant::WarpSpecializedPersistent => contract::SMEM_BYTES,
             Variant::Bulk => bulk::SMEM_BYTES,
             Variant::BulkDeep => bulk_deep::SMEM_BYTES,
             Variant::Flat | Variant::FlatPersistent | Variant::FlatCs | Variant::FlatV1 => 0,
@@ -196,7 +209,7 @@ impl Variant {
     pub fn tile_elems(self) -> usize {
         use warpline_gpu::contract::vector_add::{bulk, bulk_deep, flat, flat_v1};
         match self {
-            Variant::WarpSpecialized => contract::TILE_ELEMS,
+            Variant::WarpSpecialized | Variant::WarpSpecializedPersistent => contract::TILE_ELEMS,
             Variant::Bulk => bulk::TILE_ELEMS,
             Variant::BulkDeep => bulk_deep::TILE_ELEMS,
             Variant::Flat | Variant::FlatPersistent | Variant::FlatCs => flat::TILE_ELEMS,
@@ -204,11 +217,13 @@ impl Variant {
         }
     }
 
-    /// CTAs per SM of a persistent launch shape; `None` for one CTA per tile.
+    /// CTAs per SM of a persistent launch shape; `None` for the others (one CTA per tile, or
+    /// for `ws_vector_add`, one per `TILES_PER_CTA` tiles).
     pub fn ctas_per_sm(self) -> Option<u32> {
         use warpline_gpu::contract::vector_add::{bulk, bulk_deep, flat};
         match self {
-            Variant::WarpSpecialized => Some(contract::CTAS_PER_SM),
+            Variant::WarpSpecialized => None,
+            Variant::WarpSpecializedPersistent => Some(contract::CTAS_PER_SM),
             Variant::Bulk => Some(bulk::CTAS_PER_SM),
             Variant::BulkDeep => Some(bulk_deep::CTAS_PER_SM),
             Variant::FlatPersistent => Some(flat::CTAS_PER_SM),
@@ -222,9 +237,12 @@ impl Variant {
         (u32::MAX as u64) * self.tile_elems() as u64
     }
 
-    /// The variant's grid for `n` elements: one CTA per tile, capped at `ctas_per_sm x SMs` for
-    /// the persistent shapes and at 2^31 - 1 CTAs.
+    /// The variant's grid for `n` elements: [`grid_for`] for `ws_vector_add`; otherwise one CTA
+    /// per tile, capped at `ctas_per_sm x SMs` for the persistent shapes and at 2^31 - 1 CTAs.
     pub fn grid(self, dev: &Device, n: usize) -> u32 {
+        if self == Variant::WarpSpecialized {
+            return grid_for(n);
+        }
         let tiles = n.div_ceil(self.tile_elems()) as u64;
         let cap = match self.ctas_per_sm() {
             Some(per_sm) => (per_sm * dev.capabilities().sm_count) as u64,
@@ -260,4 +278,20 @@ pub fn vector_add_variant_with_grid(
     grid: u32,
 ) -> Result<()> {
     launch(dev, stream, variant, a, b, c, grid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_grid_is_one_cta_per_tiles_per_cta_tiles() {
+        let (tile, per) = (contract::TILE_ELEMS, contract::TILES_PER_CTA);
+        assert_eq!(grid_for(0), 1);
+        assert_eq!(grid_for(1), 1);
+        assert_eq!(grid_for(tile * per), 1);
+        assert_eq!(grid_for(tile * per + 1), 2);
+        assert_eq!(grid_for(1 << 28), ((1 << 28) / (tile * per)) as u32);
+        assert_eq!(grid_for(usize::MAX), crate::kernels::MAX_GRID);
+    }
 }
