@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use warpline::bandwidth::median;
-use warpline::kernels::{vector_add_variant as launch, VectorAddVariant as Variant};
+use warpline::kernels::VectorAddVariant as Variant;
 use warpline::{kernels, Device, MemPool};
 use warpline_suite::support::{gpu_or_skip, random_f32};
 
@@ -50,41 +50,40 @@ fn setup() -> Option<Setup> {
     })
 }
 
-/// Milliseconds of one vector add, timed with events.
-fn add_ms(s: &mut Setup) -> f64 {
+/// Milliseconds of what `f` queues on the stream, timed with events.
+fn timed(s: &mut Setup, f: impl FnOnce(&mut Setup)) -> f64 {
     let t0 = s.stream.record().unwrap();
-    kernels::vector_add(
-        &s.dev,
-        &s.stream,
-        s.a.as_view(),
-        s.b.as_view(),
-        s.c.as_view_mut(),
-    )
-    .unwrap();
+    f(s);
     let t1 = s.stream.record().unwrap();
     t0.elapsed_ms(&t1).unwrap() as f64
 }
 
-/// Milliseconds of one launch of `v`, timed with events.
-fn variant_ms(s: &mut Setup, v: Variant) -> f64 {
-    let t0 = s.stream.record().unwrap();
-    launch(
-        &s.dev,
-        &s.stream,
-        v,
-        s.a.as_view(),
-        s.b.as_view(),
-        s.c.as_view_mut(),
-    )
-    .unwrap();
-    let t1 = s.stream.record().unwrap();
-    t0.elapsed_ms(&t1).unwrap() as f64
+/// Milliseconds of one default vector add: `ws_vector_add` on `kernels::vector_add`'s grid.
+fn add_ms(s: &mut Setup) -> f64 {
+    variant_ms(s, Variant::WarpSpecialized, None)
+}
+
+/// Milliseconds of one launch of `v` on `grid` CTAs (default: the variant's own grid).
+fn variant_ms(s: &mut Setup, v: Variant, grid: Option<u32>) -> f64 {
+    timed(s, |s| {
+        let g = grid.unwrap_or_else(|| v.grid(&s.dev, N));
+        kernels::vector_add_variant_with_grid(
+            &s.dev,
+            &s.stream,
+            v,
+            s.a.as_view(),
+            s.b.as_view(),
+            s.c.as_view_mut(),
+            g,
+        )
+        .unwrap()
+    })
 }
 
 /// Runs `v` once on a NaN-poisoned C and compares every element with the f32 sum.
 fn check_variant(s: &mut Setup, v: Variant) {
     s.c.fill_async(f32::NAN).unwrap();
-    variant_ms(s, v);
+    variant_ms(s, v, None);
     let mut c = vec![0f32; N];
     s.c.copy_to_host(&mut c).unwrap();
     let (a, b) = &s.host;
@@ -95,10 +94,7 @@ fn check_variant(s: &mut Setup, v: Variant) {
 
 /// Milliseconds of one D2D copy of N floats (A -> C), timed with events.
 fn copy_ms(s: &mut Setup) -> f64 {
-    let t0 = s.stream.record().unwrap();
-    s.c.copy_from_device(&s.a).unwrap();
-    let t1 = s.stream.record().unwrap();
-    t0.elapsed_ms(&t1).unwrap() as f64
+    timed(s, |s| s.c.copy_from_device(&s.a).unwrap())
 }
 
 fn bench(c: &mut Criterion) {
@@ -187,24 +183,6 @@ fn variants(s: &mut Setup) {
         };
         rows.push((format!("{spec} grid {g}"), v, Some(g)));
     }
-    let run = |s: &mut Setup, v: Variant, g: Option<u32>| match g {
-        None => variant_ms(s, v),
-        Some(g) => {
-            let t0 = s.stream.record().unwrap();
-            kernels::vector_add_variant_with_grid(
-                &s.dev,
-                &s.stream,
-                v,
-                s.a.as_view(),
-                s.b.as_view(),
-                s.c.as_view_mut(),
-                g,
-            )
-            .unwrap();
-            let t1 = s.stream.record().unwrap();
-            t0.elapsed_ms(&t1).unwrap() as f64
-        }
-    };
     for v in Variant::ALL {
         check_variant(s, v);
     }
@@ -213,13 +191,13 @@ fn variants(s: &mut Setup) {
     for _ in 0..3 {
         // Warm-up round.
         for (_, v, g) in &rows {
-            run(s, *v, *g);
+            variant_ms(s, *v, *g);
         }
         copy_ms(s);
     }
     for _ in 0..ROUNDS {
         for (k, (_, v, g)) in rows.iter().enumerate() {
-            times[k].push(run(s, *v, *g));
+            times[k].push(variant_ms(s, *v, *g));
         }
         copies.push(copy_ms(s));
     }
