@@ -207,7 +207,9 @@ fn mgpu(cmd: MgpuCmd) -> CliResult<Value> {
             return Ok(pipeline_json(&cfg, microbatches, verify, graphs, &r));
         }
         MgpuCmd::Allreduce { iters, procs } => c::allreduce(iters, procs)?,
-        MgpuCmd::NcclRank { rank, world, iters } => c::nccl_rank(rank, world, iters)?,
+        // SAFETY: the hidden subcommand is started only by `mgpu allreduce --procs N`
+        // (`c::allreduce`), which passes the same `--world` and `--iters` to every rank.
+        MgpuCmd::NcclRank { rank, world, iters } => unsafe { c::nccl_rank(rank, world, iters)? },
         MgpuCmd::DpStep {
             buckets,
             tiles,

@@ -81,6 +81,8 @@ pub fn peer_copy_bandwidth(
             what: "peer copy bandwidth (bytes and iterations)",
         });
     }
+    set.get(a)?;
+    set.get(b)?;
     for (f, t) in [(a, b), (b, a)] {
         if a == b || !set.can_access(f, t) {
             return Err(Error::PeerAccessUnavailable {
@@ -127,15 +129,21 @@ pub fn peer_copy_bandwidth(
         let moved = (bytes * iters * if both { 2 } else { 1 }) as f64;
         Ok(moved / (ms * 1e-3) / 1e9)
     };
-    let r = PeerBandwidth {
-        bytes,
-        one_way: measure(CopyKind::Peer, false)?,
-        both_ways: measure(CopyKind::Peer, true)?,
-        baseline_one_way: measure(CopyKind::Dtod, false)?,
-        baseline_both_ways: measure(CopyKind::Dtod, true)?,
-    };
-    sa.synchronize()?;
-    sb.synchronize()?;
+    let r = (|| {
+        Ok(PeerBandwidth {
+            bytes,
+            one_way: measure(CopyKind::Peer, false)?,
+            both_ways: measure(CopyKind::Peer, true)?,
+            baseline_one_way: measure(CopyKind::Dtod, false)?,
+            baseline_both_ways: measure(CopyKind::Dtod, true)?,
+        })
+    })();
+    // On every exit, success or error: the copies on `sb` write buffers freed on `sa` and the
+    // other way round, so both streams drain before any buffer is dropped.
+    let (da, db) = (sa.synchronize(), sb.synchronize());
+    let r = r?;
+    da?;
+    db?;
     Ok(r)
 }
 
@@ -167,7 +175,9 @@ pub fn sweep_sizes() -> Vec<usize> {
 /// all-reduces per size after 3 warm-ups, timed with events on rank 0's stream (the other ranks'
 /// streams are joined to it). Also checks the first size against the CPU: rank r holds `r + 1`
 /// everywhere, so every element must end as `n (n + 1) / 2`.
-/// Errors: [`Error::Verification`], [`Error::Nccl`], CUDA errors.
+/// Errors: [`Error::Empty`], [`Error::LengthMismatch`] unless there is one communicator per GPU
+/// of `set` (rank r on GPU r), those of [`all_reduce_sum_group`], [`Error::Verification`], CUDA
+/// errors.
 pub fn all_reduce_sweep(
     set: &DeviceSet,
     comms: &[Communicator],
@@ -175,6 +185,17 @@ pub fn all_reduce_sweep(
     iters: usize,
 ) -> Result<Vec<AllReducePoint>> {
     let n = comms.len();
+    if n == 0 {
+        return Err(Error::Empty {
+            what: "all_reduce_sweep communicators",
+        });
+    }
+    if n != set.len() {
+        return Err(Error::LengthMismatch {
+            what: "all_reduce_sweep",
+            detail: format!("{n} communicators for {} GPUs; one per GPU", set.len()),
+        });
+    }
     let mut out = Vec::new();
     for (k, &bytes) in sizes.iter().enumerate() {
         let elems = (bytes / 4).max(1);
@@ -240,7 +261,11 @@ pub fn all_reduce_sweep(
 /// All-reduce sweep of one rank of a one-process-per-GPU communicator: the same sizes and
 /// iterations on every rank; timed with events on this rank's stream. Checks the first size
 /// (rank r holds `r + 1`). Errors as [`all_reduce_sweep`].
-pub fn all_reduce_sweep_rank(
+///
+/// # Safety
+/// Every rank of `comm` runs this function with the same `sizes` and `iters`, so that every
+/// all-reduce has the same length on every rank ([`Communicator::all_reduce_sum`]'s contract).
+pub unsafe fn all_reduce_sweep_rank(
     dev: &crate::Device,
     comm: &Communicator,
     sizes: &[usize],
@@ -253,8 +278,10 @@ pub fn all_reduce_sweep_rank(
         let elems = (bytes / 4).max(1);
         let mut b = pool.alloc_async::<f32>(comm.stream(), elems)?;
         b.fill_async((comm.rank() + 1) as f32)?;
+        // SAFETY (every all_reduce_sum below): the caller's contract gives every rank the same
+        // sequence of lengths (`sizes`, `iters`).
         if k == 0 {
-            comm.all_reduce_sum(&mut b)?;
+            unsafe { comm.all_reduce_sum(&mut b)? };
             let want = (n * (n + 1) / 2) as f32;
             let mut host = vec![0f32; elems];
             b.copy_to_host(&mut host)?;
@@ -269,11 +296,11 @@ pub fn all_reduce_sweep_rank(
             }
         }
         for _ in 0..3 {
-            comm.all_reduce_sum(&mut b)?;
+            unsafe { comm.all_reduce_sum(&mut b)? };
         }
         let start = comm.stream().record()?;
         for _ in 0..iters {
-            comm.all_reduce_sum(&mut b)?;
+            unsafe { comm.all_reduce_sum(&mut b)? };
         }
         let end = comm.stream().record()?;
         let secs = start.elapsed_ms(&end)? as f64 * 1e-3 / iters as f64;
@@ -428,7 +455,8 @@ pub fn data_parallel_step_with(
         steps,
         ..
     } = *cfg;
-    let elems = tiles * 128 * 128;
+    // Saturating: check_gemm_shapes refuses tiles above MAX_TILES before using the lengths.
+    let elems = tiles.saturating_mul(128 * 128);
     crate::kernels::check_gemm_shapes(tiles, elems, elems, elems)?;
     if buckets == 0 || layers == 0 || steps == 0 {
         return Err(Error::Empty {

@@ -293,14 +293,28 @@ pub fn allreduce(iters: usize, procs: usize) -> Result<()> {
                 .spawn()
         })
         .collect();
+    // Every rank's pipes are drained at once (one waiting thread per child): draining them one
+    // child after another could leave a later rank blocked on a full pipe while rank 0's
+    // collective waits for it.
+    let outputs: Vec<_> = std::thread::scope(|scope| {
+        let waiting: Vec<_> = children
+            .into_iter()
+            .map(|c| scope.spawn(move || c.and_then(|c| c.wait_with_output())))
+            .collect();
+        waiting
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("the waiting thread panicked")))
+            })
+            .collect()
+    });
     let mut failed = false;
-    for (r, c) in children.into_iter().enumerate() {
-        let out = c
-            .and_then(|c| c.wait_with_output())
-            .map_err(|e| Error::BadShape {
-                what: "mgpu allreduce: running a rank",
-                detail: e.to_string(),
-            })?;
+    for (r, out) in outputs.into_iter().enumerate() {
+        let out = out.map_err(|e| Error::BadShape {
+            what: "mgpu allreduce: running a rank",
+            detail: e.to_string(),
+        })?;
         print!("{}", String::from_utf8_lossy(&out.stdout));
         eprint!("{}", String::from_utf8_lossy(&out.stderr));
         if !out.status.success() {
@@ -331,7 +345,12 @@ fn print_sweep(what: &str, pts: &[bench::AllReducePoint]) {
 }
 
 /// `mgpu nccl-rank` (started by `mgpu allreduce --procs N`): one rank on GPU `rank`.
-pub fn nccl_rank(rank: usize, world: usize, iters: usize) -> Result<()> {
+///
+/// # Safety
+/// Every rank of the communicator runs this with the same `world` and `iters` (the launching
+/// `mgpu allreduce` passes the same arguments to each child), so their all-reduces have equal
+/// lengths ([`bench::all_reduce_sweep_rank`]'s contract).
+pub unsafe fn nccl_rank(rank: usize, world: usize, iters: usize) -> Result<()> {
     let hex = std::env::var(NCCL_ID_ENV).map_err(|_| Error::BadShape {
         what: "mgpu nccl-rank",
         detail: format!("{NCCL_ID_ENV} is not set; allowed: the 256 hex digits of the NCCL id from the launching process"),
@@ -341,7 +360,8 @@ pub fn nccl_rank(rank: usize, world: usize, iters: usize) -> Result<()> {
     let set = DeviceSet::from_devices(vec![dev])?;
     let stream = set.high_priority_stream(0)?;
     let comm = Communicator::init_rank(set.device(0), &stream, rank, world, &id)?;
-    let pts = bench::all_reduce_sweep_rank(set.device(0), &comm, &sweep_sizes(), iters)?;
+    // SAFETY: this function's contract; `sweep_sizes()` is the same constant on every rank.
+    let pts = unsafe { bench::all_reduce_sweep_rank(set.device(0), &comm, &sweep_sizes(), iters)? };
     if rank == 0 {
         print_sweep(
             &format!("{world} processes, one GPU each (ncclCommInitRank), rank 0's timing"),

@@ -166,9 +166,18 @@ impl DeviceSet {
         &self.devices
     }
 
-    /// GPU `i` of the set (not its ordinal: position in the set). Panics if `i >= len()`.
+    /// GPU `i` of the set (not its ordinal: position in the set). Panics if `i >= len()`; see
+    /// [`DeviceSet::get`] for the checked form.
     pub fn device(&self, i: usize) -> &Device {
         &self.devices[i]
+    }
+
+    /// GPU `i` of the set. Errors: [`Error::BadShape`] if `i >= len()`.
+    pub fn get(&self, i: usize) -> Result<&Device> {
+        self.devices.get(i).ok_or_else(|| Error::BadShape {
+            what: "DeviceSet GPU index",
+            detail: format!("{i}; allowed: 0 to {} (the set has {} GPUs)", self.len().saturating_sub(1), self.len()),
+        })
     }
 
     /// `m[i][j]`: GPU i of the set can access GPU j's memory (`cuDeviceCanAccessPeer`; the
@@ -209,9 +218,10 @@ impl DeviceSet {
     /// A new pool on GPU `i` ([`MemPool::new`] with `release_threshold` bytes) whose memory every
     /// peer that can access GPU `i` may read and write (`cuMemPoolSetAccess`), so kernels and
     /// copies of those peers can use its buffers directly.
-    /// Errors: [`Error::MemoryPoolsUnsupported`], [`Error::Cuda`].
+    /// Errors: [`Error::BadShape`] if `i >= len()`, [`Error::MemoryPoolsUnsupported`],
+    /// [`Error::Cuda`].
     pub fn pool(&self, i: usize, release_threshold: u64) -> Result<MemPool> {
-        let pool = MemPool::new(self.device(i), release_threshold)?;
+        let pool = MemPool::new(self.get(i)?, release_threshold)?;
         self.grant_pool_access(&pool)?;
         Ok(pool)
     }
@@ -233,8 +243,9 @@ impl DeviceSet {
     /// A non-blocking stream on GPU `i` with the greatest priority its context allows
     /// (`cuCtxGetStreamPriorityRange`, `cuStreamCreateWithPriority`): for communication
     /// (NCCL collectives, peer copies) that should not queue behind compute kernels.
+    /// Errors: [`Error::BadShape`] if `i >= len()`, [`Error::Cuda`].
     pub fn high_priority_stream(&self, i: usize) -> Result<Stream> {
-        let dev = self.device(i);
+        let dev = self.get(i)?;
         dev.bind()?;
         let (_least, greatest) = peer::ctx_stream_priority_range()?;
         let s = dev
@@ -274,13 +285,20 @@ impl DeviceSet {
         // SAFETY: both buffers are live allocations of `len` T (lengths checked), ordered on `on`
         // after their streams' earlier work and before their later work (events above/below).
         unsafe { self.copy_peer_raw(on, src.device_ptr(), dst.device_ptr(), src, dst) }?;
-        let after = on.record_marker()?;
-        for s in [src.stream(), dst.stream()] {
-            if s != on {
-                s.wait(&after)?;
+        let ordered = on.record_marker().and_then(|after| {
+            for s in [src.stream(), dst.stream()] {
+                if s != on {
+                    s.wait(&after)?;
+                }
             }
+            Ok(())
+        });
+        if ordered.is_err() {
+            // The buffers' streams may not wait for the copy: finish it before either buffer can
+            // be freed on its own stream (copy engines need no host thread, so this ends).
+            let _ = on.synchronize();
         }
-        Ok(())
+        ordered
     }
 
     /// Checks a peer copy: lengths, GPUs of the set, peer access. Returns (src GPU, dst GPU).

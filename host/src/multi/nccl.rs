@@ -329,10 +329,11 @@ impl NcclId {
             what: "NCCL id (hex)",
             detail,
         };
-        if s.len() != 256 {
+        if s.len() != 256 || !s.is_ascii() {
             return Err(bad(format!(
-                "{} characters; allowed: exactly 256 hex digits (128 bytes)",
-                s.len()
+                "{} bytes{}; allowed: exactly 256 hex digits (128 bytes)",
+                s.len(),
+                if s.is_ascii() { "" } else { ", not all ASCII" }
             )));
         }
         let mut b = [0u8; 128];
@@ -374,7 +375,14 @@ pub struct Communicator {
     timeout: Duration,
     /// A poll timed out: work of this communicator may never finish, so drop aborts first.
     timed_out: Cell<bool>,
+    /// The [`Communicator::init_all`] call that made it (a process-unique number), `None` for
+    /// [`Communicator::init_rank`]: all ranks of such a set live in this process, so a group of the
+    /// whole set can be checked (lengths, every rank once) before NCCL sees it.
+    set_id: Option<u64>,
 }
+
+/// Numbers the sets made by [`Communicator::init_all`].
+static NEXT_SET_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 // SAFETY: an NCCL communicator may be used from another thread than the one that made it, one
 // thread at a time (NCCL API, "Thread safety"); `Communicator` is Send but not Sync.
@@ -447,6 +455,7 @@ impl Communicator {
         disable_nvls_unless_set();
         let ordinals: Vec<i32> = set.devices().iter().map(|d| d.ordinal() as i32).collect();
         let comms = raw::comm_init_all(&ordinals)?;
+        let set_id = NEXT_SET_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(comms
             .into_iter()
             .zip(streams)
@@ -460,6 +469,7 @@ impl Communicator {
                 nonblocking: false,
                 timeout: DEFAULT_INIT_TIMEOUT,
                 timed_out: Cell::new(false),
+                set_id: Some(set_id),
             })
             .collect())
     }
@@ -570,6 +580,7 @@ impl Communicator {
             nonblocking: true,
             timeout,
             timed_out: Cell::new(false),
+            set_id: None,
         })
     }
 
@@ -638,12 +649,33 @@ impl Communicator {
     /// In-place sum over all ranks of `buf` (`ncclAllReduce`, f32, `ncclSum`), enqueued on the
     /// communicator's stream; returns at once. `buf` must be bound to that stream (move it there
     /// with [`DeviceBuffer::move_to_stream`], which orders the all-reduce after the work that
-    /// produced it). Every rank must call it with the same length, in the same order of
-    /// collectives. With several communicators in one thread use [`all_reduce_sum_group`].
+    /// produced it). For communicators of [`Communicator::init_rank`] (one rank per process or
+    /// thread). The ranks of an [`Communicator::init_all`] set (several GPUs, one
+    /// process) go through [`all_reduce_sum_group`], which checks the whole set.
     /// On a nonblocking communicator, `ncclInProgress` is polled away with
     /// `ncclCommGetAsyncError` before returning (bounded; see [`Communicator::init_rank`]).
-    /// Errors: [`Error::WrongStream`]; [`Error::Nccl`]; [`Error::NcclTimeout`].
-    pub fn all_reduce_sum(&self, buf: &mut DeviceBuffer<f32>) -> Result<()> {
+    ///
+    /// Errors: [`Error::BadShape`] for a rank of an `init_all` set of two or more (alone, the call
+    /// would wait for the other ranks forever); [`Error::WrongStream`]; [`Error::Nccl`];
+    /// [`Error::NcclTimeout`].
+    ///
+    /// # Safety
+    /// Every rank of the communicator makes the same sequence of collectives, each with a buffer
+    /// of the same length (NCCL API, "Collective operations": all ranks must call with the same
+    /// count). NCCL cannot check this across processes: a rank whose buffer is longer than a
+    /// peer's has that peer's buffer written past its end.
+    pub unsafe fn all_reduce_sum(&self, buf: &mut DeviceBuffer<f32>) -> Result<()> {
+        if self.set_id.is_some() && self.world > 1 {
+            return Err(Error::BadShape {
+                what: "Communicator::all_reduce_sum",
+                detail: format!(
+                    "rank {} of an init_all set of {} GPUs in this process; allowed: \
+                     all_reduce_sum_group with every rank of the set (one call alone would wait \
+                     for the other ranks forever)",
+                    self.rank, self.world
+                ),
+            });
+        }
         let p = self.all_reduce_sum_enqueue(buf)?;
         self.settle("ncclAllReduce", p)
     }
@@ -667,16 +699,26 @@ impl Communicator {
     }
 }
 
-/// In-place sum of `bufs[i]` over the communicators `comms[i]` of one process, all driven by the
-/// calling thread: the per-GPU calls go inside `ncclGroupStart` / `ncclGroupEnd` (without the group
-/// the first call would wait for the others and the thread would deadlock).
-/// Errors: [`Error::LengthMismatch`] (one buffer per communicator, equal lengths),
-/// [`Error::WrongStream`]; then [`Error::Nccl`] (the group is always ended),
+/// In-place sum of `bufs[i]` over the communicators `comms[i]`: every rank of one
+/// [`Communicator::init_all`] set, each exactly once, driven by the calling thread. The per-GPU
+/// calls go inside `ncclGroupStart` / `ncclGroupEnd` (without the group the first call would wait
+/// for the others and the thread would deadlock). All ranks are here, so the lengths NCCL relies
+/// on are checked, which makes this safe (unlike [`Communicator::all_reduce_sum`]).
+/// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::Empty`],
+/// [`Error::LengthMismatch`] (one buffer per communicator, equal lengths), [`Error::BadShape`]
+/// unless `comms` is a whole `init_all` set with each rank once, [`Error::Nccl`] for a communicator
+/// that timed out, [`Error::WrongStream`]; then [`Error::Nccl`] (the group is always ended),
 /// [`Error::NcclTimeout`] (nonblocking communicators whose work did not settle in time).
 pub fn all_reduce_sum_group(
     comms: &[Communicator],
     bufs: &mut [&mut DeviceBuffer<f32>],
 ) -> Result<()> {
+    library_available()?;
+    if comms.is_empty() {
+        return Err(Error::Empty {
+            what: "all_reduce_sum_group communicators",
+        });
+    }
     if comms.len() != bufs.len() || bufs.iter().any(|b| b.len() != bufs[0].len()) {
         return Err(Error::LengthMismatch {
             what: "all_reduce_sum_group",
@@ -688,7 +730,32 @@ pub fn all_reduce_sum_group(
             ),
         });
     }
+    let set = comms[0].set_id;
+    let mut seen = vec![false; comms[0].world];
+    for c in comms {
+        let fresh = c.rank < seen.len() && !std::mem::replace(&mut seen[c.rank], true);
+        if set.is_none() || c.set_id != set || c.world != comms[0].world || !fresh {
+            return Err(Error::BadShape {
+                what: "all_reduce_sum_group communicators",
+                detail: format!(
+                    "{comms:?}; allowed: every rank of one Communicator::init_all set, each once \
+                     (ranks of init_rank communicators go through Communicator::all_reduce_sum)"
+                ),
+            });
+        }
+    }
+    if seen.iter().any(|&s| !s) {
+        return Err(Error::BadShape {
+            what: "all_reduce_sum_group communicators",
+            detail: format!(
+                "{} of the set's {} ranks; allowed: all of them (a missing rank would never join)",
+                comms.len(),
+                seen.len()
+            ),
+        });
+    }
     for (c, b) in comms.iter().zip(bufs.iter()) {
+        c.check_usable("ncclAllReduce")?;
         c.check_buffer(b)?;
     }
     raw::group_start()?;

@@ -82,12 +82,9 @@ impl LayerPipelineConfig {
     /// Checks the shape without a GPU. Errors: [`Error::Empty`], [`Error::TooLarge`],
     /// [`Error::BadShape`].
     pub fn check(&self) -> Result<()> {
-        crate::kernels::check_gemm_shapes(
-            self.tiles,
-            self.tiles * TILE_ELEMS,
-            self.tiles * TILE_ELEMS,
-            self.tiles * TILE_ELEMS,
-        )?;
+        // Saturating: check_gemm_shapes refuses tiles above MAX_TILES before using the lengths.
+        let elems = self.tiles.saturating_mul(TILE_ELEMS);
+        crate::kernels::check_gemm_shapes(self.tiles, elems, elems, elems)?;
         if self.layers == 0 {
             return Err(Error::Empty {
                 what: "layer pipeline layers per stage",
@@ -102,9 +99,10 @@ impl LayerPipelineConfig {
         Ok(())
     }
 
-    /// Bytes of activations per microbatch.
+    /// Bytes of activations per microbatch (saturating at `usize::MAX` for shapes that
+    /// [`Self::check`] refuses).
     pub fn activation_bytes(&self) -> usize {
-        self.tiles * TILE_ELEMS * 4
+        self.tiles.saturating_mul(TILE_ELEMS * 4)
     }
 
     /// FLOPs of one microbatch (both stages).
