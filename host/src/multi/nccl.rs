@@ -783,6 +783,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn from_hex_refuses_non_ascii_of_the_right_byte_length() {
+        // 254 ASCII digits and one 2-byte character: 256 bytes, slicing at 2k would split it.
+        let s = format!("{}é", "0".repeat(254));
+        assert_eq!(s.len(), 256);
+        assert!(matches!(NcclId::from_hex(&s), Err(Error::BadShape { .. })));
+        let id = NcclId([0xab; 128]);
+        assert_eq!(NcclId::from_hex(&id.to_hex()).unwrap(), id);
+    }
+
+    #[test]
+    fn an_empty_group_is_an_error_not_a_panic() {
+        // Without NCCL: NcclUnavailable; with it: Empty. Never a panic inside cudarc.
+        let e = all_reduce_sum_group(&[], &mut []).unwrap_err();
+        assert!(
+            matches!(e, Error::NcclUnavailable { .. } | Error::Empty { .. }),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn init_timeout_parses_seconds_and_refuses_the_rest() {
         assert_eq!(parse_init_timeout(None).unwrap(), DEFAULT_INIT_TIMEOUT);
         assert_eq!(DEFAULT_INIT_TIMEOUT, Duration::from_secs(120));
