@@ -468,12 +468,12 @@ impl<'s> LayerPipeline<'s> {
         for n in 0..self.cfg.slots {
             self.enqueue(n)?;
         }
-        self.set.synchronize()?;
+        self.drain()?;
         let t0 = Instant::now();
         for n in 0..microbatches {
             self.enqueue(self.cfg.slots + n)?;
         }
-        self.set.synchronize()?;
+        self.drain()?;
         let seconds = t0.elapsed().as_secs_f64();
         let max_rel_error = if verify { Some(self.verify()?) } else { None };
         Ok(LayerPipelineReport {
@@ -627,12 +627,26 @@ impl<'s> LayerPipeline<'s> {
         }
     }
 
+    /// Waits for the pipeline's own five streams (not the whole contexts: a stream of the user's
+    /// that holds a fence guard or an on-stream wait is not waited for). Every stream is waited
+    /// for before the first error is returned.
+    fn drain(&self) -> Result<()> {
+        let mut first = Ok(());
+        for s in [&self.h2d, &self.ca, &self.comm, &self.cb, &self.d2h] {
+            let r = s.synchronize();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+
     /// Each slot's last result as copied back to pinned host memory, slot order, `tiles x 128 x
-    /// 128` f32 each (row-major tiles). Waits for both GPUs first (`cuCtxSynchronize`), so no
-    /// copy is still writing them; with `&self` borrowed nothing new can be queued.
+    /// 128` f32 each (row-major tiles). Waits for the pipeline's streams first, so no copy is
+    /// still writing them; with `&self` borrowed nothing new can be queued.
     /// Errors: [`Error::Cuda`] from the synchronisation.
     pub fn outputs(&self) -> Result<Vec<&[f32]>> {
-        self.set.synchronize()?;
+        self.drain()?;
         Ok(self.slots.iter().map(|sl| &sl.output[..]).collect())
     }
 
@@ -662,7 +676,7 @@ impl<'s> LayerPipeline<'s> {
 impl Drop for LayerPipeline<'_> {
     fn drop(&mut self) {
         // Buffers are freed on their own streams; the copy streams used them too: drain first.
-        let _ = self.set.synchronize();
+        let _ = self.drain();
         // Then the graphs, before the buffers they captured (fields are dropped after this).
         self.release_graphs();
     }
