@@ -334,17 +334,40 @@ impl GemmShape {
 
     /// [`GemmShape::units`] for the cooperative (`pingpong = false`) or ping-pong entries.
     pub fn units_of(&self, cluster: u32, pingpong: bool) -> u64 {
+        let (m_units, n_tiles) = self.unit_grid(cluster, pingpong);
+        m_units * n_tiles
+    }
+
+    /// The raster band the kernel is given for `group`: at most the raster's minor dimension (in
+    /// units). A wider band maps units exactly as that dimension does, and the clamp keeps the
+    /// kernel's u32 `group x major` within the unit count (<= `MAX_UNITS`).
+    fn band_group(&self, cluster: u32, pingpong: bool, raster: Raster, group: u32) -> u32 {
+        let (m_units, n_tiles) = self.unit_grid(cluster, pingpong);
+        let minor = match raster {
+            Raster::AlongN => n_tiles,
+            Raster::AlongM => m_units,
+        };
+        (group as u64).min(minor.max(1)) as u32
+    }
+
+    /// `(M units, N tiles)`: the kernel's work-unit grid, `ceil(ceil(M / rows) / cluster)` by
+    /// `ceil(N / BN)` (rows: `BM`, or `WG_M` for ping-pong).
+    fn unit_grid(&self, cluster: u32, pingpong: bool) -> (u64, u64) {
         let rows = if pingpong {
             contract::WG_M
         } else {
             contract::BM
         };
         let m_tiles = self.m.div_ceil(rows) as u64;
-        m_tiles.div_ceil(cluster.max(1) as u64) * self.n.div_ceil(contract::BN) as u64
+        (
+            m_tiles.div_ceil(cluster.max(1) as u64),
+            self.n.div_ceil(contract::BN) as u64,
+        )
     }
 }
 
-/// Checks one matrix operand: non-empty, sizes below 2^32, `pitch >= cols`, pitch a multiple of
+/// Checks one matrix operand: non-empty, rows and columns at most 2^31 - 1 (TMA coordinates are
+/// signed 32-bit), pitch at most 2^32 - 1, `pitch >= cols`, pitch a multiple of
 /// 16 bytes, base 16-byte aligned, `(rows - 1) * pitch + cols` elements within the memory.
 pub fn check_matrix(what: &'static str, d: &MatrixDims) -> Result<()> {
     if d.rows == 0 || d.cols == 0 {
@@ -356,11 +379,17 @@ pub fn check_matrix(what: &'static str, d: &MatrixDims) -> Result<()> {
             ),
         });
     }
-    for (v, name) in [(d.rows, "rows"), (d.cols, "cols"), (d.pitch, "row pitch")] {
-        if v as u64 > u32::MAX as u64 {
+    // Rows and columns are TMA coordinates, which are signed 32-bit; the pitch is a u32
+    // kernel parameter.
+    for (v, name, max) in [
+        (d.rows, "rows", i32::MAX as u64),
+        (d.cols, "cols", i32::MAX as u64),
+        (d.pitch, "row pitch", u32::MAX as u64),
+    ] {
+        if v as u64 > max {
             return Err(Error::BadShape {
                 what,
-                detail: format!("{name} = {v} is too large: at most 2^32 - 1 is allowed"),
+                detail: format!("{name} = {v} is too large: at most {max} is allowed"),
             });
         }
     }
@@ -458,7 +487,8 @@ pub struct TcGemmOptions {
     pub cluster: Option<u32>,
     /// Tile raster order.
     pub raster: Raster,
-    /// Tiles per raster band (>= 1).
+    /// Tiles per raster band (>= 1; a value above the raster's minor dimension, in units, acts as
+    /// that dimension).
     pub group: u32,
     /// Launch with Programmatic Dependent Launch (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
     /// SERIALIZATION`): the kernel may start while the previous kernel on the stream finishes;
@@ -736,6 +766,7 @@ impl<'d> TcGemm<'d> {
             None => self.default_cluster(name)?,
         };
         let units = shape.units_of(cluster, opts.pingpong);
+        let group = shape.band_group(cluster, opts.pingpong, opts.raster, opts.group);
         if units > contract::MAX_UNITS {
             return Err(Error::TooLarge {
                 what: "tc_gemm work units (ceil(ceil(M / 128) / cluster) * ceil(N / 256))",
@@ -793,7 +824,7 @@ impl<'d> TcGemm<'d> {
                 ParamValue::new(beta),
                 ParamValue::new(O::IS_F32 as u32),
                 ParamValue::new(opts.raster.code()),
-                ParamValue::new(opts.group),
+                ParamValue::new(group),
             ],
             maps: [0; 3],
         };
@@ -1249,6 +1280,31 @@ mod tests {
                 assert_eq!(units.div_ceil(c), units.div_ceil(resident.min(units)));
             }
         }
+    }
+
+    #[test]
+    fn rows_and_columns_stop_at_the_signed_32_bit_tma_coordinates() {
+        let big = i32::MAX as usize;
+        assert!(check_matrix("A", &dims(big, 8, 8, 2)).is_ok());
+        assert!(matches!(
+            check_matrix("A", &dims(big + 1, 8, 8, 2)),
+            Err(Error::BadShape { .. })
+        ));
+        assert!(matches!(
+            check_matrix("A", &dims(1, big + 1, big + 9, 2)),
+            Err(Error::BadShape { .. })
+        ));
+    }
+
+    #[test]
+    fn a_band_wider_than_the_minor_dimension_is_clamped_to_it() {
+        let shape = GemmShape { m: 1000, n: 700, k: 64 };
+        // 1000 rows: 8 tiles of 128, 4 units of a cluster of 2; 700 columns: 3 tiles of 256.
+        assert_eq!(shape.unit_grid(2, false), (4, 3));
+        assert_eq!(shape.units_of(2, false), 12);
+        assert_eq!(shape.band_group(2, false, Raster::AlongN, 1 << 31), 3);
+        assert_eq!(shape.band_group(2, false, Raster::AlongM, 1 << 31), 4);
+        assert_eq!(shape.band_group(2, false, Raster::AlongM, 2), 2);
     }
 
     #[test]
