@@ -155,6 +155,10 @@ fn parser_handles_hand_written_forms() {
         "{e}"
     );
     check_signature(&entries[1], &<()>::params()).unwrap();
+    // An array whose byte size overflows is a parse error, not a wrapped size (or a panic).
+    let huge = ptx_signatures(".entry huge(.param .b64 p[4611686018427387905]) { ret; }");
+    let err = huge[0].params.as_ref().unwrap_err();
+    assert!(err.contains("overflows"), "{err}");
 }
 
 #[test]

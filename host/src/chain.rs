@@ -103,9 +103,14 @@ pub struct Chain<'a> {
 impl<'a> Chain<'a> {
     /// An empty chain on `stream`; `pdl`: launch every step with the PDL attribute.
     ///
-    /// Errors: [`Error::PdlUnsupported`] when `pdl` is asked on a device below compute
-    /// capability 9.0.
+    /// Errors: [`Error::WrongContext`] for a stream of another context than `dev`'s;
+    /// [`Error::PdlUnsupported`] when `pdl` is asked on a device below compute capability 9.0.
     pub fn new(dev: &'a Device, stream: &Stream, pdl: bool) -> Result<Self> {
+        if stream.context_raw() != dev.raw_context() {
+            return Err(Error::WrongContext {
+                what: "Chain::new (the stream belongs to another context than the device's)",
+            });
+        }
         require_pdl(dev, pdl)?;
         Ok(Self {
             dev,

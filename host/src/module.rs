@@ -245,6 +245,9 @@ fn parse_param(decl: &str) -> std::result::Result<PtxParam, String> {
     if name.is_empty() || !name.chars().all(is_ident_char) {
         return Err(format!("`{decl}`: bad parameter name `{name}`"));
     }
+    let size = elem
+        .checked_mul(count.unwrap_or(1))
+        .ok_or_else(|| format!("`{decl}`: the parameter's size overflows"))?;
     Ok(PtxParam {
         name,
         kind: if count.is_some() {
@@ -252,7 +255,7 @@ fn parse_param(decl: &str) -> std::result::Result<PtxParam, String> {
         } else {
             kind_of(&ty)
         },
-        size: elem * count.unwrap_or(1),
+        size,
         ty,
         align,
         pointer,

@@ -146,7 +146,10 @@ impl Schedule {
         let batch_elems = batch_elems.max(1);
         let count = n.div_ceil(batch_elems);
         let split_from = count.saturating_sub(self.tail_batches);
-        let mut out = Vec::with_capacity(count + self.tail_batches * self.tail_pieces);
+        // At most `len` pieces per split batch: the reservation never exceeds the output.
+        let split = count.min(self.tail_batches);
+        let per_split = self.tail_pieces.clamp(1, batch_elems);
+        let mut out = Vec::with_capacity(count.saturating_add(split.saturating_mul(per_split - 1)));
         for i in 0..count {
             let r = i * batch_elems..((i + 1) * batch_elems).min(n);
             let len = r.len();
@@ -155,8 +158,10 @@ impl Schedule {
             } else {
                 1
             };
+            // u128: `p * len` may exceed usize for batches above 2^32 elements.
+            let at = |p: usize| r.start + (p as u128 * len as u128 / pieces as u128) as usize;
             for p in 0..pieces {
-                out.push(r.start + p * len / pieces..r.start + (p + 1) * len / pieces);
+                out.push(at(p)..at(p + 1));
             }
         }
         out
@@ -696,5 +701,29 @@ mod schedule_tests {
         let r = s.ranges(3, 2);
         assert!(r.iter().all(|x| !x.is_empty()), "{r:?}");
         assert_eq!(r.iter().map(|x| x.len()).sum::<usize>(), 3);
+    }
+
+    #[test]
+    fn huge_tail_fields_and_batches_neither_panic_nor_overflow() {
+        let s = Schedule {
+            tail_batches: 1 << 31,
+            tail_pieces: 1 << 31,
+            ..Schedule::default()
+        };
+        let r = s.ranges(10, 4);
+        assert_eq!(r.len(), 10, "{r:?}");
+        // One batch of 2^40 elements in 3 pieces: the pieces cover the batch exactly.
+        let s = Schedule {
+            tail_batches: 1,
+            tail_pieces: 3,
+            ..Schedule::default()
+        };
+        let n = 1usize << 40;
+        let r = s.ranges(n, n);
+        assert_eq!(r.len(), 3);
+        assert_eq!((r[0].start, r[2].end), (0, n));
+        for w in r.windows(2) {
+            assert_eq!(w[0].end, w[1].start);
+        }
     }
 }
