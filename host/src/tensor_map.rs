@@ -535,12 +535,25 @@ impl std::fmt::Debug for TensorMapTable<'_> {
 
 impl<'a> TensorMapTable<'a> {
     /// Allocates `maps.len()` slots from `pool` on `stream` and queues the copy of the maps into
-    /// them. Errors: [`Error::Empty`] for no maps, the allocation errors of
-    /// [`MemPool::alloc_async`], [`Error::Cuda`] (`cuMemcpyHtoDAsync`, `cuEventRecord`).
+    /// them. Errors: [`Error::Empty`] for no maps, [`Error::BadShape`] on a stream that is
+    /// capturing a graph (a captured copy would read the host staging buffer at every replay,
+    /// long after the table is gone: make the table, or the GEMM plan, before the capture), the
+    /// allocation errors of [`MemPool::alloc_async`], [`Error::Cuda`] (`cuStreamIsCapturing`,
+    /// `cuMemcpyHtoDAsync`, `cuEventRecord`).
     pub fn upload(pool: &MemPool, stream: &Stream, maps: &[TensorMap<'a>]) -> Result<Self> {
         if maps.is_empty() {
             return Err(Error::Empty {
                 what: "tensor map table",
+            });
+        }
+        crate::device::bind_context(stream.ctx(), "cuStreamIsCapturing")?;
+        // SAFETY: a live stream of the context bound just above.
+        if unsafe { crate::driver::graph::stream_is_capturing(stream.raw()) }? {
+            return Err(Error::BadShape {
+                what: "tensor map table upload",
+                detail: "the stream is capturing a graph; allowed: a stream outside any capture \
+                         (make the table or the GEMM plan first, then launch it in the capture)"
+                    .into(),
             });
         }
         let mut buf = pool.alloc_async::<[u64; 16]>(stream, maps.len())?;
@@ -548,7 +561,10 @@ impl<'a> TensorMapTable<'a> {
         // SAFETY: `staged` is kept in the table until the event recorded right after the copy
         // has completed (see Drop), and is never written after this point.
         unsafe { buf.copy_from_host_async(&staged) }?;
-        let copied = stream.record_marker()?;
+        let copied = stream.record_marker().inspect_err(|_| {
+            // No event to wait for: finish the copy before `staged` is freed below.
+            let _ = stream.synchronize();
+        })?;
         Ok(Self {
             buf,
             staged: Some(staged),
