@@ -188,3 +188,27 @@ fn an_unwritable_path_is_a_typed_error() {
     let e = write_chrome_json(&trace, std::path::Path::new("/nonexistent-dir/x.json")).unwrap_err();
     assert!(matches!(e, warpline::Error::TraceOutput { .. }), "{e}");
 }
+
+#[test]
+fn oversized_pictures_and_dangling_tracks_are_errors_not_panics() {
+    let trace = synthetic();
+    let wide = TimelineOptions {
+        width: u32::MAX,
+        ..TimelineOptions::default()
+    };
+    assert!(matches!(
+        render_rgb(&trace, &wide),
+        Err(warpline::Error::TraceOutput { .. })
+    ));
+    // A span naming a track that does not exist is left out, not indexed.
+    let mut t = synthetic();
+    let mut stray = t.spans[0].clone();
+    stray.track = t.tracks.len() + 7;
+    t.spans.push(stray);
+    let busy = t.busy_us(Stage::H2d);
+    assert_eq!(busy, synthetic().busy_us(Stage::H2d));
+    let with = t.with_copy_rows();
+    let clean = synthetic().with_copy_rows();
+    assert_eq!(with.tracks.len(), clean.tracks.len());
+    assert_eq!(with.spans.len(), clean.spans.len() + 1);
+}

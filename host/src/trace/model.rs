@@ -203,7 +203,7 @@ impl Trace {
             let copies: Vec<Span> = self
                 .spans
                 .iter()
-                .filter(|s| s.stage == stage && self.tracks[s.track].kind == TrackKind::Stream)
+                .filter(|s| s.stage == stage && self.is_stream_track(s.track))
                 .cloned()
                 .collect();
             if copies.is_empty() {
@@ -211,6 +211,7 @@ impl Trace {
             }
             let t = self.add_track(first.pid, &first.process, name, TrackKind::CopyEngine);
             extra.extend(copies.into_iter().map(|mut s| {
+                // A stream track (filtered above), so the index is in range.
                 s.args
                     .push(("stream".into(), self.tracks[s.track].name.clone()));
                 s.track = t;
@@ -222,12 +223,20 @@ impl Trace {
         self
     }
 
-    /// Sum of span durations of `stage` over stream tracks, µs.
+    /// Sum of span durations of `stage` over stream tracks, µs (spans naming no track are
+    /// left out).
     pub fn busy_us(&self, stage: Stage) -> f64 {
         self.spans
             .iter()
-            .filter(|s| s.stage == stage && self.tracks[s.track].kind == TrackKind::Stream)
+            .filter(|s| s.stage == stage && self.is_stream_track(s.track))
             .map(|s| s.dur_us)
             .sum()
+    }
+
+    /// Whether track `t` exists and is a stream's row.
+    fn is_stream_track(&self, t: usize) -> bool {
+        self.tracks
+            .get(t)
+            .is_some_and(|t| t.kind == TrackKind::Stream)
     }
 }

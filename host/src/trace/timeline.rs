@@ -18,13 +18,17 @@ use crate::error::{Error, Result};
 pub const DEFAULT_WIDTH: u32 = 1600;
 /// Height of one row, pixels.
 pub const ROW_HEIGHT: u32 = 34;
+/// Widest picture, pixels.
+pub const MAX_WIDTH: u32 = 16384;
+/// Most rows (tracks) in a picture.
+pub const MAX_ROWS: usize = 256;
 
 /// Picture options.
 #[derive(Clone, Debug)]
 pub struct TimelineOptions {
     /// Title above the chart.
     pub title: String,
-    /// Width, pixels.
+    /// Width, pixels (400 to [`MAX_WIDTH`]; below 400 counts as 400).
     pub width: u32,
 }
 
@@ -37,9 +41,26 @@ impl Default for TimelineOptions {
     }
 }
 
-/// Height of the picture of `trace`, pixels: title, rows, time axis and legend.
+/// Height of the picture of `trace`, pixels: title, rows, time axis and legend (saturating).
 pub fn height_for(trace: &Trace) -> u32 {
-    130 + ROW_HEIGHT * trace.tracks.len().max(1) as u32 + 40
+    let rows = trace.tracks.len().clamp(1, u32::MAX as usize) as u32;
+    ROW_HEIGHT.saturating_mul(rows).saturating_add(170)
+}
+
+/// The picture's size, checked before anything is allocated: [`Error::TraceOutput`] above
+/// [`MAX_WIDTH`] pixels or [`MAX_ROWS`] tracks.
+fn picture_size(trace: &Trace, opts: &TimelineOptions, path: &Path) -> Result<(u32, u32)> {
+    if opts.width > MAX_WIDTH || trace.tracks.len() > MAX_ROWS {
+        return Err(out_err(
+            path,
+            format!(
+                "{} px wide, {} rows; allowed: at most {MAX_WIDTH} px and {MAX_ROWS} rows",
+                opts.width,
+                trace.tracks.len()
+            ),
+        ));
+    }
+    Ok((opts.width.max(400), height_for(trace)))
 }
 
 fn font_ready() -> std::result::Result<(), String> {
@@ -60,10 +81,10 @@ fn out_err(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 /// Writes the picture to `path`: SVG for a `.svg` extension, PNG otherwise.
-/// Errors: [`Error::TraceOutput`] (file system, encoder, font).
+/// Errors: [`Error::TraceOutput`] (size limits, file system, encoder, font).
 pub fn write_timeline(trace: &Trace, path: &Path, opts: &TimelineOptions) -> Result<()> {
+    let size = picture_size(trace, opts, path)?;
     font_ready().map_err(|e| out_err(path, e))?;
-    let size = (opts.width.max(400), height_for(trace));
     let svg = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("svg"));
@@ -82,8 +103,8 @@ pub fn write_timeline(trace: &Trace, path: &Path, opts: &TimelineOptions) -> Res
 /// size: for tests and for callers that encode it themselves. Errors: [`Error::TraceOutput`].
 pub fn render_rgb(trace: &Trace, opts: &TimelineOptions) -> Result<(Vec<u8>, (u32, u32))> {
     let here = Path::new("<memory>");
+    let size = picture_size(trace, opts, here)?;
     font_ready().map_err(|e| out_err(here, e))?;
-    let size = (opts.width.max(400), height_for(trace));
     let mut buf = vec![0u8; size.0 as usize * size.1 as usize * 3];
     {
         let root = BitMapBackend::with_buffer(&mut buf, size).into_drawing_area();
