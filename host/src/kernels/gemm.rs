@@ -255,9 +255,15 @@ pub struct CublasSgemm {
 }
 
 impl CublasSgemm {
-    /// A cuBLAS handle bound to `stream`, FP32 pedantic math.
-    /// Errors: [`Error::Cublas`] (`cublasCreate`, `cublasSetStream`, `cublasSetMathMode`).
+    /// A cuBLAS handle bound to `stream` (a stream of `dev`), FP32 pedantic math.
+    /// Errors: [`Error::WrongContext`], [`Error::Cublas`] (`cublasCreate`, `cublasSetStream`,
+    /// `cublasSetMathMode`).
     pub fn new(dev: &Device, stream: &Stream) -> Result<Self> {
+        if stream.context_raw() != dev.raw_context() {
+            return Err(Error::WrongContext {
+                what: "cuBLAS handle (the stream belongs to another context than the device's)",
+            });
+        }
         dev.bind()?;
         let blas = CudaBlas::new(stream.cudarc().clone()).map_err(|e| Error::Cublas {
             call: "cublasCreate",
@@ -296,6 +302,8 @@ impl CublasSgemm {
         let n = contract::TILE as c_int;
         let stride = contract::TILE_ELEMS as i64;
         let (alpha, beta) = (1.0f32, 0.0f32);
+        // cuBLAS runs in the current context: make it the handle's.
+        crate::device::bind_context(self.stream.ctx(), "cublasSgemmStridedBatched")?;
         // SAFETY: the views hold tiles x 128 x 128 floats each and are bound to the handle's
         // stream (checked above), so the strided batch stays inside them and is stream-ordered;
         // alpha and beta are host scalars (the handle's default pointer mode) alive for the call.

@@ -1093,9 +1093,14 @@ pub struct CublasGemmEx {
 }
 
 impl CublasGemmEx {
-    /// A cuBLAS handle bound to `stream`. Errors: [`Error::Cublas`] (`cublasCreate`,
-    /// `cublasSetStream`), [`Error::ContextPoisoned`].
+    /// A cuBLAS handle bound to `stream` (a stream of `dev`). Errors: [`Error::WrongContext`],
+    /// [`Error::Cublas`] (`cublasCreate`, `cublasSetStream`), [`Error::ContextPoisoned`].
     pub fn new(dev: &Device, stream: &Stream) -> Result<Self> {
+        if stream.context_raw() != dev.raw_context() {
+            return Err(Error::WrongContext {
+                what: "cuBLAS handle (the stream belongs to another context than the device's)",
+            });
+        }
         dev.bind()?;
         let blas = CudaBlas::new(stream.cudarc().clone()).map_err(|e| Error::Cublas {
             call: "cublasCreate",
@@ -1152,6 +1157,8 @@ impl CublasGemmEx {
             BLayout::RowMajor => CUBLAS_OP_N,
             BLayout::ColMajor => CUBLAS_OP_T,
         };
+        // cuBLAS runs in the current context: make it the handle's.
+        crate::device::bind_context(self.stream.ctx(), "cublasGemmEx")?;
         // SAFETY: the operands were validated: each view holds (rows - 1) * pitch + cols
         // elements of its type, which is what cuBLAS reads/writes for these (m, n, k, ld); they
         // are bound to the handle's stream, so the call is ordered after their writers; alpha
@@ -1201,6 +1208,9 @@ pub struct HostB<'h> {
 
 impl HostB<'_> {
     /// `B[kk][j]` (logical `K x N`).
+    ///
+    /// # Panics
+    /// If the element lies outside `data` (as slice indexing does).
     pub fn at(&self, kk: usize, j: usize) -> f32 {
         match self.layout {
             BLayout::ColMajor => self.data[j * self.pitch + kk],
@@ -1211,6 +1221,10 @@ impl HostB<'_> {
 
 /// `(sum_k A[i][k] B[k][j], sum_k |A[i][k] B[k][j]|)` in f64, for row `i` of a row-major A
 /// (pitch `lda`, `k` columns; values already rounded to the input type and widened).
+///
+/// # Panics
+/// If an element of row `i` of A or column `j` of B lies outside its slice (as slice indexing
+/// does): a CPU test helper, given the matrices it was made for.
 pub fn reference_entry(
     a: &[f32],
     lda: usize,
