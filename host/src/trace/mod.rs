@@ -108,16 +108,22 @@ pub fn active() -> Option<Recorder> {
     CURRENT.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
-/// Uninstalls the recorder it was made for when dropped.
+/// Uninstalls the recorder it was made for when dropped (only if that recorder is still the
+/// installed one: a later `install` that replaced it is left in place).
 pub struct Installed {
-    _private: (),
+    recorder: Arc<Inner>,
 }
 
 impl Drop for Installed {
     fn drop(&mut self) {
         let mut cur = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
-        *cur = None;
-        ACTIVE.store(false, Ordering::Relaxed);
+        if cur
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(&r.inner, &self.recorder))
+        {
+            *cur = None;
+            ACTIVE.store(false, Ordering::Relaxed);
+        }
     }
 }
 
@@ -153,7 +159,9 @@ impl Recorder {
     pub fn install(&self) -> Installed {
         *CURRENT.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.clone());
         ACTIVE.store(true, Ordering::Relaxed);
-        Installed { _private: () }
+        Installed {
+            recorder: self.inner.clone(),
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -386,23 +394,37 @@ impl Recorder {
     }
 
     /// Waits for every pending span's events and returns the trace so far (the recorder keeps
-    /// recording; a later `finish` returns the earlier spans again with the new ones).
-    /// Errors: [`Error::Cuda`] from the event reads.
+    /// recording; a later `finish` returns the earlier spans again with the new ones). A span
+    /// whose events cannot be read is counted in [`Trace::unanchored`] instead of failing the
+    /// others. Never fails today; the `Result` leaves room for outputs that can.
     pub fn finish(&self) -> Result<Trace> {
-        let mut st = self.state();
-        let pending = std::mem::take(&mut st.pending);
+        // Resolve outside the lock: the event waits may be long, and hooks on other threads
+        // record spans meanwhile. A span whose events cannot be timed (another context, an
+        // event of a failed stream) is counted as unanchored; the others are kept.
+        let pending = std::mem::take(&mut self.state().pending);
+        let mut resolved = Vec::with_capacity(pending.len());
+        let mut lost = 0;
         for p in pending {
-            let start = f64::from(self.inner.origin.elapsed_ms(&p.start)?);
-            let dur = f64::from(p.start.elapsed_ms(&p.end)?);
-            st.spans.push(Span {
-                track: p.track,
-                stage: p.stage,
-                name: p.name,
-                start_us: start * 1e3,
-                dur_us: dur.max(0.0) * 1e3,
-                args: p.args,
-            });
+            let timed = self
+                .inner
+                .origin
+                .elapsed_ms(&p.start)
+                .and_then(|s| Ok((s, p.start.elapsed_ms(&p.end)?)));
+            match timed {
+                Ok((start, dur)) => resolved.push(Span {
+                    track: p.track,
+                    stage: p.stage,
+                    name: p.name,
+                    start_us: f64::from(start) * 1e3,
+                    dur_us: f64::from(dur).max(0.0) * 1e3,
+                    args: p.args,
+                }),
+                Err(_) => lost += 1,
+            }
         }
+        let mut st = self.state();
+        st.spans.extend(resolved);
+        st.unanchored += lost;
         let mut spans = st.spans.clone();
         spans.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
         Ok(Trace {
