@@ -1312,7 +1312,11 @@ mod tests {
 
     #[test]
     fn a_band_wider_than_the_minor_dimension_is_clamped_to_it() {
-        let shape = GemmShape { m: 1000, n: 700, k: 64 };
+        let shape = GemmShape {
+            m: 1000,
+            n: 700,
+            k: 64,
+        };
         // 1000 rows: 8 tiles of 128, 4 units of a cluster of 2; 700 columns: 3 tiles of 256.
         assert_eq!(shape.unit_grid(2, false), (4, 3));
         assert_eq!(shape.units_of(2, false), 12);

@@ -176,7 +176,11 @@ impl DeviceSet {
     pub fn get(&self, i: usize) -> Result<&Device> {
         self.devices.get(i).ok_or_else(|| Error::BadShape {
             what: "DeviceSet GPU index",
-            detail: format!("{i}; allowed: 0 to {} (the set has {} GPUs)", self.len().saturating_sub(1), self.len()),
+            detail: format!(
+                "{i}; allowed: 0 to {} (the set has {} GPUs)",
+                self.len().saturating_sub(1),
+                self.len()
+            ),
         })
     }
 

@@ -230,7 +230,33 @@ pub fn library_available() -> Result<()> {
     })
 }
 
-/// For [`NCCL_LIB_ENV`]: a folder (under the temporary directory) holding `libnccl.so`, a link to
+/// A new folder under the temporary directory that did not exist before this call, readable and
+/// writable by this user only (mode 0700 on Unix): a name another user planted first is skipped,
+/// never reused, so nobody else can swap the library link inside it.
+fn fresh_private_dir() -> std::io::Result<PathBuf> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mut last = None;
+    for attempt in 0..16u32 {
+        let dir = std::env::temp_dir().join(format!(
+            "warpline-nccl-{}-{nanos:x}-{attempt}",
+            std::process::id()
+        ));
+        let mut builder = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        match builder.create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free folder name")))
+}
+
+/// For [`NCCL_LIB_ENV`]: a fresh private folder (under the temporary directory, see
+/// `fresh_private_dir`) holding `libnccl.so`, a link to
 /// the named file, to put on `LD_LIBRARY_PATH` of a process started afterwards. `Ok(None)` when
 /// the variable is not set. Errors: [`Error::BadShape`] when the file does not exist or the link
 /// cannot be made.
@@ -248,10 +274,13 @@ pub fn override_library_dir() -> Result<Option<PathBuf>> {
             lib.display()
         ))
     })?;
-    let dir = std::env::temp_dir().join(format!("warpline-nccl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| bad(format!("{}: {e}", dir.display())))?;
+    let dir = fresh_private_dir().map_err(|e| {
+        bad(format!(
+            "a folder under {}: {e}",
+            std::env::temp_dir().display()
+        ))
+    })?;
     let link = dir.join("libnccl.so");
-    let _ = std::fs::remove_file(&link);
     #[cfg(unix)]
     std::os::unix::fs::symlink(&lib, &link)
         .map_err(|e| bad(format!("link {} -> {}: {e}", link.display(), lib.display())))?;
@@ -781,6 +810,21 @@ pub fn all_reduce_sum_group(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn library_link_folders_are_fresh_and_private() {
+        let (a, b) = (fresh_private_dir().unwrap(), fresh_private_dir().unwrap());
+        assert_ne!(a, b);
+        #[cfg(unix)]
+        for d in [&a, &b] {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(d).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{}: {mode:o}", d.display());
+        }
+        for d in [a, b] {
+            std::fs::remove_dir(d).unwrap();
+        }
+    }
 
     #[test]
     fn from_hex_refuses_non_ascii_of_the_right_byte_length() {
