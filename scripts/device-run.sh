@@ -10,7 +10,7 @@ B=target/gpu-bundle
 OUT=${OUT:-./device-logs}; mkdir -p "$OUT"
 export WARPLINE_BIN="$PWD/$B/warpline" PATH=$PATH:/usr/local/cuda/bin
 # On a GPU host a skipped GPU test is a failure; failures make this script exit non-zero.
-export WARPLINE_REQUIRE_GPU=1
+export WARPLINE_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0
 failed=0
 export PTXAS=${PTXAS:-$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)}
 sections=${*:-tests sanitize cli timeline ab stress bench dram}

@@ -234,6 +234,44 @@ fn all_reduce_matches_the_cpu_sum() {
 }
 
 #[test]
+fn collectives_of_an_init_all_set_need_the_whole_set() {
+    let test = "collectives_of_an_init_all_set_need_the_whole_set";
+    let Some(set) = two_gpus_or_skip(test) else {
+        return;
+    };
+    let Some(comms) = comms_or_skip(test, &set) else {
+        return;
+    };
+    let n = 1000;
+    let mut bufs: Vec<_> = comms
+        .iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let pool = set.pool(r, 0).unwrap();
+            let mut b = pool.alloc_async::<f32>(c.stream(), n).unwrap();
+            b.fill_async(r as f32 + 1.0).unwrap();
+            b
+        })
+        .collect();
+    // One rank alone would wait for the other forever: refused before NCCL.
+    // SAFETY: refused before any NCCL call (the rank belongs to an init_all set of two).
+    let e = unsafe { comms[0].all_reduce_sum(&mut bufs[0]) }.unwrap_err();
+    assert!(matches!(e, Error::BadShape { .. }), "{e}");
+    // Half of the set: refused (the missing rank would never join).
+    let e = nccl::all_reduce_sum_group(&comms[..1], &mut [&mut bufs[0]]).unwrap_err();
+    assert!(matches!(e, Error::BadShape { .. }), "{e}");
+    // The whole set, in either order: 1 + 2 on both ranks.
+    let (b0, b1) = bufs.split_at_mut(1);
+    let rev: Vec<_> = comms.into_iter().rev().collect();
+    nccl::all_reduce_sum_group(&rev, &mut [&mut b1[0], &mut b0[0]]).unwrap();
+    for b in &bufs {
+        let mut host = vec![0f32; n];
+        b.copy_to_host(&mut host).unwrap();
+        assert!(host.iter().all(|&v| v == 3.0), "1 + 2 on both ranks");
+    }
+}
+
+#[test]
 fn dp_step_graph_replay_equals_the_eager_step_and_the_cpu() {
     let test = "dp_step_graph_replay_equals_the_eager_step_and_the_cpu";
     let Some(set) = two_gpus_or_skip(test) else {

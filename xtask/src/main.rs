@@ -583,6 +583,8 @@ cd "$(dirname "$0")"
 export WARPLINE_BIN="$PWD/warpline"
 # On a GPU host a skipped GPU test is a failure.
 export WARPLINE_REQUIRE_GPU=1
+# NVLink multicast stays off; warpline makes no NCCL communicator without this.
+export NCCL_NVLS_ENABLE=0
 LOGS=${LOGS:-./logs}; mkdir -p "$LOGS"
 what=${1:-all}
 rc=0

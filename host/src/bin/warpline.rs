@@ -515,6 +515,9 @@ impl Ctx {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: first thing in main, before any thread exists: nothing else reads or writes the
+    // environment during the call. NVLink multicast stays off (docs/multi-gpu.md).
+    unsafe { warpline::multi::nccl::disable_nvls_unless_set() };
     let argv: Vec<String> = std::env::args().collect();
     let wants_json = argv.iter().any(|a| a == "--json");
     let cli = match Cli::try_parse_from(&argv) {

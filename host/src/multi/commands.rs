@@ -33,7 +33,6 @@ pub fn reexec_for_nccl_if_needed() -> Result<Option<i32>> {
         what: "re-running warpline for WARPLINE_NCCL_LIB",
         detail: e.to_string(),
     })?;
-    nccl::disable_nvls_unless_set();
     let status = Command::new(exe)
         .args(std::env::args_os().skip(1))
         .env("LD_LIBRARY_PATH", path)
@@ -66,7 +65,7 @@ pub fn info() -> Result<()> {
         Err(e) => println!("NCCL: {e}"),
     }
     println!(
-        "NCCL_NVLS_ENABLE: {} (warpline sets 0 unless the user set it)",
+        "NCCL_NVLS_ENABLE: {} (the CLI sets 0 unless the user set it; communicators need 0)",
         std::env::var(nccl::NVLS_ENV).unwrap_or_else(|_| "unset".into())
     );
     Ok(())
@@ -243,7 +242,7 @@ fn write_pipeline(
 /// started from this executable with the id in [`NCCL_ID_ENV`].
 pub fn allreduce(iters: usize, procs: usize) -> Result<()> {
     nccl::library_available()?;
-    nccl::disable_nvls_unless_set();
+    nccl::require_nvls_off()?;
     if procs == 0 {
         let n = super::device_count()?;
         if n < 2 {

@@ -8,8 +8,9 @@
 //! ([`mod@bench`]).
 //!
 //! Safety rule of the shared machines: NVLink multicast (NVLS / NVLink SHARP) stays off.
-//! warpline never calls `cuMulticastCreate`, and sets `NCCL_NVLS_ENABLE=0` before creating any
-//! NCCL communicator unless the user set it ([`nccl::disable_nvls_unless_set`]).
+//! warpline never calls `cuMulticastCreate`, and makes no NCCL communicator unless
+//! `NCCL_NVLS_ENABLE=0` ([`nccl::require_nvls_off`]; the CLI sets it at the top of `main` with
+//! [`nccl::disable_nvls_unless_set`]).
 //!
 //! Events recorded on one GPU's stream may be waited on by another GPU's stream
 //! ([`Stream::wait`] with an [`crate::Event`] of any device: `cuStreamWaitEvent` accepts an event

@@ -8,9 +8,11 @@
 //!   (say the PyPI wheel's `nvidia/nccl/lib/libnccl.so.2`): [`override_library_dir`] makes a
 //!   folder with a `libnccl.so` link to it, which must be on `LD_LIBRARY_PATH` when the process
 //!   starts (the dynamic loader reads it once); the `warpline` CLI re-runs itself with it.
-//! - **NVLS stays off.** [`disable_nvls_unless_set`] sets `NCCL_NVLS_ENABLE=0` before any
-//!   communicator is created (every constructor calls it), unless the user set the variable;
-//!   child processes inherit it. warpline never enables NVLS and never calls `cuMulticastCreate`.
+//! - **NVLS stays off.** Every constructor first checks `NCCL_NVLS_ENABLE=0`
+//!   ([`require_nvls_off`], an error otherwise); the `warpline` CLI sets it at the top of `main`
+//!   ([`disable_nvls_unless_set`], `unsafe`: the environment may only be written while no other
+//!   thread reads it), and child processes inherit it. warpline never enables NVLS and never
+//!   calls `cuMulticastCreate`.
 //! - **One process, several GPUs:** [`Communicator::init_all`] (`ncclCommInitAll`); collectives
 //!   of one thread over several GPUs go inside one group ([`all_reduce_sum_group`]:
 //!   `ncclGroupStart` / `ncclGroupEnd`), as NCCL requires.
@@ -289,24 +291,51 @@ pub fn override_library_dir() -> Result<Option<PathBuf>> {
     Ok(Some(dir))
 }
 
-/// Sets `NCCL_NVLS_ENABLE=0` in this process's environment unless it is set already (the user's
-/// value wins; a value other than `0` is reported on stderr, since NVLS must stay off on the shared
-/// machines, see `docs/multi-gpu.md`). Returns the value in effect. Called by every constructor of
-/// this module before NCCL creates a communicator, and inherited by child processes.
+/// Checks that NVLS (NVLink SHARP, NVLink multicast) is off for the communicators this process
+/// makes: `NCCL_NVLS_ENABLE=0` in the environment, which NCCL reads at communicator creation.
+/// Every constructor of this module calls it before NCCL does anything. warpline does not set the
+/// variable itself from library code: writing the environment while another thread reads it is
+/// undefined behaviour (`std::env::set_var`'s contract), and a library cannot know its threads.
+/// Export it, or call [`disable_nvls_unless_set`] at the top of `main`, as the `warpline` CLI
+/// does. Errors: [`Error::BadShape`] when the variable is unset or not `0` (NVLink multicast
+/// must stay off on the shared machines, see `docs/multi-gpu.md`).
+pub fn require_nvls_off() -> Result<()> {
+    match std::env::var(NVLS_ENV) {
+        Ok(v) if v == "0" => Ok(()),
+        v => Err(Error::BadShape {
+            what: "NCCL_NVLS_ENABLE",
+            detail: format!(
+                "{}; allowed: 0 (NVLink multicast stays off). Export NCCL_NVLS_ENABLE=0, or call \
+                 the unsafe nccl::disable_nvls_unless_set at the top of main before any thread",
+                match v {
+                    Ok(v) => format!("set to `{v}`"),
+                    Err(_) => "unset".to_string(),
+                }
+            ),
+        }),
+    }
+}
+
+/// Sets `NCCL_NVLS_ENABLE=0` in this process's environment unless it is set already, and
+/// returns the value in effect (a user's value other than `0` is kept and reported on stderr;
+/// [`require_nvls_off`] then refuses to make communicators). Child processes inherit it.
 ///
-/// The environment is process-wide: call it before starting threads that read the environment.
-pub fn disable_nvls_unless_set() -> String {
+/// # Safety
+/// No other thread reads or writes the process environment during the call
+/// (`std::env::set_var`'s contract): call it at the top of `main`, before any thread starts.
+pub unsafe fn disable_nvls_unless_set() -> String {
     match std::env::var(NVLS_ENV) {
         Ok(v) => {
             if v != "0" {
                 eprintln!(
-                    "warning: {NVLS_ENV}={v} was set by the user; warpline keeps NVLS off itself \
-                     and never enables it (NVLink multicast must stay off on shared machines)"
+                    "warning: {NVLS_ENV}={v} was set by the user; warpline makes no NCCL \
+                     communicator unless it is 0 (NVLink multicast must stay off on shared machines)"
                 );
             }
             v
         }
         Err(_) => {
+            // Under the caller's contract no other thread touches the environment now.
             std::env::set_var(NVLS_ENV, "0");
             "0".into()
         }
@@ -333,10 +362,11 @@ impl std::fmt::Debug for NcclId {
 
 impl NcclId {
     /// A fresh id (`ncclGetUniqueId`; it opens rank 0's bootstrap socket). Errors:
-    /// [`Error::NcclUnavailable`], [`Error::Nccl`].
+    /// [`Error::NcclUnavailable`], [`Error::BadShape`] unless `NCCL_NVLS_ENABLE=0`
+    /// ([`require_nvls_off`]), [`Error::Nccl`].
     pub fn new() -> Result<Self> {
         library_available()?;
-        disable_nvls_unless_set();
+        require_nvls_off()?;
         let id = raw::get_unique_id()?;
         let mut b = [0u8; 128];
         for (o, i) in b.iter_mut().zip(id.internal.iter()) {
@@ -460,8 +490,9 @@ impl Communicator {
     /// GPU `i`, each bound to `streams[i]` (a stream of GPU `i`).
     ///
     /// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::LengthMismatch`]
-    /// unless there is one stream per GPU, [`Error::WrongContext`] for a stream of another GPU;
-    /// then [`Error::Nccl`].
+    /// unless there is one stream per GPU, [`Error::WrongContext`] for a stream of another GPU,
+    /// [`Error::BadShape`] unless `NCCL_NVLS_ENABLE=0` ([`require_nvls_off`]); then
+    /// [`Error::Nccl`].
     pub fn init_all(set: &DeviceSet, streams: &[Stream]) -> Result<Vec<Communicator>> {
         library_available()?;
         if streams.len() != set.len() {
@@ -481,7 +512,7 @@ impl Communicator {
                 });
             }
         }
-        disable_nvls_unless_set();
+        require_nvls_off()?;
         let ordinals: Vec<i32> = set.devices().iter().map(|d| d.ordinal() as i32).collect();
         let comms = raw::comm_init_all(&ordinals)?;
         let set_id = NEXT_SET_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -532,7 +563,8 @@ impl Communicator {
     ///
     /// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::BadShape`] unless
     /// `rank < world` and `timeout > 0`, or when [`COMM_BLOCKING_ENV`] is set to 1 (NCCL would
-    /// then ignore `blocking = 0` and could wait forever), [`Error::WrongContext`]; then
+    /// then ignore `blocking = 0` and could wait forever) or unless `NCCL_NVLS_ENABLE=0`
+    /// ([`require_nvls_off`]), [`Error::WrongContext`]; then
     /// [`Error::NcclTimeout`] (communicator aborted), [`Error::Nccl`] (init failed; the handle,
     /// if any, aborted).
     pub fn init_rank_with_timeout(
@@ -571,7 +603,7 @@ impl Communicator {
                 ),
             });
         }
-        disable_nvls_unless_set();
+        require_nvls_off()?;
         dev.bind()?;
         let mut config = raw::config_initializer();
         config.blocking = 0;
