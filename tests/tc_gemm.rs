@@ -87,6 +87,8 @@ struct Case {
     alpha: f32,
     /// The ping-pong entry (bf16, column-major B).
     pingpong: bool,
+    /// Raster band (None: the default).
+    group: Option<u32>,
     /// Rows and columns checked (None: all).
     sample: Option<usize>,
 }
@@ -103,6 +105,7 @@ impl Case {
             beta: 0.0,
             alpha: 1.0,
             pingpong: false,
+            group: None,
             sample: (m * n * k > 1 << 24).then_some(12),
         }
     }
@@ -148,11 +151,13 @@ fn run_case<T: TcInput, O: TcOutput<T>>(tc: &TcGemm<'_>, case: Case) {
     let mut dc = pool.alloc_async::<O>(&stream, c_len).unwrap();
     dc.copy_from_host(&c0.iter().map(|&v| O::from_f32(v)).collect::<Vec<_>>())
         .unwrap();
+    let defaults = TcGemmOptions::default();
     let opts = TcGemmOptions {
         cluster: case.cluster,
         raster: case.raster,
         pingpong: case.pingpong,
-        ..Default::default()
+        group: case.group.unwrap_or(defaults.group),
+        ..defaults
     };
     tc.gemm(
         &stream,
@@ -332,6 +337,20 @@ fn raster_orders_beta_and_alpha() {
                     },
                 );
             }
+        }
+    }
+    // A band far wider than the grid (it once wrapped the kernel's u32 scheduler: tiles left
+    // unwritten, one tile raced): every element is checked.
+    for raster in [Raster::AlongM, Raster::AlongN] {
+        for group in [3, 1 << 31, u32::MAX] {
+            let case = Case {
+                raster,
+                group: Some(group),
+                beta: 0.5,
+                sample: None,
+                ..Case::new(1000, 700, 300)
+            };
+            run_case::<bf16, f32>(&tc, case);
         }
     }
     // beta != 0 on the odd sizes, both outputs.
