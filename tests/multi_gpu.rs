@@ -179,6 +179,13 @@ fn layer_pipeline_graph_replay_equals_the_eager_run_and_the_cpu() {
     }
 }
 
+/// Two GPUs and an `init_all` set on them, or a printed skip.
+fn set_and_comms_or_skip(test: &str) -> Option<(DeviceSet, Vec<Communicator>)> {
+    let set = two_gpus_or_skip(test)?;
+    let comms = comms_or_skip(test, &set)?;
+    Some((set, comms))
+}
+
 fn comms_or_skip(test: &str, set: &DeviceSet) -> Option<Vec<Communicator>> {
     if let Err(e) = nccl::library_available() {
         skip(test, e);
@@ -190,28 +197,35 @@ fn comms_or_skip(test: &str, set: &DeviceSet) -> Option<Vec<Communicator>> {
     Some(Communicator::init_all(set, &streams).unwrap())
 }
 
-#[test]
-fn all_reduce_matches_the_cpu_sum() {
-    let test = "all_reduce_matches_the_cpu_sum";
-    let Some(set) = two_gpus_or_skip(test) else {
-        return;
-    };
-    let Some(comms) = comms_or_skip(test, &set) else {
-        return;
-    };
-    assert_eq!(std::env::var("NCCL_NVLS_ENABLE").unwrap(), "0");
-    let n = 1_000_003;
-    let data: Vec<Vec<f32>> = (0..2).map(|_| random_f32(n)).collect();
-    let mut bufs: Vec<_> = comms
+/// One buffer of `n` floats per rank, on the rank's GPU and stream, filled by `fill(rank, buf)`.
+fn rank_buffers(
+    set: &DeviceSet,
+    comms: &[Communicator],
+    n: usize,
+    fill: impl Fn(usize, &mut warpline::DeviceBuffer<f32>),
+) -> Vec<warpline::DeviceBuffer<f32>> {
+    comms
         .iter()
         .enumerate()
         .map(|(r, c)| {
             let pool = set.pool(r, 0).unwrap();
             let mut b = pool.alloc_async::<f32>(c.stream(), n).unwrap();
-            b.copy_from_host(&data[r]).unwrap();
+            fill(r, &mut b);
             b
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn all_reduce_matches_the_cpu_sum() {
+    let test = "all_reduce_matches_the_cpu_sum";
+    let Some((set, comms)) = set_and_comms_or_skip(test) else {
+        return;
+    };
+    assert_eq!(std::env::var("NCCL_NVLS_ENABLE").unwrap(), "0");
+    let n = 1_000_003;
+    let data: Vec<Vec<f32>> = (0..2).map(|_| random_f32(n)).collect();
+    let mut bufs = rank_buffers(&set, &comms, n, |r, b| b.copy_from_host(&data[r]).unwrap());
     let mut refs: Vec<_> = bufs.iter_mut().collect();
     nccl::all_reduce_sum_group(&comms, &mut refs).unwrap();
     for b in &bufs {
@@ -236,23 +250,13 @@ fn all_reduce_matches_the_cpu_sum() {
 #[test]
 fn collectives_of_an_init_all_set_need_the_whole_set() {
     let test = "collectives_of_an_init_all_set_need_the_whole_set";
-    let Some(set) = two_gpus_or_skip(test) else {
-        return;
-    };
-    let Some(comms) = comms_or_skip(test, &set) else {
+    let Some((set, comms)) = set_and_comms_or_skip(test) else {
         return;
     };
     let n = 1000;
-    let mut bufs: Vec<_> = comms
-        .iter()
-        .enumerate()
-        .map(|(r, c)| {
-            let pool = set.pool(r, 0).unwrap();
-            let mut b = pool.alloc_async::<f32>(c.stream(), n).unwrap();
-            b.fill_async(r as f32 + 1.0).unwrap();
-            b
-        })
-        .collect();
+    let mut bufs = rank_buffers(&set, &comms, n, |r, b| {
+        b.fill_async(r as f32 + 1.0).unwrap()
+    });
     // One rank alone would wait for the other forever: refused before NCCL.
     // SAFETY: refused before any NCCL call (the rank belongs to an init_all set of two).
     let e = unsafe { comms[0].all_reduce_sum(&mut bufs[0]) }.unwrap_err();
@@ -274,10 +278,7 @@ fn collectives_of_an_init_all_set_need_the_whole_set() {
 #[test]
 fn dp_step_graph_replay_equals_the_eager_step_and_the_cpu() {
     let test = "dp_step_graph_replay_equals_the_eager_step_and_the_cpu";
-    let Some(set) = two_gpus_or_skip(test) else {
-        return;
-    };
-    let Some(comms) = comms_or_skip(test, &set) else {
+    let Some((set, comms)) = set_and_comms_or_skip(test) else {
         return;
     };
     let cfg = DataParallelConfig {
