@@ -617,11 +617,7 @@ fn verify_step(gpus: &[DpGpu<'_>], got: &[Vec<Vec<f32>>], tiles: usize, what: &s
 fn compare_bitwise(eager: &[Vec<Vec<f32>>], replayed: &[Vec<Vec<f32>>]) -> Result<()> {
     for (i, (ge, gr)) in eager.iter().zip(replayed).enumerate() {
         for (k, (be, br)) in ge.iter().zip(gr).enumerate() {
-            if let Some(j) = be
-                .iter()
-                .zip(br)
-                .position(|(a, b)| a.to_bits() != b.to_bits())
-            {
+            if let Some(j) = super::first_bit_difference(be, br) {
                 return Err(Error::Verification {
                     detail: format!(
                         "data-parallel step: graph replay differs from the eager step at GPU {i} \

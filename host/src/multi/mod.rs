@@ -33,6 +33,12 @@ use crate::error::{CudaCall, Error, Result};
 use crate::memory::{DeviceBuffer, MemPool};
 use crate::stream::Stream;
 
+/// The first index where `a` and `b` differ bit for bit (over their common length): how the
+/// graph replays are compared with the eager runs they must equal exactly.
+pub(crate) fn first_bit_difference(a: &[f32], b: &[f32]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits())
+}
+
 /// GPUs the driver reports (`cuInit` + `cuDeviceGetCount`), without opening any.
 /// Errors: [`Error::NoDriver`], [`Error::Cuda`].
 pub fn device_count() -> Result<usize> {
@@ -378,5 +384,18 @@ impl DeviceSet {
             }
         }
         first
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_bit_difference;
+
+    #[test]
+    fn bit_differences_count_signed_zeros_and_nans() {
+        assert_eq!(first_bit_difference(&[1.0, 2.0], &[1.0, 2.0]), None);
+        assert_eq!(first_bit_difference(&[1.0, 0.0], &[1.0, -0.0]), Some(1));
+        assert_eq!(first_bit_difference(&[f32::NAN], &[f32::NAN]), None);
+        assert_eq!(first_bit_difference(&[3.0, 1.0], &[3.5, 1.0]), Some(0));
     }
 }

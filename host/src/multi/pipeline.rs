@@ -510,11 +510,7 @@ impl<'s> LayerPipeline<'s> {
         let mut graph = self.run(microbatches, verify)?;
         if verify {
             for (slot, (e, g)) in before.iter().zip(self.outputs()?).enumerate() {
-                if let Some(i) = e
-                    .iter()
-                    .zip(g)
-                    .position(|(a, b)| a.to_bits() != b.to_bits())
-                {
+                if let Some(i) = super::first_bit_difference(e, g) {
                     return Err(Error::Verification {
                         detail: format!(
                             "layer pipeline ({:?}): graph replay differs from the eager run at \
