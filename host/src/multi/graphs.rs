@@ -302,17 +302,16 @@ mod tests {
     /// Graphs are declared before the buffers they captured, so they are dropped first.
     #[test]
     fn graphs_field_is_dropped_before_the_buffers() {
-        let src = include_str!("graphs.rs");
-        let start = src.find("pub(crate) struct DpGpu").unwrap();
-        let body = &src[start..];
-        let graphs = body.find("graphs: Vec<BucketGraph>").unwrap();
-        for buf in [
-            "x: DeviceBuffer",
-            "w: DeviceBuffer",
-            "grads: Vec<DeviceBuffer",
-        ] {
-            assert!(graphs < body.find(buf).unwrap(), "{buf}");
-        }
+        crate::multi::assert_declared_before(
+            include_str!("graphs.rs"),
+            "pub(crate) struct DpGpu",
+            "graphs: Vec<BucketGraph>",
+            &[
+                "x: DeviceBuffer",
+                "w: DeviceBuffer",
+                "grads: Vec<DeviceBuffer",
+            ],
+        );
     }
 
     static_assertions::assert_not_impl_any!(DpGpu<'static>: Sync);

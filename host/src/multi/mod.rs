@@ -36,7 +36,9 @@ use crate::stream::Stream;
 /// The first index where `a` and `b` differ bit for bit (over their common length): how the
 /// graph replays are compared with the eager runs they must equal exactly.
 pub(crate) fn first_bit_difference(a: &[f32], b: &[f32]) -> Option<usize> {
-    a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits())
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
 }
 
 /// GPUs the driver reports (`cuInit` + `cuDeviceGetCount`), without opening any.
@@ -384,6 +386,23 @@ impl DeviceSet {
             }
         }
         first
+    }
+}
+
+/// Test helper: in `src`, within the item starting at `item`, the field `first` is declared
+/// before every field of `later` (Rust drops fields in declaration order, so graphs declared
+/// first are destroyed before the buffers their nodes point at).
+#[cfg(test)]
+pub(crate) fn assert_declared_before(src: &str, item: &str, first: &str, later: &[&str]) {
+    let body = &src[src.find(item).unwrap_or_else(|| panic!("{item} not found"))..];
+    let at = body
+        .find(first)
+        .unwrap_or_else(|| panic!("{first} not in {item}"));
+    for field in later {
+        let f = body
+            .find(field)
+            .unwrap_or_else(|| panic!("{field} not in {item}"));
+        assert!(at < f, "{item}: {first} must come before {field}");
     }
 }
 

@@ -848,13 +848,12 @@ mod tests {
     /// release in `Drop` they would be destroyed first.
     #[test]
     fn graphs_field_is_declared_before_the_buffers() {
-        let src = include_str!("pipeline.rs");
-        let start = src.find("pub struct LayerPipeline<'s>").unwrap();
-        let body = &src[start..];
-        let graphs = body.find("graphs: Option<PipelineGraphs>").unwrap();
-        for buf in ["w1: DeviceBuffer", "w2: DeviceBuffer", "slots: Vec<Slot>"] {
-            assert!(graphs < body.find(buf).unwrap(), "{buf}");
-        }
+        crate::multi::assert_declared_before(
+            include_str!("pipeline.rs"),
+            "pub struct LayerPipeline<'s>",
+            "graphs: Option<PipelineGraphs>",
+            &["w1: DeviceBuffer", "w2: DeviceBuffer", "slots: Vec<Slot>"],
+        );
     }
 
     // Graph handles are not Sync, so neither is the pipeline: launches never race.
