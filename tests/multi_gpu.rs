@@ -104,9 +104,13 @@ fn device_set_peer_matrix_and_peer_copy_match_the_cpu() {
     assert!(bw.one_way > 1.0 && bw.both_ways > 1.0, "{bw:?}");
 }
 
-#[test]
-fn layer_pipeline_two_gpus_and_one_gpu_match_the_cpu() {
-    let Some(set) = two_gpus_or_skip("layer_pipeline_two_gpus_and_one_gpu_match_the_cpu") else {
+/// Runs `f` on a small layer pipeline (8 tiles, 3 layers, 3 slots) of each placement over GPUs
+/// 0 and 1, or prints a skip.
+fn each_layer_pipeline(
+    test: &str,
+    mut f: impl FnMut(Placement, &LayerPipelineConfig, &mut LayerPipeline<'_>),
+) {
+    let Some(set) = two_gpus_or_skip(test) else {
         return;
     };
     let cfg = LayerPipelineConfig {
@@ -116,25 +120,25 @@ fn layer_pipeline_two_gpus_and_one_gpu_match_the_cpu() {
     };
     for placement in [Placement::TwoGpus, Placement::OneGpu] {
         let mut p = LayerPipeline::new(&set, 0, 1, placement, cfg).unwrap();
-        let r = p.run(10, true).unwrap();
-        assert!(r.max_rel_error.unwrap() < 1e-4, "{placement:?}: {r:?}");
+        f(placement, &cfg, &mut p);
     }
 }
 
 #[test]
+fn layer_pipeline_two_gpus_and_one_gpu_match_the_cpu() {
+    each_layer_pipeline(
+        "layer_pipeline_two_gpus_and_one_gpu_match_the_cpu",
+        |placement, _, p| {
+            let r = p.run(10, true).unwrap();
+            assert!(r.max_rel_error.unwrap() < 1e-4, "{placement:?}: {r:?}");
+        },
+    );
+}
+
+#[test]
 fn layer_pipeline_graph_replay_equals_the_eager_run_and_the_cpu() {
-    let Some(set) =
-        two_gpus_or_skip("layer_pipeline_graph_replay_equals_the_eager_run_and_the_cpu")
-    else {
-        return;
-    };
-    let cfg = LayerPipelineConfig {
-        tiles: 8,
-        layers: 3,
-        slots: 3,
-    };
-    for placement in [Placement::TwoGpus, Placement::OneGpu] {
-        let mut p = LayerPipeline::new(&set, 0, 1, placement, cfg).unwrap();
+    let test = "layer_pipeline_graph_replay_equals_the_eager_run_and_the_cpu";
+    each_layer_pipeline(test, |placement, cfg, p| {
         let eager = p.run(10, true).unwrap();
         assert!(!eager.graphs && !p.has_graphs());
         assert!(
@@ -176,7 +180,7 @@ fn layer_pipeline_graph_replay_equals_the_eager_run_and_the_cpu() {
             !e.graphs && g.graphs && g.graph_matches_eager == Some(true),
             "{g:?}"
         );
-    }
+    });
 }
 
 /// Two GPUs and an `init_all` set on them, or a printed skip.
