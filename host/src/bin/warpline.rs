@@ -146,26 +146,7 @@ enum MgpuCmd {
     },
     /// Data-parallel step: bucket all-reduces overlapped with the next bucket's compute, against
     /// sequential and the ideal max(compute, communication).
-    DpStep {
-        #[arg(long, default_value_t = 8)]
-        buckets: usize,
-        /// 128x128 tiles per bucket (bucket = tiles x 64 KiB).
-        #[arg(long, default_value_t = 400)]
-        tiles: usize,
-        /// GEMM layers per bucket.
-        #[arg(long, default_value_t = 4)]
-        layers: usize,
-        #[arg(long, default_value_t = 10)]
-        steps: usize,
-        /// Also capture each GPU's per-bucket GEMM layers into CUDA graphs (NCCL stays outside)
-        /// and print eager vs graph-replay time per step, same run.
-        #[arg(long)]
-        graphs: bool,
-        /// Check every bucket against the CPU reference (and, with --graphs, graph replay
-        /// against the eager step, bit for bit).
-        #[arg(long)]
-        verify: bool,
-    },
+    DpStep(warpline::multi::bench::DataParallelConfig),
     /// The cross-GPU seed scenarios: opposite-order signals (must complete every run) and a
     /// cyclic dependency (must be rejected).
     Seeds {
@@ -210,22 +191,7 @@ fn mgpu(cmd: MgpuCmd) -> CliResult<Value> {
         // SAFETY: the hidden subcommand is started only by `mgpu allreduce --procs N`
         // (`c::allreduce`), which passes the same `--world` and `--iters` to every rank.
         MgpuCmd::NcclRank { rank, world, iters } => unsafe { c::nccl_rank(rank, world, iters)? },
-        MgpuCmd::DpStep {
-            buckets,
-            tiles,
-            layers,
-            steps,
-            graphs,
-            verify,
-        } => {
-            let cfg = warpline::multi::bench::DataParallelConfig {
-                buckets,
-                tiles,
-                layers,
-                steps,
-                graphs,
-                verify,
-            };
+        MgpuCmd::DpStep(cfg) => {
             // Under --json stdout holds only the JSON object: the text goes to stderr.
             let r = if cli_json::enabled() {
                 c::dp_step(&cfg, &mut std::io::stderr())?
