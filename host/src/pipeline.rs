@@ -142,31 +142,99 @@ impl Schedule {
     /// The element ranges of the batches of an input of `n` elements: batches of `batch_elems`
     /// (the last may be shorter), the last `tail_batches` of them split into `tail_pieces`
     /// nearly equal pieces (no piece is empty). A `batch_elems` of 0 counts as 1.
-    pub fn ranges(&self, n: usize, batch_elems: usize) -> Vec<Range<usize>> {
+    ///
+    /// Total for every `n`, `batch_elems` and field value (issue 19 item 11): the ranges are made
+    /// lazily (nothing is allocated), cover `0..n` exactly, in order, without overlap or empty
+    /// pieces, and there are at most `n` of them ([`ExactSizeIterator::len`]). The arithmetic is
+    /// checked: no intermediate value exceeds `n` (piece bounds use u128).
+    pub fn ranges(&self, n: usize, batch_elems: usize) -> Ranges {
         let batch_elems = batch_elems.max(1);
         let count = n.div_ceil(batch_elems);
         let split_from = count.saturating_sub(self.tail_batches);
-        // At most `len` pieces per split batch: the reservation never exceeds the output.
-        let split = count.min(self.tail_batches);
-        let per_split = self.tail_pieces.clamp(1, batch_elems);
-        let mut out = Vec::with_capacity(count.saturating_add(split.saturating_mul(per_split - 1)));
-        for i in 0..count {
-            let r = i * batch_elems..((i + 1) * batch_elems).min(n);
-            let len = r.len();
-            let pieces = if i >= split_from && self.tail_pieces > 1 {
+        let pieces_of = |i: usize| -> usize {
+            // Batch i (< count) starts at i * batch_elems < n: no overflow.
+            let len = batch_elems.min(n - i * batch_elems);
+            if i >= split_from && self.tail_pieces > 1 {
                 self.tail_pieces.min(len)
             } else {
                 1
-            };
-            // u128: `p * len` may exceed usize for batches above 2^32 elements.
-            let at = |p: usize| r.start + (p as u128 * len as u128 / pieces as u128) as usize;
-            for p in 0..pieces {
-                out.push(at(p)..at(p + 1));
             }
+        };
+        // Pieces: one per unsplit batch, `pieces_of` per split one. Every piece is non-empty and
+        // they are disjoint within 0..n, so the sum is at most n (no overflow).
+        let split = count - split_from;
+        let len = if split == 0 {
+            count
+        } else {
+            // Split batches: all full but possibly the last.
+            let full_split = split - 1;
+            split_from + full_split * pieces_of(split_from) + pieces_of(count - 1)
+        };
+        Ranges {
+            n,
+            batch_elems,
+            count,
+            split_from,
+            tail_pieces: self.tail_pieces,
+            batch: 0,
+            piece: 0,
+            left: len,
         }
-        out
     }
 }
+
+/// The ranges of [`Schedule::ranges`], made lazily: batches in order, each split batch's pieces in
+/// order. Exact size; at most `n` ranges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ranges {
+    n: usize,
+    batch_elems: usize,
+    count: usize,
+    split_from: usize,
+    tail_pieces: usize,
+    /// Next batch.
+    batch: usize,
+    /// Next piece of `batch`.
+    piece: usize,
+    /// Ranges not yet returned.
+    left: usize,
+}
+
+impl Iterator for Ranges {
+    type Item = Range<usize>;
+
+    fn next(&mut self) -> Option<Range<usize>> {
+        if self.batch >= self.count {
+            return None;
+        }
+        // batch < count = ceil(n / batch_elems), so start < n and `n - start` is exact.
+        let start = self.batch * self.batch_elems;
+        let len = self.batch_elems.min(self.n - start);
+        let pieces = if self.batch >= self.split_from && self.tail_pieces > 1 {
+            self.tail_pieces.min(len)
+        } else {
+            1
+        };
+        // u128: `p * len` may exceed usize; the result is at most `len`.
+        let at = |p: usize| start + (p as u128 * len as u128 / pieces as u128) as usize;
+        let r = at(self.piece)..at(self.piece + 1);
+        self.piece += 1;
+        if self.piece == pieces {
+            self.piece = 0;
+            self.batch += 1;
+        }
+        self.left = self.left.saturating_sub(1);
+        Some(r)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for Ranges {}
+
+impl std::iter::FusedIterator for Ranges {}
 
 /// A multi-stream batch pipeline on one device, with its own non-blocking streams and a memory
 /// pool of its own (`cuMemPoolCreate`, release threshold: keep everything, so steady-state batches
@@ -668,14 +736,16 @@ mod schedule_tests {
 
     #[test]
     fn plain_schedule_is_equal_batches() {
-        let r = Schedule::PLAIN.ranges(10, 4);
+        let r = Schedule::PLAIN.ranges(10, 4).collect::<Vec<_>>();
         assert_eq!(r, vec![0..4, 4..8, 8..10]);
     }
 
     #[test]
     fn tail_split_splits_the_last_two_batches_in_four() {
         assert_eq!(Schedule::default(), Schedule::PLAIN);
-        let r = Schedule::TAIL_SPLIT.ranges(16 * 100, 100);
+        let r = Schedule::TAIL_SPLIT
+            .ranges(16 * 100, 100)
+            .collect::<Vec<_>>();
         assert_eq!(r.len(), 14 + 2 * 4);
         assert_eq!(r[13], 1300..1400);
         assert_eq!(r[14], 1400..1425);
@@ -689,7 +759,7 @@ mod schedule_tests {
             tail_pieces: 4,
             ..Schedule::default()
         };
-        let r = s.ranges(16 * 100, 100);
+        let r = s.ranges(16 * 100, 100).collect::<Vec<_>>();
         assert_eq!(r.len(), 14 + 8);
         assert_eq!(r[13], 1300..1400);
         assert_eq!(r[14], 1400..1425);
@@ -698,7 +768,7 @@ mod schedule_tests {
             assert_eq!(w[0].end, w[1].start);
         }
         // More pieces than elements: no empty piece.
-        let r = s.ranges(3, 2);
+        let r = s.ranges(3, 2).collect::<Vec<_>>();
         assert!(r.iter().all(|x| !x.is_empty()), "{r:?}");
         assert_eq!(r.iter().map(|x| x.len()).sum::<usize>(), 3);
     }
@@ -710,7 +780,7 @@ mod schedule_tests {
             tail_pieces: 1 << 31,
             ..Schedule::default()
         };
-        let r = s.ranges(10, 4);
+        let r = s.ranges(10, 4).collect::<Vec<_>>();
         assert_eq!(r.len(), 10, "{r:?}");
         // One batch of 2^40 elements in 3 pieces: the pieces cover the batch exactly.
         let s = Schedule {
@@ -719,11 +789,134 @@ mod schedule_tests {
             ..Schedule::default()
         };
         let n = 1usize << 40;
-        let r = s.ranges(n, n);
+        let r = s.ranges(n, n).collect::<Vec<_>>();
         assert_eq!(r.len(), 3);
         assert_eq!((r[0].start, r[2].end), (0, n));
         for w in r.windows(2) {
             assert_eq!(w[0].end, w[1].start);
+        }
+    }
+
+    /// Checks that `s.ranges(n, b)` covers `0..n` exactly, in order, without overlap or empty
+    /// pieces, and that its length is exact: fully when it has at most `FULL` ranges, else its
+    /// first `FULL` ranges (contiguous from 0) and its length bound.
+    fn check_cover(s: &Schedule, n: usize, b: usize) -> Result<(), String> {
+        const FULL: usize = 20_000;
+        let r = s.ranges(n, b);
+        let len = r.len();
+        if len > n {
+            return Err(format!("{len} ranges for {n} elements"));
+        }
+        let mut next = 0usize;
+        let mut seen = 0usize;
+        for x in r.take(FULL) {
+            if x.start != next || x.is_empty() || x.end > n {
+                return Err(format!(
+                    "range {seen} is {x:?}, expected to start at {next}"
+                ));
+            }
+            next = x.end;
+            seen += 1;
+        }
+        if len <= FULL && (seen != len || next != n) {
+            return Err(format!(
+                "{seen} ranges (len() says {len}) cover 0..{next}, not 0..{n}"
+            ));
+        }
+        // Pieces never exceed a batch: with unsplit batches, every range is a batch.
+        if s.tail_pieces <= 1 || s.tail_batches == 0 {
+            let want = n.div_ceil(b.max(1));
+            if len != want {
+                return Err(format!("{len} ranges, {want} batches"));
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn issue19_item11_huge_inputs_are_covered_exactly() {
+        // (i + 1) * batch_elems overflowed here: 2 batches of 2^63 + 1 over usize::MAX elements.
+        let b = (usize::MAX / 2) + 1;
+        let r: Vec<_> = Schedule::PLAIN.ranges(usize::MAX, b).collect();
+        assert_eq!(r, vec![0..b, b..usize::MAX]);
+        let r: Vec<_> = Schedule::TAIL_SPLIT
+            .ranges(usize::MAX, usize::MAX)
+            .collect();
+        assert_eq!(r.len(), 4);
+        assert_eq!((r[0].start, r[3].end), (0, usize::MAX));
+        // One element per batch over usize::MAX elements: exact length, nothing allocated.
+        let r = Schedule::TAIL_SPLIT.ranges(usize::MAX, 1);
+        assert_eq!(r.len(), usize::MAX);
+        for (s, b) in [
+            (Schedule::PLAIN, 0),
+            (Schedule::TAIL_SPLIT, usize::MAX),
+            (
+                Schedule {
+                    tail_batches: usize::MAX,
+                    tail_pieces: usize::MAX,
+                    ..Schedule::default()
+                },
+                usize::MAX / 3,
+            ),
+        ] {
+            check_cover(&s, usize::MAX, b).unwrap();
+            check_cover(&s, 0, b).unwrap();
+        }
+    }
+
+    use proptest::prelude::*;
+
+    /// Sizes near the edges of usize as well as small ones.
+    fn size() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            0usize..64,
+            any::<usize>(),
+            (0usize..64).prop_map(|d| usize::MAX - d),
+            (1u32..64).prop_map(|e| 1usize << (e % usize::BITS)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn issue19_item11_ranges_cover_any_input_exactly(
+            n in size(),
+            b in size(),
+            tail_batches in size(),
+            tail_pieces in size(),
+        ) {
+            let s = Schedule { tail_batches, tail_pieces, ..Schedule::default() };
+            if let Err(e) = check_cover(&s, n, b) {
+                return Err(TestCaseError::fail(format!("{s:?}, n {n}, batch {b}: {e}")));
+            }
+        }
+
+        #[test]
+        fn issue19_item11_small_ranges_match_a_naive_oracle(
+            n in 0usize..5000,
+            b in 0usize..700,
+            tail_batches in 0usize..12,
+            tail_pieces in 0usize..40,
+        ) {
+            // Oracle: batches of b (0 counts as 1), the last tail_batches split into
+            // min(pieces, len) parts of floor(p * len / pieces).
+            let bb = b.max(1);
+            let batches: Vec<(usize, usize)> =
+                (0..n.div_ceil(bb)).map(|i| (i * bb, ((i + 1) * bb).min(n))).collect();
+            let from = batches.len().saturating_sub(tail_batches);
+            let mut want = Vec::new();
+            for (i, &(lo, hi)) in batches.iter().enumerate() {
+                let len = hi - lo;
+                let p = if i >= from && tail_pieces > 1 { tail_pieces.min(len) } else { 1 };
+                for k in 0..p {
+                    want.push(lo + k * len / p..lo + (k + 1) * len / p);
+                }
+            }
+            let s = Schedule { tail_batches, tail_pieces, ..Schedule::default() };
+            let r = s.ranges(n, b);
+            prop_assert_eq!(r.len(), want.len());
+            prop_assert_eq!(r.collect::<Vec<_>>(), want);
         }
     }
 }
