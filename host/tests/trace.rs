@@ -14,7 +14,8 @@ fn synthetic() -> Trace {
     };
     let proc = "GPU 0: synthetic";
     for s in 0..3 {
-        t.add_track(0, proc, &format!("pipeline stream {s}"), TrackKind::Stream);
+        t.add_track(0, proc, &format!("pipeline stream {s}"), TrackKind::Stream)
+            .unwrap();
     }
     for b in 0..16usize {
         let h2d = 50.0 + 2400.0 * b as f64;
@@ -211,4 +212,88 @@ fn oversized_pictures_and_dangling_tracks_are_errors_not_panics() {
     let clean = synthetic().with_copy_rows();
     assert_eq!(with.tracks.len(), clean.tracks.len());
     assert_eq!(with.spans.len(), clean.spans.len() + 1);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Issue 19 item 13: any trace either renders or is refused with a typed error; never a panic.
+// ------------------------------------------------------------------------------------------------
+
+#[test]
+fn issue19_item13_non_finite_spans_are_refused_not_panicked_on() {
+    for bad in [f64::NEG_INFINITY, f64::INFINITY, f64::NAN, 1e300, -2e12] {
+        for (start, dur) in [(bad, 1.0), (1.0, bad)] {
+            let mut t = synthetic();
+            t.spans[3].start_us = start;
+            t.spans[3].dur_us = dur;
+            let e = render_rgb(&t, &TimelineOptions::default()).unwrap_err();
+            assert!(
+                matches!(&e, warpline::Error::TraceOutput { detail, .. } if detail.contains("span 3")),
+                "{e}"
+            );
+        }
+    }
+    // Far apart but in range: renders.
+    let mut t = synthetic();
+    t.spans[0].start_us = -1e12;
+    t.spans[1].start_us = 1e12 - 1e6;
+    render_rgb(&t, &TimelineOptions::default()).unwrap();
+}
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+    use warpline::trace::timeline::MAX_TIME_US;
+
+    fn time() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            Just(f64::NAN),
+            Just(f64::INFINITY),
+            Just(f64::NEG_INFINITY),
+            Just(MAX_TIME_US),
+            Just(-MAX_TIME_US),
+            Just(0.0),
+            -1e4f64..1e6,
+            -MAX_TIME_US..MAX_TIME_US,
+            any::<f64>(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn issue19_item13_any_trace_renders_or_is_a_typed_error(
+            names in prop::collection::vec("[a-zA-Z0-9 .]{0,40}", 0..5),
+            spans in prop::collection::vec(
+                (0usize..7, 0usize..Stage::ALL.len(), time(), time(), "[a-z ]{0,6}[0-9.]{0,30}"),
+                0..24,
+            ),
+            width in prop_oneof![Just(0u32), 400u32..900, Just(warpline::trace::timeline::MAX_WIDTH + 1)],
+        ) {
+            let mut t = Trace::default();
+            for n in &names {
+                t.add_track(0, "GPU 0", n, TrackKind::Stream).unwrap();
+            }
+            for (track, st, start_us, dur_us, name) in spans {
+                t.spans.push(Span { track, stage: Stage::ALL[st], name, start_us, dur_us, args: vec![] });
+            }
+            let t = t.with_copy_rows();
+            let opts = TimelineOptions { width, ..TimelineOptions::default() };
+            let finite = t.spans.iter().all(|s| {
+                [s.start_us, s.dur_us, s.end_us()].iter().all(|v| v.is_finite() && v.abs() <= MAX_TIME_US)
+            });
+            match render_rgb(&t, &opts) {
+                Ok((rgb, (w, h))) => {
+                    prop_assert!(finite && width <= warpline::trace::timeline::MAX_WIDTH);
+                    prop_assert_eq!(rgb.len(), w as usize * h as usize * 3);
+                    prop_assert_eq!(h, height_for(&t));
+                }
+                Err(e) => {
+                    prop_assert!(matches!(e, warpline::Error::TraceOutput { .. }), "{}", e);
+                    prop_assert!(!finite || width > warpline::trace::timeline::MAX_WIDTH);
+                }
+            }
+            let _ = chrome_json(&t);
+        }
+    }
 }

@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use crate::error::{Error, Result};
+
 /// What a span was doing (one colour each in the timeline).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -167,9 +169,44 @@ impl Trace {
         }
     }
 
-    /// Adds a track, returns its index.
-    pub fn add_track(&mut self, pid: u32, process: &str, name: &str, kind: TrackKind) -> usize {
-        let tid = self.tracks.iter().map(|t| t.tid).max().unwrap_or(0) + 1;
+    /// Adds a track, returns its index. Its `tid` is one more than the largest in the trace, or,
+    /// where that would pass `u32::MAX` (tracks built by hand), the smallest unused tid from 1.
+    ///
+    /// Errors: [`Error::TooLarge`] when every tid from 1 to `u32::MAX` is taken.
+    pub fn add_track(
+        &mut self,
+        pid: u32,
+        process: &str,
+        name: &str,
+        kind: TrackKind,
+    ) -> Result<usize> {
+        let max = self.tracks.iter().map(|t| t.tid).max().unwrap_or(0);
+        let tid = match max.checked_add(1) {
+            Some(t) => t,
+            None => {
+                let mut used: Vec<u32> = self.tracks.iter().map(|t| t.tid).collect();
+                used.sort_unstable();
+                used.dedup();
+                // The first gap in 1, 2, 3, ... (tid 0 is the process's metadata row).
+                let mut want = 1u32;
+                for &u in used.iter().filter(|&&u| u >= 1) {
+                    if u != want {
+                        break;
+                    }
+                    match want.checked_add(1) {
+                        Some(w) => want = w,
+                        None => {
+                            return Err(Error::TooLarge {
+                                what: "trace tracks (every tid from 1 to 2^32 - 1 is taken)",
+                                value: self.tracks.len() as u64,
+                                max: u64::from(u32::MAX),
+                            })
+                        }
+                    }
+                }
+                want
+            }
+        };
         self.tracks.push(Track {
             pid,
             process: process.to_string(),
@@ -177,12 +214,13 @@ impl Trace {
             name: name.to_string(),
             kind,
         });
-        self.tracks.len() - 1
+        Ok(self.tracks.len() - 1)
     }
 
     /// Adds the copy-direction rows ("copy H2D (all streams)", "copy D2H (all streams)"): every
     /// H2D and D2H span of a stream track again, on its direction's row, so the picture shows
-    /// when each direction of PCIe was busy. Idempotent.
+    /// when each direction of PCIe was busy. Idempotent. (Adds none if [`Trace::add_track`]
+    /// fails: a trace with 2^32 - 1 tracks.)
     pub fn with_copy_rows(mut self) -> Self {
         if self.tracks.iter().any(|t| t.kind == TrackKind::CopyEngine) {
             return self;
@@ -209,7 +247,11 @@ impl Trace {
             if copies.is_empty() {
                 continue;
             }
-            let t = self.add_track(first.pid, &first.process, name, TrackKind::CopyEngine);
+            // Fails only with 2^32 - 1 tracks already there: then no copy rows are added.
+            let Ok(t) = self.add_track(first.pid, &first.process, name, TrackKind::CopyEngine)
+            else {
+                break;
+            };
             extra.extend(copies.into_iter().map(|mut s| {
                 // A stream track (filtered above), so the index is in range.
                 s.args
@@ -238,5 +280,127 @@ impl Trace {
         self.tracks
             .get(t)
             .is_some_and(|t| t.kind == TrackKind::Stream)
+    }
+}
+
+#[cfg(test)]
+mod issue19_item13 {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn issue19_item13_add_track_after_tid_u32_max_takes_a_free_tid() {
+        let mut t = Trace::default();
+        t.tracks.push(Track {
+            pid: 0,
+            process: "p".into(),
+            tid: u32::MAX,
+            name: "hand-made".into(),
+            kind: TrackKind::Stream,
+        });
+        let i = t.add_track(0, "p", "next", TrackKind::Stream).unwrap();
+        assert_eq!((i, t.tracks[i].tid), (1, 1));
+        let i = t.add_track(0, "p", "next", TrackKind::Stream).unwrap();
+        assert_eq!(t.tracks[i].tid, 2);
+        // A gap is found after the taken run 1, 2, then u32::MAX - 1 and u32::MAX.
+        t.tracks[0].tid = u32::MAX - 1;
+        t.tracks.push(Track {
+            tid: u32::MAX,
+            ..t.tracks[0].clone()
+        });
+        let i = t.add_track(0, "p", "gap", TrackKind::Stream).unwrap();
+        assert_eq!(t.tracks[i].tid, 3);
+        // Copy rows too (they call add_track).
+        t.spans.push(Span {
+            track: 0,
+            stage: Stage::H2d,
+            name: "H2D 0".into(),
+            start_us: 1.0,
+            dur_us: 2.0,
+            args: vec![],
+        });
+        let t = t.with_copy_rows();
+        let tids: std::collections::HashSet<u32> = t.tracks.iter().map(|t| t.tid).collect();
+        assert_eq!(tids.len(), t.tracks.len(), "tids stay unique");
+    }
+
+    fn track() -> impl Strategy<Value = Track> {
+        (
+            any::<u32>(),
+            prop_oneof![Just(0u32), Just(u32::MAX), Just(u32::MAX - 1), any::<u32>()],
+            0usize..3,
+        )
+            .prop_map(|(pid, tid, k)| Track {
+                pid,
+                process: format!("GPU {pid}"),
+                tid,
+                name: format!("track {tid}"),
+                kind: [
+                    TrackKind::Stream,
+                    TrackKind::CopyEngine,
+                    TrackKind::DeviceStamps,
+                ][k],
+            })
+    }
+
+    /// Any f64, the special ones often.
+    pub(crate) fn time() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            Just(f64::NAN),
+            Just(f64::INFINITY),
+            Just(f64::NEG_INFINITY),
+            Just(f64::MAX),
+            Just(-0.0),
+            -1e4f64..1e6,
+            any::<f64>(),
+        ]
+    }
+
+    fn span(tracks: usize) -> impl Strategy<Value = Span> {
+        (
+            0..tracks + 3,
+            0..Stage::ALL.len(),
+            time(),
+            time(),
+            "[a-zA-Z0-9 .]{0,12}",
+        )
+            .prop_map(|(track, st, start_us, dur_us, name)| Span {
+                track,
+                stage: Stage::ALL[st],
+                name,
+                start_us,
+                dur_us,
+                args: vec![],
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        #[test]
+        fn issue19_item13_trace_model_never_panics_and_keeps_tids_unique(
+            tracks in prop::collection::vec(track(), 0..6),
+            spans in prop::collection::vec(span(6), 0..20),
+            adds in 0usize..4,
+        ) {
+            let mut t = Trace { tracks, spans, ..Trace::default() };
+            let before: std::collections::HashSet<u32> = t.tracks.iter().map(|t| t.tid).collect();
+            for k in 0..adds {
+                let i = t.add_track(0, "p", &format!("added {k}"), TrackKind::Stream).unwrap();
+                // The new tid is fresh: different from every tid already there.
+                let tid = t.tracks[i].tid;
+                prop_assert!(tid != 0);
+                prop_assert!(t.tracks[..i].iter().all(|o| o.tid != tid));
+            }
+            let _ = t.extent_us();
+            let _ = t.busy_us(Stage::H2d);
+            let with = t.clone().with_copy_rows();
+            prop_assert!(with.tracks.len() >= t.tracks.len());
+            prop_assert!(with.tracks.iter().skip(t.tracks.len()).all(|n| !before.contains(&n.tid)));
+            let (lo, hi) = with.extent_us();
+            prop_assert!(lo.is_finite() && hi.is_finite());
+            let v = crate::trace::chrome_json(&with);
+            prop_assert!(v["traceEvents"].is_array());
+        }
     }
 }

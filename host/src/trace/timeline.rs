@@ -22,6 +22,10 @@ pub const ROW_HEIGHT: u32 = 34;
 pub const MAX_WIDTH: u32 = 16384;
 /// Most rows (tracks) in a picture.
 pub const MAX_ROWS: usize = 256;
+/// Largest `|start|`, `|duration|` and `|end|` of a span a picture draws, µs (about 11.6 days):
+/// within it f64 resolves the picture's smallest time step (1e-3 µs), so the time axis is never
+/// empty, infinite or NaN.
+pub const MAX_TIME_US: f64 = 1e12;
 
 /// Picture options.
 #[derive(Clone, Debug)]
@@ -48,8 +52,24 @@ pub fn height_for(trace: &Trace) -> u32 {
 }
 
 /// The picture's size, checked before anything is allocated: [`Error::TraceOutput`] above
-/// [`MAX_WIDTH`] pixels or [`MAX_ROWS`] tracks.
+/// [`MAX_WIDTH`] pixels or [`MAX_ROWS`] tracks, or for a span whose start, duration or end is not
+/// finite or beyond [`MAX_TIME_US`] (issue 19 item 13: such spans made plotters panic).
 fn picture_size(trace: &Trace, opts: &TimelineOptions, path: &Path) -> Result<(u32, u32)> {
+    let in_range = |t: f64| t.is_finite() && t.abs() <= MAX_TIME_US;
+    if let Some((i, s)) = trace
+        .spans
+        .iter()
+        .enumerate()
+        .find(|(_, s)| !(in_range(s.start_us) && in_range(s.dur_us) && in_range(s.end_us())))
+    {
+        return Err(out_err(
+            path,
+            format!(
+                "span {i} ({:?}) starts at {} µs and lasts {} µs; allowed: finite times within +-{MAX_TIME_US:e} µs",
+                s.name, s.start_us, s.dur_us
+            ),
+        ));
+    }
     if opts.width > MAX_WIDTH || trace.tracks.len() > MAX_ROWS {
         return Err(out_err(
             path,
@@ -81,7 +101,8 @@ fn out_err(path: &Path, e: impl std::fmt::Display) -> Error {
 }
 
 /// Writes the picture to `path`: SVG for a `.svg` extension, PNG otherwise.
-/// Errors: [`Error::TraceOutput`] (size limits, file system, encoder, font).
+/// Errors: [`Error::TraceOutput`] (size limits, span times out of range, file system, encoder,
+/// font). No trace makes it panic.
 pub fn write_timeline(trace: &Trace, path: &Path, opts: &TimelineOptions) -> Result<()> {
     let size = picture_size(trace, opts, path)?;
     font_ready().map_err(|e| out_err(path, e))?;
@@ -100,7 +121,8 @@ pub fn write_timeline(trace: &Trace, path: &Path, opts: &TimelineOptions) -> Res
 }
 
 /// Renders the picture into an RGB buffer (`width x height x 3` bytes), returning it and its
-/// size: for tests and for callers that encode it themselves. Errors: [`Error::TraceOutput`].
+/// size: for tests and for callers that encode it themselves. Errors: [`Error::TraceOutput`] (as
+/// [`write_timeline`]).
 pub fn render_rgb(trace: &Trace, opts: &TimelineOptions) -> Result<(Vec<u8>, (u32, u32))> {
     let here = Path::new("<memory>");
     let size = picture_size(trace, opts, here)?;
@@ -206,12 +228,16 @@ where
         };
         let (a, py) = chart.backend_coord(&(s.start_us * scale, y_of(s.track) - 0.5));
         let (b, _) = chart.backend_coord(&(s.end_us() * scale, y_of(s.track) - 0.5));
-        if b - a < 8 * label.len() as i32 + 6 {
+        // i64: pixel coordinates and label widths of any size, no overflow.
+        let (a, b, len) = (i64::from(a), i64::from(b), label.len() as i64);
+        if b - a < 8 * len + 6 {
             continue;
         }
+        // The label fits between a and b, both pixel coordinates (i32).
+        let x = i32::try_from((a + b) / 2 - 4 * len).unwrap_or(0);
         let text = Text::new(
             label.to_string(),
-            ((a + b) / 2 - 4 * label.len() as i32, py - 7),
+            (x, py - 7),
             ("sans-serif", 13).into_font().color(&WHITE),
         );
         main.draw(&text).map_err(e)?;
