@@ -125,8 +125,8 @@ fn bench(c: &mut Criterion) {
         adds.push(add_ms(&mut s));
         copies.push(copy_ms(&mut s));
     }
-    let add = median(&mut adds);
-    let copy = median(&mut copies);
+    let add = median(&mut adds).expect("30 samples");
+    let copy = median(&mut copies).expect("30 samples");
     let add_gbps = 12.0 * N as f64 / (add * 1e-3) / 1e9;
     let copy_gbps = 8.0 * N as f64 / (copy * 1e-3) / 1e9;
     println!(
@@ -201,7 +201,7 @@ fn variants(s: &mut Setup) {
         }
         copies.push(copy_ms(s));
     }
-    let copy = median(&mut copies);
+    let copy = median(&mut copies).expect("samples were taken");
     let copy_gbps = 8.0 * N as f64 / (copy * 1e-3) / 1e9;
     println!(
         "\nissue 12: 2^28 floats, median of {ROUNDS} round-robin rounds (all variants checked exactly)"
@@ -215,7 +215,7 @@ fn variants(s: &mut Setup) {
         "D2D copy (8 B/elem)", copy, copy_gbps, 1.0
     );
     for (k, (name, _, _)) in rows.iter().enumerate() {
-        let ms = median(&mut times[k]);
+        let ms = median(&mut times[k]).expect("samples were taken");
         let gbps = 12.0 * N as f64 / (ms * 1e-3) / 1e9;
         println!(
             "{:<30} {:>8.3} {:>10.1} {:>10.3}",

@@ -72,8 +72,8 @@ fn device_set_peer_matrix_and_peer_copy_match_the_cpu() {
     let n = (1 << 22) + 3;
     let host = random_f32(n);
     let (s0, s1) = (
-        set.device(0).new_stream().unwrap(),
-        set.device(1).new_stream().unwrap(),
+        set.device(0).unwrap().new_stream().unwrap(),
+        set.device(1).unwrap().new_stream().unwrap(),
     );
     let (p0, p1) = (set.pool(0, 0).unwrap(), set.pool(1, 0).unwrap());
     let mut a = p0.alloc_async::<f32>(&s0, n).unwrap();
@@ -99,7 +99,7 @@ fn device_set_peer_matrix_and_peer_copy_match_the_cpu() {
         Err(Error::LengthMismatch { .. })
     ));
     // Default-pool memory of another process-wide pool still copies (grant covers set pools).
-    let _ = MemPool::default_pool_release_threshold(set.device(0)).unwrap();
+    let _ = MemPool::default_pool_release_threshold(set.device(0).unwrap()).unwrap();
     let bw = peer_copy_bandwidth(&set, 0, 1, 64 << 20, 4).unwrap();
     assert!(bw.one_way > 1.0 && bw.both_ways > 1.0, "{bw:?}");
 }
@@ -331,7 +331,7 @@ fn init_rank_times_out_and_aborts_when_the_other_rank_never_joins() {
     let stream = set.high_priority_stream(0).unwrap();
     let t0 = Instant::now();
     let r = Communicator::init_rank_with_timeout(
-        set.device(0),
+        set.device(0).unwrap(),
         &stream,
         0,
         2,
@@ -357,7 +357,14 @@ fn init_rank_times_out_and_aborts_when_the_other_rank_never_joins() {
     assert!(took < Duration::from_secs(60), "abort took {took:?}");
     // A zero bound is refused before NCCL is called.
     assert!(matches!(
-        Communicator::init_rank_with_timeout(set.device(0), &stream, 0, 2, &id, Duration::ZERO),
+        Communicator::init_rank_with_timeout(
+            set.device(0).unwrap(),
+            &stream,
+            0,
+            2,
+            &id,
+            Duration::ZERO
+        ),
         Err(Error::BadShape { .. })
     ));
 }

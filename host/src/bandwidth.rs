@@ -2,7 +2,7 @@
 //! pinned H2D, D2H and device-to-device copies, timed with events, best of several repetitions.
 
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::{MemPool, PinnedBuffer};
 
 /// Bytes per second of one measurement, as GB/s (1e9 bytes).
@@ -102,11 +102,27 @@ pub fn d2d_copy_gbps(dev: &Device, bytes: usize, reps: usize) -> Result<f64> {
         stream.synchronize()?;
         all.push(gbps(2 * bytes, t0.elapsed_ms(&t1)?));
     }
-    Ok(median(&mut all))
+    median(&mut all).ok_or(Error::Empty {
+        what: "d2d_copy_gbps repetitions",
+    })
 }
 
-/// Median of `v` (sorts it).
-pub fn median(v: &mut [f64]) -> f64 {
+/// Median of `v` (sorts it by `f64::total_cmp`; of an even count, the upper middle value);
+/// `None` for an empty slice.
+pub fn median(v: &mut [f64]) -> Option<f64> {
     v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    v.get(v.len() / 2).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn issue19_item14_median_of_nothing_is_none_not_a_panic() {
+        assert_eq!(median(&mut []), None);
+        assert_eq!(median(&mut [3.0]), Some(3.0));
+        assert_eq!(median(&mut [5.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), Some(3.0));
+    }
 }

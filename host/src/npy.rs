@@ -463,7 +463,7 @@ fn encode(shape: &[u64], data: &[f32]) -> std::result::Result<Vec<u8>, String> {
     let mut dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {tuple}, }}");
     let v1 = 10 + dict.len() < 65_536 - 64;
     let pre = if v1 { 10 } else { 12 };
-    while (pre + dict.len() + 1) % 64 != 0 {
+    while !(pre + dict.len() + 1).is_multiple_of(64) {
         dict.push(' ');
     }
     dict.push('\n');
@@ -542,7 +542,7 @@ mod finding_17 {
     fn write_raw(path: &Path, descr: &str, shape: &str, data: &[u8]) {
         let mut dict =
             format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({shape}), }}");
-        while (10 + dict.len() + 1) % 64 != 0 {
+        while !(10 + dict.len() + 1).is_multiple_of(64) {
             dict.push(' ');
         }
         dict.push('\n');
@@ -634,7 +634,7 @@ mod issue19_item12 {
     /// A version 1.0 file with header dict `dict` (padded) and `data` bytes.
     fn with_dict(dict: &str, data: &[u8]) -> Vec<u8> {
         let mut dict = dict.to_string();
-        while (10 + dict.len() + 1) % 64 != 0 {
+        while !(10 + dict.len() + 1).is_multiple_of(64) {
             dict.push(' ');
         }
         dict.push('\n');

@@ -64,11 +64,24 @@ pub const GEMM_TILE: usize = 128;
 pub const GEMM_REL_BOUND: f64 = 1e-5;
 
 /// `C_t = A_t x B_t` in f64 for each of `tiles` 128x128 row-major tiles laid back to back.
-/// Panics unless `a` and `b` hold exactly `tiles x 128 x 128` elements.
-pub fn gemm_tiles_f64(a: &[f32], b: &[f32], tiles: usize) -> Vec<f64> {
+///
+/// Errors: [`Error::LengthMismatch`] unless `a` and `b` hold exactly `tiles x 128 x 128`
+/// elements (checked arithmetic: a `tiles` whose element count overflows is refused the same
+/// way).
+pub fn gemm_tiles_f64(a: &[f32], b: &[f32], tiles: usize) -> Result<Vec<f64>> {
     const N: usize = GEMM_TILE;
-    assert_eq!(a.len(), tiles * N * N, "a must hold {tiles} tiles");
-    assert_eq!(b.len(), tiles * N * N, "b must hold {tiles} tiles");
+    let want = tiles.checked_mul(N * N);
+    if want != Some(a.len()) || want != Some(b.len()) {
+        return Err(Error::LengthMismatch {
+            what: "gemm_tiles_f64 inputs",
+            detail: format!(
+                "a has {} elements, b {}; {tiles} tiles of 128 x 128 need {} each",
+                a.len(),
+                b.len(),
+                want.map_or("more than 2^64".to_string(), |w| w.to_string())
+            ),
+        });
+    }
     let mut c = vec![0f64; tiles * N * N];
     for t in 0..tiles {
         let (at, bt) = (&a[t * N * N..][..N * N], &b[t * N * N..][..N * N]);
@@ -83,7 +96,7 @@ pub fn gemm_tiles_f64(a: &[f32], b: &[f32], tiles: usize) -> Vec<f64> {
             }
         }
     }
-    c
+    Ok(c)
 }
 
 /// Per-tile relative error `||got_t - want_t||_F / ||want_t||_F` (NaN anywhere in a tile gives
@@ -176,6 +189,27 @@ mod tests {
     }
 
     #[test]
+    fn issue19_item14_gemm_reference_refuses_wrong_lengths_instead_of_panicking() {
+        let tile = vec![1.0f32; GEMM_TILE * GEMM_TILE];
+        assert!(matches!(
+            gemm_tiles_f64(&tile, &tile[1..], 1),
+            Err(Error::LengthMismatch { .. })
+        ));
+        assert!(matches!(
+            gemm_tiles_f64(&tile, &tile, 2),
+            Err(Error::LengthMismatch { .. })
+        ));
+        // tiles x 16384 overflows usize: refused, not wrapped to a matching length.
+        assert!(matches!(
+            gemm_tiles_f64(&[], &[], usize::MAX / 4096),
+            Err(Error::LengthMismatch { .. })
+        ));
+        assert_eq!(gemm_tiles_f64(&[], &[], 0).unwrap(), Vec::<f64>::new());
+        let c = gemm_tiles_f64(&tile, &tile, 1).unwrap();
+        assert!(c.iter().all(|&x| x == GEMM_TILE as f64));
+    }
+
+    #[test]
     fn gemm_reference_matches_naive_and_verify_catches_errors() {
         let n = GEMM_TILE;
         let a: Vec<f32> = (0..2 * n * n)
@@ -184,7 +218,7 @@ mod tests {
         let b: Vec<f32> = (0..2 * n * n)
             .map(|i| ((i * 104729) % 11) as f32 - 5.0)
             .collect();
-        let c = gemm_tiles_f64(&a, &b, 2);
+        let c = gemm_tiles_f64(&a, &b, 2).unwrap();
         for &(t, i, j) in &[(0, 0, 0), (1, 127, 127), (1, 5, 77)] {
             let want: f64 = (0..n)
                 .map(|k| a[t * n * n + i * n + k] as f64 * b[t * n * n + k * n + j] as f64)

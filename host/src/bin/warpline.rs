@@ -988,7 +988,9 @@ fn ab_runs(
             };
             spans.push(r.pcie_gbps());
         }
-        let gbps = bandwidth::median(&mut spans);
+        let gbps = bandwidth::median(&mut spans).ok_or(Error::Empty {
+            what: "--reps (timed repetitions)",
+        })?;
         if schedule.is_none() {
             cxx = Some(gbps);
         }
@@ -1240,7 +1242,7 @@ fn gemm(ctx: &Ctx, args: GemmArgs) -> CliResult<Value> {
         None
     } else {
         let pb = bar(1, "f64 reference");
-        let w = reference::gemm_tiles_f64(&a, &b, tiles);
+        let w = reference::gemm_tiles_f64(&a, &b, tiles)?;
         pb.finish_and_clear();
         Some(w)
     };
@@ -1672,7 +1674,11 @@ fn tc_gemm_cmd<T: warpline::kernels::tc_gemm::TcInput>(
         let mut checked = 0usize;
         let mut worst = 0f64;
         let mut check = |i: usize, j: usize| -> Result<()> {
-            let (want, abs) = reference_entry(&aw, lda, &b, k, i, j);
+            let (want, abs) =
+                reference_entry(&aw, lda, &b, k, i, j).ok_or_else(|| Error::LengthMismatch {
+                    what: "tc_gemm --verify reference",
+                    detail: format!("C[{i}][{j}] needs elements outside the host copies of A or B"),
+                })?;
             let got = c[i * ldc + j] as f64;
             let tol = tolerance(want, abs, 1.0, 0.0, 0.0);
             worst = worst.max((got - want).abs() / tol);

@@ -326,16 +326,18 @@ impl GemmShape {
         2.0 * self.m as f64 * self.n as f64 * self.k as f64
     }
 
-    /// Work units of the persistent scheduler for clusters of `cluster`:
+    /// Work units of the persistent scheduler for clusters of `cluster` (0 counts as 1):
     /// `ceil(ceil(M / BM) / cluster) * ceil(N / BN)` (`WG_M` instead of `BM` for ping-pong).
-    pub fn units(&self, cluster: u32) -> u64 {
+    /// `None` when the product exceeds `u64::MAX` (shapes far beyond what [`check_shapes`]
+    /// accepts).
+    pub fn units(&self, cluster: u32) -> Option<u64> {
         self.units_of(cluster, false)
     }
 
     /// [`GemmShape::units`] for the cooperative (`pingpong = false`) or ping-pong entries.
-    pub fn units_of(&self, cluster: u32, pingpong: bool) -> u64 {
+    pub fn units_of(&self, cluster: u32, pingpong: bool) -> Option<u64> {
         let (m_units, n_tiles) = self.unit_grid(cluster, pingpong);
-        m_units * n_tiles
+        m_units.checked_mul(n_tiles)
     }
 
     /// The raster band the kernel is given for `group`: at most the raster's minor dimension (in
@@ -402,7 +404,13 @@ pub fn check_matrix(what: &'static str, d: &MatrixDims) -> Result<()> {
             ),
         });
     }
-    if !(d.pitch * d.elem_bytes).is_multiple_of(16) {
+    // Checked: `elem_bytes` is a plain number of the caller's; a product that overflows is no
+    // multiple of 16 bytes a kernel could use.
+    if !d
+        .pitch
+        .checked_mul(d.elem_bytes)
+        .is_some_and(|b| b.is_multiple_of(16))
+    {
         return Err(Error::PitchAlignment {
             what,
             pitch: d.pitch,
@@ -765,7 +773,9 @@ impl<'d> TcGemm<'d> {
             }
             None => self.default_cluster(name)?,
         };
-        let units = shape.units_of(cluster, opts.pingpong);
+        // check_shapes bounds M and N by 2^31 - 1, so the product fits; u64::MAX stands for
+        // an overflow all the same.
+        let units = shape.units_of(cluster, opts.pingpong).unwrap_or(u64::MAX);
         let group = shape.band_group(cluster, opts.pingpong, opts.raster, opts.group);
         if units > contract::MAX_UNITS {
             return Err(Error::TooLarge {
@@ -1207,24 +1217,23 @@ pub struct HostB<'h> {
 }
 
 impl HostB<'_> {
-    /// `B[kk][j]` (logical `K x N`).
-    ///
-    /// # Panics
-    /// If the element lies outside `data` (as slice indexing does).
-    pub fn at(&self, kk: usize, j: usize) -> f32 {
-        match self.layout {
-            BLayout::ColMajor => self.data[j * self.pitch + kk],
-            BLayout::RowMajor => self.data[kk * self.pitch + j],
-        }
+    /// `B[kk][j]` (logical `K x N`), or `None` if the element lies outside `data` (or its index
+    /// overflows usize).
+    pub fn at(&self, kk: usize, j: usize) -> Option<f32> {
+        let (row, col) = match self.layout {
+            BLayout::ColMajor => (j, kk),
+            BLayout::RowMajor => (kk, j),
+        };
+        let at = row.checked_mul(self.pitch)?.checked_add(col)?;
+        self.data.get(at).copied()
     }
 }
 
 /// `(sum_k A[i][k] B[k][j], sum_k |A[i][k] B[k][j]|)` in f64, for row `i` of a row-major A
 /// (pitch `lda`, `k` columns; values already rounded to the input type and widened).
 ///
-/// # Panics
-/// If an element of row `i` of A or column `j` of B lies outside its slice (as slice indexing
-/// does): a CPU test helper, given the matrices it was made for.
+/// `None` if an element of row `i` of A or column `j` of B lies outside its slice (checked
+/// index arithmetic: nothing is read out of bounds and nothing overflows).
 pub fn reference_entry(
     a: &[f32],
     lda: usize,
@@ -1232,14 +1241,17 @@ pub fn reference_entry(
     k: usize,
     i: usize,
     j: usize,
-) -> (f64, f64) {
+) -> Option<(f64, f64)> {
+    let row = i.checked_mul(lda)?;
+    // The whole row first, so a `k` beyond the data fails fast instead of after k steps.
+    let a_row = a.get(row..row.checked_add(k)?)?;
     let (mut s, mut abs) = (0f64, 0f64);
-    for kk in 0..k {
-        let p = a[i * lda + kk] as f64 * b.at(kk, j) as f64;
+    for (kk, &x) in a_row.iter().enumerate() {
+        let p = x as f64 * b.at(kk, j)? as f64;
         s += p;
         abs += p.abs();
     }
-    (s, abs)
+    Some((s, abs))
 }
 
 /// The relative bound the tests and `warpline gemm --verify` use for one element of
@@ -1319,7 +1331,7 @@ mod tests {
         };
         // 1000 rows: 8 tiles of 128, 4 units of a cluster of 2; 700 columns: 3 tiles of 256.
         assert_eq!(shape.unit_grid(2, false), (4, 3));
-        assert_eq!(shape.units_of(2, false), 12);
+        assert_eq!(shape.units_of(2, false), Some(12));
         assert_eq!(shape.band_group(2, false, Raster::AlongN, 1 << 31), 3);
         assert_eq!(shape.band_group(2, false, Raster::AlongM, 1 << 31), 4);
         assert_eq!(shape.band_group(2, false, Raster::AlongM, 2), 2);
@@ -1438,8 +1450,8 @@ mod tests {
             k: 1,
         };
         // 33 M tiles, 2 N tiles.
-        assert_eq!(s.units(1), 66);
-        assert_eq!(s.units(2), 34);
+        assert_eq!(s.units(1), Some(66));
+        assert_eq!(s.units(2), Some(34));
         assert!(check_cluster(1).is_ok() && check_cluster(2).is_ok());
         assert!(matches!(
             check_cluster(4),
@@ -1476,12 +1488,132 @@ mod tests {
             pitch: 3,
             layout: BLayout::ColMajor,
         };
-        assert_eq!(reference_entry(&a, 4, &hb, 3, 0, 0), (6.0, 6.0));
+        assert_eq!(reference_entry(&a, 4, &hb, 3, 0, 0), Some((6.0, 6.0)));
         assert_eq!(
             reference_entry(&a, 4, &hb, 3, 1, 1),
-            (-2.0 - 1.0 + 1.0, 2.0 + 1.0 + 1.0)
+            Some((-2.0 - 1.0 + 1.0, 2.0 + 1.0 + 1.0))
         );
         let t = tolerance(10.0, 100.0, 1.0, 0.0, 0.0);
         assert!((t - (0.1 + ABS_FLOOR)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn issue19_item14_reference_helpers_return_none_outside_their_slices() {
+        let a = [1.0f32; 8];
+        let b = [1.0f32; 6];
+        let hb = HostB {
+            data: &b,
+            pitch: 3,
+            layout: BLayout::ColMajor,
+        };
+        assert_eq!(hb.at(2, 1), Some(1.0));
+        assert_eq!(hb.at(3, 1), None);
+        assert_eq!(hb.at(0, usize::MAX), None);
+        assert_eq!(
+            reference_entry(&a, 4, &hb, 3, 2, 0),
+            None,
+            "row 2 of A is outside"
+        );
+        assert_eq!(
+            reference_entry(&a, 4, &hb, 3, 0, 2),
+            None,
+            "column 2 of B is outside"
+        );
+        assert_eq!(reference_entry(&a, usize::MAX, &hb, 3, 2, 0), None);
+        assert_eq!(reference_entry(&a, 4, &hb, usize::MAX, 0, 0), None);
+        assert_eq!(reference_entry(&a, 4, &hb, 0, 1, 1), Some((0.0, 0.0)));
+    }
+
+    #[test]
+    fn issue19_item14_units_and_check_matrix_do_not_overflow_on_absurd_sizes() {
+        let s = GemmShape {
+            m: usize::MAX,
+            n: usize::MAX,
+            k: usize::MAX,
+        };
+        assert_eq!(s.units(1), None);
+        assert_eq!(s.units_of(u32::MAX, true), None);
+        assert!(s.flops().is_finite());
+        // 2^31 - 1 rows and columns: the largest check_shapes accepts, the product fits.
+        let big = GemmShape {
+            m: i32::MAX as usize,
+            n: i32::MAX as usize,
+            k: 1,
+        };
+        assert_eq!(big.units(1), Some((1u64 << 24) * (1 << 23)));
+        // pitch x elem_bytes overflowed here.
+        let e = check_matrix("A", &dims(1, 8, 8, usize::MAX)).unwrap_err();
+        assert!(matches!(e, Error::PitchAlignment { .. }), "{e}");
+    }
+
+    use proptest::prelude::*;
+
+    fn edge() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            0usize..300,
+            any::<usize>(),
+            (0usize..4).prop_map(|d| i32::MAX as usize - 1 + d),
+            (0usize..4).prop_map(|d| u32::MAX as usize - 1 + d),
+            (0usize..4).prop_map(|d| usize::MAX - d),
+        ]
+    }
+
+    fn any_dims() -> impl Strategy<Value = MatrixDims> {
+        (
+            edge(),
+            edge(),
+            edge(),
+            edge(),
+            any::<u64>(),
+            prop_oneof![Just(2usize), Just(4), edge()],
+        )
+            .prop_map(|(rows, cols, pitch, len, address, elem_bytes)| MatrixDims {
+                rows,
+                cols,
+                pitch,
+                len,
+                address: address & !0xf,
+                elem_bytes,
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+
+        #[test]
+        fn issue19_item14_shape_validation_is_total_and_sound(
+            a in any_dims(),
+            b in any_dims(),
+            c in any_dims(),
+            col in any::<bool>(),
+            cluster in any::<u32>(),
+        ) {
+            let layout = if col { BLayout::ColMajor } else { BLayout::RowMajor };
+            for d in [&a, &b, &c] {
+                if check_matrix("x", d).is_ok() {
+                    // What an accepted operand guarantees, in u128 arithmetic.
+                    prop_assert!(d.rows >= 1 && d.cols >= 1);
+                    prop_assert!(d.rows <= i32::MAX as usize && d.cols <= i32::MAX as usize);
+                    prop_assert!(d.pitch >= d.cols && d.pitch <= u32::MAX as usize);
+                    prop_assert_eq!((d.pitch as u128 * d.elem_bytes as u128) % 16, 0);
+                    let need = (d.rows as u128 - 1) * d.pitch as u128 + d.cols as u128;
+                    prop_assert!(need <= d.len as u128);
+                }
+            }
+            if let Ok(s) = check_shapes(&a, &b, layout, &c) {
+                prop_assert_eq!((s.m, s.k), (a.rows, a.cols));
+                prop_assert_eq!((s.m, s.n), (c.rows, c.cols));
+                let units = s.units_of(cluster, false);
+                prop_assert!(units.is_some());
+            }
+            // Any shape: the units are the u128 product, or None when it does not fit u64.
+            let s = GemmShape { m: a.rows, n: b.cols, k: c.pitch };
+            for pingpong in [false, true] {
+                let rows = if pingpong { contract::WG_M } else { contract::BM } as u128;
+                let m_units = (s.m as u128).div_ceil(rows).div_ceil(cluster.max(1) as u128);
+                let want = m_units * (s.n as u128).div_ceil(contract::BN as u128);
+                prop_assert_eq!(s.units_of(cluster, pingpong).map(u128::from), u64::try_from(want).ok().map(u128::from));
+            }
+        }
     }
 }

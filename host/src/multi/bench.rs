@@ -87,12 +87,12 @@ pub fn peer_copy_bandwidth(
         if a == b || !set.can_access(f, t) {
             return Err(Error::PeerAccessUnavailable {
                 what: "peer_copy_bandwidth",
-                from: set.device(f).ordinal(),
-                to: set.device(t).ordinal(),
+                from: set.device(f)?.ordinal(),
+                to: set.device(t)?.ordinal(),
             });
         }
     }
-    let (sa, sb) = (set.device(a).new_stream()?, set.device(b).new_stream()?);
+    let (sa, sb) = (set.device(a)?.new_stream()?, set.device(b)?.new_stream()?);
     let (pa, pb) = (set.pool(a, 0)?, set.pool(b, 0)?);
     let mut buf_a = [
         pa.alloc_async::<u8>(&sa, bytes)?,
@@ -484,15 +484,16 @@ pub fn data_parallel_step_with(
     // H200s; the per-step buffer move below did.)
     let mut gpus: Vec<DpGpu<'_>> = Vec::with_capacity(n);
     for i in 0..n {
-        let sms = set.device(i).capabilities().sm_count;
+        let dev = set.device(i)?;
+        let sms = dev.capabilities().sm_count;
         let ctas = sms
             .saturating_sub(DP_NCCL_SMS)
             .max(1)
             .min(tiles.max(1) as u32);
-        let compute = set.device(i).new_stream()?;
+        let compute = dev.new_stream()?;
         let pool = set.pool(i, u64::MAX)?;
         gpus.push(DpGpu::new(
-            set.device(i),
+            dev,
             compute,
             &pool,
             i,
@@ -600,8 +601,11 @@ fn verify_step(gpus: &[DpGpu<'_>], got: &[Vec<Vec<f32>>], tiles: usize, what: &s
         let mut want = vec![0f64; TILE];
         for g in gpus {
             let (x, w) = g.inputs();
-            let part =
-                crate::reference::gemm_tiles_f64(&x[t * TILE..][..TILE], &w[t * TILE..][..TILE], 1);
+            let part = crate::reference::gemm_tiles_f64(
+                &x[t * TILE..][..TILE],
+                &w[t * TILE..][..TILE],
+                1,
+            )?;
             for (o, p) in want.iter_mut().zip(part) {
                 *o += p;
             }

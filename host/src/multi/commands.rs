@@ -358,9 +358,10 @@ pub unsafe fn nccl_rank(rank: usize, world: usize, iters: usize) -> Result<()> {
     let dev = crate::Device::open(rank)?;
     let set = DeviceSet::from_devices(vec![dev])?;
     let stream = set.high_priority_stream(0)?;
-    let comm = Communicator::init_rank(set.device(0), &stream, rank, world, &id)?;
+    let comm = Communicator::init_rank(set.device(0)?, &stream, rank, world, &id)?;
     // SAFETY: this function's contract; `sweep_sizes()` is the same constant on every rank.
-    let pts = unsafe { bench::all_reduce_sweep_rank(set.device(0), &comm, &sweep_sizes(), iters)? };
+    let pts =
+        unsafe { bench::all_reduce_sweep_rank(set.device(0)?, &comm, &sweep_sizes(), iters)? };
     if rank == 0 {
         print_sweep(
             &format!("{world} processes, one GPU each (ncclCommInitRank), rank 0's timing"),

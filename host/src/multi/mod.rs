@@ -175,10 +175,10 @@ impl DeviceSet {
         &self.devices
     }
 
-    /// GPU `i` of the set (not its ordinal: position in the set). Panics if `i >= len()`; see
-    /// [`DeviceSet::get`] for the checked form.
-    pub fn device(&self, i: usize) -> &Device {
-        &self.devices[i]
+    /// GPU `i` of the set (not its ordinal: position in the set); the same as
+    /// [`DeviceSet::get`]. Errors: [`Error::BadShape`] if `i >= len()`.
+    pub fn device(&self, i: usize) -> Result<&Device> {
+        self.get(i)
     }
 
     /// GPU `i` of the set. Errors: [`Error::BadShape`] if `i >= len()`.

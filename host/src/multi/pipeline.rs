@@ -249,13 +249,13 @@ impl<'s> LayerPipeline<'s> {
                 if !set.can_access(f, t) {
                     return Err(Error::PeerAccessUnavailable {
                         what: "LayerPipeline",
-                        from: set.device(f).ordinal(),
-                        to: set.device(t).ordinal(),
+                        from: set.device(f)?.ordinal(),
+                        to: set.device(t)?.ordinal(),
                     });
                 }
             }
         }
-        let (da, db) = (set.device(a), set.device(b));
+        let (da, db) = (set.device(a)?, set.device(b)?);
         let h2d = da.new_stream()?;
         let ca = da.new_stream()?;
         let comm = set.high_priority_stream(a)?;
@@ -348,7 +348,7 @@ impl<'s> LayerPipeline<'s> {
             slots,
             ..
         } = self;
-        let (da, db) = (set.device(*a), set.device(*b));
+        let (da, db) = (set.device(*a)?, set.device(*b)?);
         let slot = n % cfg.slots;
         let sl = &mut slots[slot];
         let bytes = cfg.activation_bytes();
@@ -555,7 +555,7 @@ impl<'s> LayerPipeline<'s> {
             ..
         } = self;
         let two = *placement == Placement::TwoGpus;
-        let (da, db) = (set.device(*a), set.device(*b));
+        let (da, db) = (set.device(*a)?, set.device(*b)?);
         let (w1, w2) = (&*w1, &*w2);
         // Disjoint borrows of each slot: GPU A's buffers for A's thread, GPU B's for B's.
         let mut on_a = Vec::with_capacity(slots.len());
@@ -616,9 +616,13 @@ impl<'s> LayerPipeline<'s> {
     /// pipeline); [`LayerPipeline::run`] launches kernel by kernel again.
     pub fn release_graphs(&mut self) {
         if let Some(PipelineGraphs { a, b }) = self.graphs.take() {
-            let _ = self.set.device(self.a).bind();
+            if let Ok(d) = self.set.device(self.a) {
+                let _ = d.bind();
+            }
             drop(a);
-            let _ = self.set.device(self.b).bind();
+            if let Ok(d) = self.set.device(self.b) {
+                let _ = d.bind();
+            }
             drop(b);
         }
     }

@@ -87,14 +87,14 @@ pub fn run_seeds(set: &DeviceSet, runs: usize, bound: Duration) -> Result<SeedRe
     };
     let g = opposite_order_graph(200)?;
     let streams = [
-        set.device(0).new_stream()?,
-        set.device(1).new_stream()?,
-        set.device(1).new_stream()?,
+        set.device(0)?.new_stream()?,
+        set.device(1)?.new_stream()?,
+        set.device(1)?.new_stream()?,
     ];
     let sigs = [
-        Signal::<u64>::new(set.device(1), "s0")?,
-        Signal::<u64>::new(set.device(1), "s1")?,
-        Signal::<u64>::new(set.device(1), "done")?,
+        Signal::<u64>::new(set.device(1)?, "s0")?,
+        Signal::<u64>::new(set.device(1)?, "s1")?,
+        Signal::<u64>::new(set.device(1)?, "done")?,
     ];
     let refs: Vec<&Signal<u64>> = sigs.iter().collect();
     let mut completed = 0;

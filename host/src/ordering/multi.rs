@@ -243,7 +243,11 @@ impl MultiTaskGraph {
                 });
             }
         }
-        let devs: Vec<&crate::Device> = self.lanes.iter().map(|(_, g)| set.device(*g)).collect();
+        let devs = self
+            .lanes
+            .iter()
+            .map(|(_, g)| set.device(*g))
+            .collect::<Result<Vec<&crate::Device>>>()?;
         self.graph.enqueue_on(&devs, streams, signals)
     }
 }
