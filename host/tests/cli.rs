@@ -510,3 +510,137 @@ fn tc_gemm_npy_shapes_are_checked_before_the_device() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("2-D arrays are needed"), "{stderr}");
 }
+
+// ------------------------------------------------------------------------------------------------
+// Issue 19 item 15: hostile flags are refused before any device is opened (so these run the same
+// with and without a GPU), sizes against host memory before anything is read.
+// ------------------------------------------------------------------------------------------------
+
+#[test]
+fn issue19_item15_ordering_demo_spin_that_overflows_is_refused_before_the_device() {
+    for spin in ["18446744073709552", "1000001"] {
+        let (code, stderr) = run(&["ordering-demo", "--spin-us", spin]);
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(stderr.contains("--spin-us"), "{stderr}");
+        assert!(!stderr.contains("no GPU"), "{stderr}");
+    }
+}
+
+#[test]
+fn issue19_item15_mgpu_flags_are_checked_before_the_gpus_are_opened() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["mgpu", "allreduce", "--iters", "0"], "--iters"),
+        (&["mgpu", "allreduce", "--procs", "1"], "--procs"),
+        (&["mgpu", "peer-bw", "--iters", "0"], "--iters"),
+        (&["mgpu", "peer-bw", "--bytes", "0"], "--bytes"),
+        (&["mgpu", "pipeline", "--slots", "1"], "slots"),
+        (&["mgpu", "pipeline", "--layers", "0"], "layers"),
+        (
+            &["mgpu", "pipeline", "--microbatches", "0"],
+            "--microbatches",
+        ),
+        (&["mgpu", "dp-step", "--buckets", "0"], "buckets"),
+        (&["mgpu", "dp-step", "--tiles", "0"], "tiles"),
+        (&["mgpu", "seeds", "--runs", "0"], "--runs"),
+        (&["mgpu", "seeds", "--bound-ms", "0"], "--bound-ms"),
+        (
+            &["mgpu", "nccl-rank", "--rank", "2", "--world", "2"],
+            "--rank",
+        ),
+        (
+            &[
+                "mgpu",
+                "nccl-rank",
+                "--rank",
+                "0",
+                "--world",
+                "1",
+                "--iters",
+                "0",
+            ],
+            "--iters",
+        ),
+    ];
+    for (args, flag) in cases {
+        let (code, stderr) = run(args);
+        assert!(matches!(code, Some(1) | Some(2)), "{args:?}: {stderr}");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("no GPU"),
+            "{args:?} must fail on its flag first: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn issue19_item15_allreduce_procs_above_the_gpu_count_fails_fast() {
+    let t = std::time::Instant::now();
+    let (code, stderr) = run(&["mgpu", "allreduce", "--procs", "64"]);
+    // No GPU or NCCL here: "no GPU"; with GPUs: fewer than 64, refused before any rank starts
+    // (it waited out the 120 s NCCL init timeout).
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("no GPU"), "{stderr}");
+    if warpline::device::driver_present() && stderr.contains("--procs") {
+        assert!(stderr.contains("needs 64 GPUs"), "{stderr}");
+    }
+    assert!(t.elapsed() < std::time::Duration::from_secs(60), "{stderr}");
+}
+
+/// A sparse float32 .npy file of `shape` (its data holes of zeros): a valid file of any size
+/// that costs no disk. `None` where the file system cannot hold it.
+fn sparse_npy(path: &std::path::Path, shape: &[u64]) -> Option<()> {
+    use std::io::Write;
+    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+    let mut dict = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        dims.join(", ")
+    );
+    while !(10 + dict.len() + 1).is_multiple_of(64) {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut f = std::fs::File::create(path).ok()?;
+    f.write_all(b"\x93NUMPY\x01\x00").ok()?;
+    f.write_all(&(dict.len() as u16).to_le_bytes()).ok()?;
+    f.write_all(dict.as_bytes()).ok()?;
+    let data: u64 = shape.iter().product::<u64>() * 4;
+    f.set_len(10 + dict.len() as u64 + data).ok()
+}
+
+#[test]
+fn issue19_item15_npy_inputs_are_checked_against_host_memory_before_they_are_read() {
+    let d = temp_dir("i19-15");
+    // 2^38 floats each (1 TiB of data per file, sparse): reading them would exhaust memory.
+    let (a, b) = (d.join("a.npy"), d.join("b.npy"));
+    let (a2, b2) = (d.join("a2.npy"), d.join("b2.npy"));
+    if sparse_npy(&a, &[1 << 38]).is_none()
+        || sparse_npy(&b, &[1 << 38]).is_none()
+        || sparse_npy(&a2, &[1 << 19, 1 << 19]).is_none()
+        || sparse_npy(&b2, &[1 << 19, 1 << 19]).is_none()
+    {
+        eprintln!("skipped: this file system cannot hold 1 TiB sparse files");
+        std::fs::remove_dir_all(&d).unwrap();
+        return;
+    }
+    let (a, b, a2, b2) = (
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        a2.to_str().unwrap(),
+        b2.to_str().unwrap(),
+    );
+    for args in [
+        vec!["pipeline", "--a", a, "--b", b],
+        vec!["gemm", "--a", a, "--b", b],
+        vec!["gemm", "--dtype", "bf16", "--a", a2, "--b", b2],
+    ] {
+        let t = std::time::Instant::now();
+        let (code, stderr) = run(&args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("of host memory"), "{args:?}: {stderr}");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "{args:?}: read the data first"
+        );
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

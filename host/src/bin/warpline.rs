@@ -695,6 +695,22 @@ fn check_pipeline_args(args: &PipelineArgs) -> CliResult<Option<usize>> {
     Ok(Some(n))
 }
 
+/// Device memory of a pipeline run: `(batches in flight, bytes)`. Up to
+/// [`warpline::pipeline::IN_FLIGHT_PER_STREAM`] batches in flight per stream (BatchPipeline's
+/// cap, issue 19 item 15: not 1), at most all of them, A, B and C of each, plus the bandwidth
+/// probe's 256 MiB buffer. `None` on overflow.
+fn pipeline_device_bytes(streams: usize, n: usize, batch_elems: usize) -> Option<(usize, u64)> {
+    let batches = n.div_ceil(batch_elems.max(1));
+    let in_flight = warpline::pipeline::IN_FLIGHT_PER_STREAM
+        .checked_mul(streams)?
+        .min(batches);
+    let bytes = bytes_of(&[
+        (in_flight.checked_mul(3 * 4)?, batch_elems.min(n)),
+        (1, 256 << 20),
+    ])?;
+    Some((in_flight, bytes))
+}
+
 /// Host bytes of a pipeline run over `n` elements: pinned A, B, C (f32).
 fn pipeline_host_bytes(n: usize) -> Option<u64> {
     bytes_of(&[(3 * 4, n)])
@@ -713,31 +729,39 @@ fn pipeline(ctx: &Ctx, args: PipelineArgs) -> CliResult<Value> {
             pipeline_host_bytes(n),
         )?;
     }
-    // Inputs from files are read (and checked) before the device is opened, too.
+    // Inputs from files are checked (headers, then host memory) and read before the device is
+    // opened, too.
     let files = match (&args.a, &args.b) {
         (Some(pa), Some(pb)) => {
-            let a = npy::read_f32_1d(pa)?;
-            let b = npy::read_f32_1d(pb)?;
-            if a.len() != b.len() {
+            let (ha, hb) = (npy::read_header(pa)?, npy::read_header(pb)?);
+            if ha.elements != hb.elements {
                 return Err(Error::LengthMismatch {
                     what: "--a/--b",
                     detail: format!(
                         "{} has {} elements, {} has {}",
                         pa.display(),
-                        a.len(),
+                        ha.elements,
                         pb.display(),
-                        b.len()
+                        hb.elements
                     ),
                 }
                 .into());
             }
-            if a.is_empty() {
+            if ha.elements == 0 {
                 return Err(Error::Empty { what: "--a" }.into());
             }
+            // The files' own copies, then pinned A, B and C (issue 19 item 15: checked before
+            // anything is read).
+            let files = bytes_of(&[(2 * 4, usize::try_from(ha.elements).unwrap_or(usize::MAX))]);
+            let pinned = usize::try_from(ha.elements)
+                .ok()
+                .and_then(pipeline_host_bytes);
             check_host_memory(
-                "--a/--b (pinned copies of A and B, and C)",
-                pipeline_host_bytes(a.len()),
+                "--a/--b (the files' data, pinned copies of A and B, and C)",
+                files.zip(pinned).and_then(|(f, p)| f.checked_add(p)),
             )?;
+            let a = npy::read_f32_1d(pa)?;
+            let b = npy::read_f32_1d(pb)?;
             Some((a, b))
         }
         _ => None,
@@ -772,10 +796,7 @@ fn pipeline(ctx: &Ctx, args: PipelineArgs) -> CliResult<Value> {
     let n = a.len();
     // Both at least 1 (checked above), so no division by zero.
     let batch_elems = args.batch_elems.unwrap_or_else(|| n.div_ceil(args.batches));
-    // Device memory: up to one batch in flight per stream, A, B and C of each, plus the
-    // bandwidth probe's 256 MiB buffer.
-    let in_flight = args.streams.min(n.div_ceil(batch_elems));
-    let device_bytes = bytes_of(&[(in_flight * 3 * 4, batch_elems.min(n)), (1, 256 << 20)])
+    let (in_flight, device_bytes) = pipeline_device_bytes(args.streams, n, batch_elems)
         .ok_or_else(|| usage("--batch-elems x --streams overflows"))?;
     check_device_memory(
         &dev,
@@ -1177,11 +1198,14 @@ fn gemm(ctx: &Ctx, args: GemmArgs) -> CliResult<Value> {
     check_gemm_args(&args)?;
     let files = match (&args.a, &args.b) {
         (Some(pa), Some(pb)) => {
-            let (a, b) = (npy::read_f32(pa)?.1, npy::read_f32(pb)?.1);
+            // Headers first: host memory is checked before the data is read (issue 19 item 15).
+            let (ha, hb) = (npy::read_header(pa)?, npy::read_header(pb)?);
+            let n = usize::try_from(ha.elements.max(hb.elements)).unwrap_or(usize::MAX);
             check_host_memory(
                 "--a/--b",
-                gemm_host_bytes(a.len(), !args.no_verify, args.streams.is_some()),
+                gemm_host_bytes(n, !args.no_verify, args.streams.is_some()),
             )?;
+            let (a, b) = (npy::read_f32(pa)?.1, npy::read_f32(pb)?.1);
             Some((a, b))
         }
         _ => None,
@@ -1456,8 +1480,8 @@ fn check_tc_gemm_args(
     }
     let col = args.b_layout == BLayoutArg::Col;
     if let (Some(pa), Some(pb)) = (&args.a, &args.b) {
-        let (sa, a) = npy::read_f32(pa)?;
-        let (sb, b) = npy::read_f32(pb)?;
+        // Headers first: shapes and host memory are checked before the data is read.
+        let (sa, sb) = (npy::read_header(pa)?.shape, npy::read_header(pb)?.shape);
         let (&[m, k], &[b0, b1]) = (sa.as_slice(), sb.as_slice()) else {
             return Err(usage(format!(
                 "--a has shape {sa:?} and --b {sb:?}; 2-D arrays are needed: A (M, K), B (N, K) for --b-layout col or (K, N) for row"
@@ -1470,7 +1494,24 @@ fn check_tc_gemm_args(
                 if col { "col: (N, K)" } else { "row: (K, N)" }
             )));
         }
+        if [m, n, k].iter().any(|&v| v == 0 || v > i32::MAX as u64) {
+            return Err(usage(format!(
+                "--a {sa:?} and --b {sb:?} give M = {m}, N = {n}, K = {k}; each must be between 1 and 2^31 - 1"
+            )));
+        }
+        // Each at most 2^31 - 1 (checked), so the casts and products fit.
         let dims = (m as usize, n as usize, k as usize);
+        // Host: the files' data (f32), A and B (16-bit), C read back (f32) (issue 19 item 15:
+        // this path skipped the check).
+        check_host_memory(
+            &format!("--a/--b (M x N x K = {m} x {n} x {k})"),
+            bytes_of(&[
+                (6, dims.0 * dims.2),
+                (6, dims.1 * dims.2),
+                (4, dims.0 * dims.1),
+            ]),
+        )?;
+        let (a, b) = (npy::read_f32(pa)?.1, npy::read_f32(pb)?.1);
         for (flag, given, have) in [
             ("--m", args.m, dims.0),
             ("--n", args.n, dims.1),
@@ -1723,4 +1764,28 @@ fn tc_gemm_cmd<T: warpline::kernels::tc_gemm::TcInput>(
         "ratio_to_cublas": cublas_ms / ours_ms,
         "verified": verified,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue19_item15_pipeline_device_memory_counts_every_batch_in_flight() {
+        use warpline::pipeline::IN_FLIGHT_PER_STREAM;
+        let probe = 256u64 << 20;
+        // 3 streams, 16 batches of 2^24 floats: 4 in flight per stream, 12 batches x A, B, C.
+        let (k, bytes) = pipeline_device_bytes(3, 16 << 24, 1 << 24).unwrap();
+        assert_eq!(k, IN_FLIGHT_PER_STREAM * 3);
+        assert_eq!(bytes, (k as u64) * 12 * (1 << 24) + probe);
+        // Fewer batches than the cap: all of them.
+        assert_eq!(pipeline_device_bytes(8, 10 << 20, 1 << 20).unwrap().0, 10);
+        // One batch shorter than batch_elems.
+        assert_eq!(
+            pipeline_device_bytes(2, 100, 1 << 20).unwrap(),
+            (1, 1200 + probe)
+        );
+        assert_eq!(pipeline_device_bytes(usize::MAX, 10, 1), None);
+        assert_eq!(pipeline_device_bytes(2, usize::MAX, usize::MAX / 2), None);
+    }
 }

@@ -190,6 +190,11 @@ pub fn all_reduce_sweep(
             what: "all_reduce_sweep communicators",
         });
     }
+    if iters == 0 {
+        return Err(Error::Empty {
+            what: "all_reduce_sweep iterations (a time per all-reduce needs at least 1)",
+        });
+    }
     if n != set.len() {
         return Err(Error::LengthMismatch {
             what: "all_reduce_sweep",
@@ -271,6 +276,11 @@ pub unsafe fn all_reduce_sweep_rank(
     sizes: &[usize],
     iters: usize,
 ) -> Result<Vec<AllReducePoint>> {
+    if iters == 0 {
+        return Err(Error::Empty {
+            what: "all_reduce_sweep_rank iterations (a time per all-reduce needs at least 1)",
+        });
+    }
     let n = comm.world_size();
     let pool = crate::MemPool::new(dev, 0)?;
     let mut out = Vec::new();
@@ -359,6 +369,23 @@ pub struct DataParallelConfig {
     /// against the eager step.
     #[cfg_attr(feature = "cli", arg(long))]
     pub verify: bool,
+}
+
+impl DataParallelConfig {
+    /// Checks the options without a GPU (issue 19 item 15: the CLI calls it before opening
+    /// any). Errors: the GEMM's shape errors for `tiles` ([`Error::Empty`], [`Error::TooLarge`]),
+    /// [`Error::Empty`] for zero buckets, layers or steps.
+    pub fn check(&self) -> Result<()> {
+        // Saturating: check_gemm_shapes refuses tiles above MAX_TILES before using the lengths.
+        let elems = self.tiles.saturating_mul(128 * 128);
+        crate::kernels::check_gemm_shapes(self.tiles, elems, elems, elems)?;
+        if self.buckets == 0 || self.layers == 0 || self.steps == 0 {
+            return Err(Error::Empty {
+                what: "data-parallel step (buckets, layers, steps)",
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Default for DataParallelConfig {
@@ -463,14 +490,9 @@ pub fn data_parallel_step_with(
         steps,
         ..
     } = *cfg;
-    // Saturating: check_gemm_shapes refuses tiles above MAX_TILES before using the lengths.
-    let elems = tiles.saturating_mul(128 * 128);
-    crate::kernels::check_gemm_shapes(tiles, elems, elems, elems)?;
-    if buckets == 0 || layers == 0 || steps == 0 {
-        return Err(Error::Empty {
-            what: "data-parallel step (buckets, layers, steps)",
-        });
-    }
+    cfg.check()?;
+    // tiles <= MAX_TILES (checked), so the product fits.
+    let elems = tiles * 128 * 128;
     let n = set.len();
     if comms.len() != n {
         return Err(Error::LengthMismatch {

@@ -83,8 +83,27 @@ fn two_gpus(what: &'static str) -> Result<DeviceSet> {
     DeviceSet::open(&[0, 1])
 }
 
+/// A count flag that must be at least 1 (checked before any GPU is opened).
+fn at_least_one(what: &'static str, v: u64) -> Result<()> {
+    if v == 0 {
+        return Err(Error::BadShape {
+            what,
+            detail: "0; allowed: 1 or more".into(),
+        });
+    }
+    Ok(())
+}
+
 /// `mgpu peer-bw`: peer-copy bandwidth GPU 0 <-> GPU 1 for each size.
+///
+/// Errors, before any GPU is opened: [`Error::BadShape`] for `iters == 0`, no sizes or a size
+/// of 0 bytes.
 pub fn peer_bw(sizes: &[usize], iters: usize) -> Result<()> {
+    at_least_one("mgpu peer-bw --iters", iters as u64)?;
+    at_least_one("mgpu peer-bw --bytes (number of sizes)", sizes.len() as u64)?;
+    for &b in sizes {
+        at_least_one("mgpu peer-bw --bytes", b as u64)?;
+    }
     let set = two_gpus("mgpu peer-bw")?;
     println!(
         "peer copies GPU 0 <-> GPU 1, {iters} copies per figure, GB/s (1e9 B/s), CUDA-event timed"
@@ -143,6 +162,9 @@ impl PipelineRun {
 /// ([`LayerPipeline::run_eager_then_graphs`]); with `verify`, checked against the CPU (and graph
 /// outputs against eager, bit for bit). Writes the text report to `out` (the CLI passes stderr
 /// under `--json`) and returns the figures.
+///
+/// Errors, before any GPU is opened: those of [`LayerPipelineConfig::check`], and
+/// [`Error::BadShape`] for `microbatches == 0`.
 pub fn pipeline(
     cfg: LayerPipelineConfig,
     microbatches: usize,
@@ -150,6 +172,8 @@ pub fn pipeline(
     graphs: bool,
     out: &mut dyn std::io::Write,
 ) -> Result<PipelineRun> {
+    cfg.check()?;
+    at_least_one("mgpu pipeline --microbatches", microbatches as u64)?;
     let set = two_gpus("mgpu pipeline")?;
     let measure = |placement, b| -> Result<(LayerPipelineReport, Option<LayerPipelineReport>)> {
         let mut p = LayerPipeline::new(&set, 0, b, placement, cfg)?;
@@ -240,9 +264,33 @@ fn write_pipeline(
 /// `mgpu allreduce`: NCCL all-reduce bus bandwidth, 1 MiB to 1 GiB; `procs == 0`: one process
 /// (ncclCommInitAll, grouped); `procs >= 2`: that many processes, one per GPU (ncclCommInitRank),
 /// started from this executable with the id in [`NCCL_ID_ENV`].
+///
+/// Errors, before any GPU is opened or process started: [`Error::BadShape`] for `iters == 0`
+/// (no time per all-reduce) or `procs == 1`; [`Error::NotEnoughDevices`] when `procs` exceeds the
+/// GPUs the driver reports (each rank needs its own GPU; the ranks would otherwise wait out
+/// NCCL's init timeout).
 pub fn allreduce(iters: usize, procs: usize) -> Result<()> {
+    at_least_one("mgpu allreduce --iters", iters as u64)?;
+    if procs == 1 {
+        return Err(Error::BadShape {
+            what: "mgpu allreduce --procs",
+            detail:
+                "1; allowed: 0 (one process driving every GPU) or 2 or more (one process per GPU)"
+                    .into(),
+        });
+    }
     nccl::library_available()?;
     nccl::require_nvls_off()?;
+    if procs >= 2 {
+        let n = super::device_count()?;
+        if procs > n {
+            return Err(Error::NotEnoughDevices {
+                what: "mgpu allreduce --procs (one GPU per process)",
+                needed: procs,
+                available: n,
+            });
+        }
+    }
     if procs == 0 {
         let n = super::device_count()?;
         if n < 2 {
@@ -350,6 +398,13 @@ fn print_sweep(what: &str, pts: &[bench::AllReducePoint]) {
 /// `mgpu allreduce` passes the same arguments to each child), so their all-reduces have equal
 /// lengths ([`bench::all_reduce_sweep_rank`]'s contract).
 pub unsafe fn nccl_rank(rank: usize, world: usize, iters: usize) -> Result<()> {
+    at_least_one("mgpu nccl-rank --iters", iters as u64)?;
+    if rank >= world {
+        return Err(Error::BadShape {
+            what: "mgpu nccl-rank --rank",
+            detail: format!("{rank} with --world {world}; allowed: 0 to world - 1"),
+        });
+    }
     let hex = std::env::var(NCCL_ID_ENV).map_err(|_| Error::BadShape {
         what: "mgpu nccl-rank",
         detail: format!("{NCCL_ID_ENV} is not set; allowed: the 256 hex digits of the NCCL id from the launching process"),
@@ -379,6 +434,8 @@ pub fn dp_step(
     cfg: &bench::DataParallelConfig,
     out: &mut dyn std::io::Write,
 ) -> Result<bench::DataParallelReport> {
+    // The flags first: before NCCL and the GPUs.
+    cfg.check()?;
     nccl::library_available()?;
     let set = two_gpus("mgpu dp-step")?;
     let n = set.len();
@@ -442,7 +499,11 @@ fn write_dp_step(
 }
 
 /// `mgpu seeds`: the cross-GPU seed scenarios, `runs` bounded runs of seed 1.
+///
+/// Errors, before any GPU is opened: [`Error::BadShape`] for `runs == 0` or `bound_ms == 0`.
 pub fn seeds(runs: usize, bound_ms: u64) -> Result<()> {
+    at_least_one("mgpu seeds --runs", runs as u64)?;
+    at_least_one("mgpu seeds --bound-ms", bound_ms)?;
     let set = two_gpus("mgpu seeds")?;
     let r = seeds::run_seeds(&set, runs, Duration::from_millis(bound_ms))?;
     println!(

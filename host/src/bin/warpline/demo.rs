@@ -29,6 +29,8 @@ use super::{cli_json, say, usage, CliResult, Ctx};
 
 const BOUND: Duration = Duration::from_secs(10);
 const POISON: u32 = 0xDEAD_BEEF;
+/// Longest `--spin-us`.
+const MAX_SPIN_US: u64 = 1_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {
@@ -46,7 +48,7 @@ pub struct DemoArgs {
     /// Runs of each scenario (1..=100).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Spin of each producer kernel, microseconds (makes the waits visible).
+    /// Spin of each producer kernel, microseconds (makes the waits visible; 0 to 1,000,000).
     #[arg(long, default_value_t = 500)]
     spin_us: u64,
 }
@@ -72,6 +74,15 @@ pub fn run(ctx: &Ctx, args: DemoArgs) -> CliResult<Value> {
         return Err(usage(format!(
             "--runs {}: between 1 and 100 runs per scenario",
             args.runs
+        )));
+    }
+    // At most 1 s: each run is bounded by BOUND (10 s), and `spin_us * 1000` (ns) must not
+    // overflow (issue 19 item 15).
+    if args.spin_us > MAX_SPIN_US {
+        return Err(usage(format!(
+            "--spin-us {}: between 0 and {MAX_SPIN_US} microseconds (each run must finish within {} s)",
+            args.spin_us,
+            BOUND.as_secs()
         )));
     }
     let dev = ctx.open()?;
