@@ -644,3 +644,34 @@ fn issue19_item15_npy_inputs_are_checked_against_host_memory_before_they_are_rea
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn issue19_item12_evil_npy_headers_through_the_cli_are_errors_not_panics() {
+    let d = temp_dir("i19-12");
+    let evil = d.join("evil.npy");
+    // A duplicated 'shape': the first is harmless, the second overflows the element count.
+    let mut dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'shape': (4294967296, 4294967296, 16), }".to_string();
+    while !(10 + dict.len() + 1).is_multiple_of(64) {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend((dict.len() as u16).to_le_bytes());
+    bytes.extend(dict.as_bytes());
+    bytes.extend([0u8; 8]);
+    std::fs::write(&evil, bytes).unwrap();
+    let e = evil.to_str().unwrap();
+    for args in [
+        vec!["gemm", "--a", e, "--b", e],
+        vec!["gemm", "--dtype", "bf16", "--a", e, "--b", e],
+        vec!["pipeline", "--a", e, "--b", e],
+    ] {
+        let (code, stderr) = run(&args);
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("'shape' appears twice"),
+            "{args:?}: {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
