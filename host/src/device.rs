@@ -48,7 +48,12 @@ pub struct Capabilities {
 #[derive(Clone, Debug)]
 pub struct Kernel {
     pub(crate) name: String,
+    /// Declared before `keep`: dropped first, so that the module's last reference is the
+    /// keep-alive's, whose drop unloads the module only after the launches completed.
     pub(crate) func: CudaFunction,
+    /// Keeps the module loaded until every launch of its kernels has completed (issue 19,
+    /// item 4).
+    pub(crate) keep: Arc<crate::module::ModuleKeep>,
     pub(crate) ctx: Arc<CudaContext>,
     /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` as last set (shared by clones).
     pub(crate) max_dyn_smem: Arc<AtomicUsize>,
@@ -67,7 +72,10 @@ impl Kernel {
     }
 
     /// The driver handle (`CUfunction`), for launching through the driver API yourself. The
-    /// handle stays valid while the [`Device`] that loaded it lives.
+    /// handle stays valid while this `Kernel` (or a clone, or its [`Device`]/[`Module`]) lives.
+    /// Launches made through warpline keep the module loaded until they have completed; launches
+    /// you make yourself through this handle are not tracked: keep a clone of the `Kernel`
+    /// until they have completed.
     pub fn cu_function(&self) -> sys::CUfunction {
         self.func.cu_function()
     }

@@ -394,7 +394,11 @@ pub(crate) unsafe fn launch_in_context(
             config: cfg.describe(),
             source,
         }),
-        r => r,
+        r => {
+            // The module stays loaded until this launch has completed (issue 19, item 4).
+            kernel.keep.launched_on(stream);
+            r
+        }
     }
 }
 
