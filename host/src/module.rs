@@ -945,8 +945,12 @@ impl<Sig: KernelSignature> TypedKernel<Sig> {
     ///   (reads only through [`View`]s, writes only through [`ViewMut`]s, within their lengths)
     ///   and, for [`DevicePtr`]/`u64` addresses, inside live device allocations that are ordered
     ///   on `stream` and outlive the kernel;
-    /// - with `config.pdl`, the kernel reads nothing the previous kernel on `stream` writes
-    ///   before its `griddepcontrol.wait`.
+    /// - with `config.pdl` (PDL), the kernel may start while the previous kernel on `stream` still
+    ///   runs (and, if that kernel lets its dependents launch before its own
+    ///   `griddepcontrol.wait`, while the kernels before it still run): before its
+    ///   `griddepcontrol.wait` it neither reads memory those kernels write (read after write),
+    ///   nor writes memory they read (write after read) or write (write after write). After the
+    ///   wait every earlier kernel on `stream` has completed and its writes are visible.
     ///
     /// Argument count, sizes and classes, stream binding and launch limits are checked and are
     /// not the caller's concern.

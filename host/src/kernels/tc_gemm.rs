@@ -595,7 +595,7 @@ impl std::fmt::Debug for TcGemm<'_> {
 
 impl<'d> TcGemm<'d> {
     /// Loads [`crate::SM90A_PTX`] into `dev`'s context ([`Device::load_module`]), checks that it
-    /// has the four `tc_gemm_*` entries with the contract's parameter list, and sets their
+    /// has the five entries of [`ENTRIES`] with the contract's parameter list, and sets their
     /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` to `contract::SMEM_BYTES`.
     ///
     /// Errors, before anything is loaded: [`Error::Sm90aRequired`] unless the device's compute
@@ -605,11 +605,30 @@ impl<'d> TcGemm<'d> {
     /// [`Device::load_module`] and [`MemPool::new`], [`Error::SharedMemory`] /
     /// [`Error::TooLarge`] if `SMEM_BYTES` exceeds the device's opt-in limit.
     pub fn new(dev: &'d Device) -> Result<Self> {
-        Self::with_ptx(dev, crate::SM90A_PTX)
+        Self::load(dev, crate::SM90A_PTX)
     }
 
-    /// [`TcGemm::new`] with another build of the sm_90a module (same contract).
-    pub fn with_ptx(dev: &'d Device, ptx: &str) -> Result<Self> {
+    /// [`TcGemm::new`] with another build of the sm_90a module (same contract). Errors as
+    /// [`TcGemm::new`].
+    ///
+    /// # Safety
+    /// The launcher's safe methods ([`TcGemm::gemm`], [`TcGemmPlan::launch`]) launch the entries
+    /// of [`ENTRIES`] with warpline's arguments, grids and shared memory, and trust what they do.
+    /// Only the launch-contract hash embedded in the PTX and the entries' parameter lists are
+    /// checked; any PTX can carry both. The caller guarantees that each entry of [`ENTRIES`] in
+    /// `ptx` is a build of warpline's kernel of that name (gpu/) from the same launch contract
+    /// (`gpu/src/contract.rs`) as this host: the same shared-memory layout, tile sizes and memory
+    /// accesses. [`TcGemm::new`] (the embedded module) needs no promise.
+    ///
+    /// ```compile_fail,E0133
+    /// // issue 19, item 3: trusting foreign PTX as warpline's GEMM kernels needs `unsafe`.
+    /// fn f(dev: &warpline::Device) { let _ = warpline::kernels::tc_gemm::TcGemm::with_ptx(dev, ""); }
+    /// ```
+    pub unsafe fn with_ptx(dev: &'d Device, ptx: &str) -> Result<Self> {
+        Self::load(dev, ptx)
+    }
+
+    fn load(dev: &'d Device, ptx: &str) -> Result<Self> {
         let caps = dev.capabilities();
         if caps.compute_capability != (9, 0) {
             return Err(Error::Sm90aRequired {
@@ -838,7 +857,7 @@ impl<'d> TcGemm<'d> {
     ///
     /// Shapes: A `M x K` row-major; B `K x N` in `layout` (stored `N x K` for
     /// [`BLayout::ColMajor`], `K x N` for [`BLayout::RowMajor`]); C `M x N` row-major; M, N, K
-    /// from 1 to 2^32 - 1; pitches in elements, `>= ` the row length, each a multiple of 16
+    /// from 1 to 2^31 - 1; pitches in elements, `>= ` the row length, each a multiple of 16
     /// bytes; `(rows - 1) * pitch + cols` elements within each view; base addresses 16-byte
     /// aligned. C is read only when `beta != 0` (then it must hold values; NaN in C with
     /// `beta == 0` is ignored). Streams: A, B, C bound to `stream`, of this device's context.
