@@ -680,7 +680,7 @@ impl<'d> TcGemm<'d> {
     /// (`cuOccupancyMaxActiveClusters`, cached). Errors: [`Error::UnsupportedClusterSize`],
     /// [`Error::MissingKernel`], [`Error::Cuda`].
     pub fn max_active_clusters(&self, name: &'static str, cluster: u32) -> Result<u32> {
-        check_cluster(cluster)?;
+        check_cluster(name, cluster)?;
         let key = (name, cluster);
         if let Some(&n) = self
             .resident
@@ -776,7 +776,7 @@ impl<'d> TcGemm<'d> {
         };
         let cluster = match opts.cluster {
             Some(s) => {
-                check_cluster(s)?;
+                check_cluster(name, s)?;
                 if s > 1 && !self.dev.capabilities().cluster_launch {
                     return Err(Error::ClustersUnsupported);
                 }
@@ -979,10 +979,12 @@ impl<'d> TcGemm<'d> {
     }
 }
 
-fn check_cluster(cluster: u32) -> Result<()> {
+/// [`Error::UnsupportedClusterSize`] naming `kernel` (the entry the launch would use) unless
+/// `cluster` is one of the contract's sizes.
+fn check_cluster(kernel: &'static str, cluster: u32) -> Result<()> {
     if !contract::CLUSTER_SIZES.contains(&cluster) {
         return Err(Error::UnsupportedClusterSize {
-            kernel: contract::KERNEL_BF16_BCOL,
+            kernel,
             cluster,
             supported: contract::CLUSTER_SIZES.to_vec(),
         });
@@ -1459,9 +1461,10 @@ mod tests {
         // 33 M tiles, 2 N tiles.
         assert_eq!(s.units(1), 66);
         assert_eq!(s.units(2), 34);
-        assert!(check_cluster(1).is_ok() && check_cluster(2).is_ok());
+        let k = contract::KERNEL_BF16_BCOL;
+        assert!(check_cluster(k, 1).is_ok() && check_cluster(k, 2).is_ok());
         assert!(matches!(
-            check_cluster(4),
+            check_cluster(k, 4),
             Err(Error::UnsupportedClusterSize { cluster: 4, .. })
         ));
         assert_eq!(Raster::AlongM.code(), contract::RASTER_ALONG_M);
@@ -1502,5 +1505,19 @@ mod tests {
         );
         let t = tolerance(10.0, 100.0, 1.0, 0.0, 0.0);
         assert!((t - (0.1 + ABS_FLOOR)).abs() < 1e-12);
+    }
+
+    /// Issue 19, item 19: the cluster error names the entry the launch would use, not always
+    /// the bf16 one.
+    #[test]
+    fn issue19_item19_unsupported_cluster_names_the_kernel_used() {
+        for name in ENTRIES {
+            let e = check_cluster(name, 3).unwrap_err();
+            let Error::UnsupportedClusterSize { kernel, .. } = &e else {
+                panic!("{e}")
+            };
+            assert_eq!(*kernel, name);
+            assert!(e.to_string().contains(name), "{e}");
+        }
     }
 }
