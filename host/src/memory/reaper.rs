@@ -38,6 +38,8 @@ struct Job {
     after: Vec<Event>,
     /// Run with the gate closed (a free or unload that may synchronise with the device).
     gated: bool,
+    /// Runs only after every job handed over before it ([`flush`]).
+    barrier: bool,
     work: Work,
 }
 
@@ -65,8 +67,8 @@ fn sender() -> &'static Mutex<Sender<Job>> {
         let _ = std::thread::Builder::new()
             .name("warpline-reaper".into())
             .spawn(move || {
-                // Jobs whose events have not completed yet, in arrival order. A job that needs no
-                // events runs only after every earlier job did (so `flush` means "all before").
+                // Jobs whose events have not completed yet, in arrival order. A barrier job
+                // (`flush`) runs only after every earlier job did.
                 let mut waiting: std::collections::VecDeque<Job> = Default::default();
                 let mut sleep = Duration::from_micros(50);
                 loop {
@@ -76,18 +78,21 @@ fn sender() -> &'static Mutex<Sender<Job>> {
                         rx.recv_timeout(sleep)
                     };
                     match next {
-                        Ok(job) => waiting.push_back(job),
+                        Ok(job) => {
+                            waiting.push_back(job);
+                            waiting.extend(rx.try_iter());
+                        }
                         Err(RecvTimeoutError::Timeout) => {}
                         Err(RecvTimeoutError::Disconnected) if waiting.is_empty() => return,
                         Err(RecvTimeoutError::Disconnected) => std::thread::sleep(sleep),
                     }
                     let mut progressed = false;
-                    // Run every job whose events completed; an event-free job waits for those
-                    // queued before it.
+                    // Run every job whose events completed; a barrier waits for those queued
+                    // before it.
                     let mut blocked = false;
                     let mut i = 0;
                     while i < waiting.len() {
-                        let ready = if waiting[i].after.is_empty() {
+                        let ready = if waiting[i].barrier {
                             !blocked
                         } else {
                             waiting[i].after.retain(|e| !finished(e));
@@ -126,6 +131,7 @@ pub(crate) fn defer(free: impl FnOnce() + Send + 'static) {
     submit(Job {
         after: Vec::new(),
         gated: true,
+        barrier: false,
         work: Box::new(free),
     });
 }
@@ -137,6 +143,7 @@ pub(crate) fn defer_after(after: Vec<Event>, gated: bool, work: impl FnOnce() + 
     submit(Job {
         after,
         gated,
+        barrier: false,
         work: Box::new(work),
     });
 }
@@ -146,8 +153,13 @@ pub(crate) fn defer_after(after: Vec<Event>, gated: bool, work: impl FnOnce() + 
 /// holding an unreleased on-stream wait.
 pub fn flush() {
     let (tx, rx) = channel::<()>();
-    defer(move || {
-        let _ = tx.send(());
+    submit(Job {
+        after: Vec::new(),
+        gated: true,
+        barrier: true,
+        work: Box::new(move || {
+            let _ = tx.send(());
+        }),
     });
     let _ = rx.recv();
 }
