@@ -373,3 +373,52 @@ fn issue19_item19_error_messages_say_what_applies() {
         "{wc}"
     );
 }
+
+// --------------------------------------------------------------------------------- item 20
+
+/// Item 20: the docs say exactly what the typed-kernel check sees. This pins it: PTX declares
+/// no element types and no read/write intent, so a view of another element type, a `ViewMut`
+/// for a read, a `DevicePtr` or a plain `u64` all pass for saxpy's pointer parameters; what PTX
+/// does declare (count, size, float versus integer) is refused.
+#[test]
+fn issue19_item20_the_signature_check_sees_count_size_and_class_only() {
+    use warpline::module::{check_signature, ptx_signatures, DevicePtr, KernelSignature};
+    let entries = ptx_signatures(SAXPY_PTX);
+    let saxpy = entries.iter().find(|e| e.name == "saxpy").unwrap();
+    let ok = |p: Vec<warpline::module::RustParam>| check_signature(saxpy, &p);
+    ok(<(View<f32>, ViewMut<f32>, f32, u32)>::params()).unwrap();
+    // Cannot see: element types, read versus write, pointer versus integer.
+    ok(<(View<u8>, ViewMut<u64>, f32, u32)>::params()).unwrap();
+    ok(<(ViewMut<f32>, View<f32>, f32, u32)>::params()).unwrap();
+    ok(<(u64, DevicePtr<i16>, f32, i32)>::params()).unwrap();
+    // Sees: count, size, class.
+    for bad in [
+        <(View<f32>, ViewMut<f32>, f32)>::params(),
+        <(View<f32>, ViewMut<f32>, f64, u32)>::params(),
+        <(View<f32>, ViewMut<f32>, u32, u32)>::params(),
+        <(View<f32>, u32, f32, u32)>::params(),
+    ] {
+        let e = ok(bad).unwrap_err();
+        assert!(matches!(e, Error::KernelSignatureMismatch { .. }), "{e}");
+    }
+}
+
+// --------------------------------------------------------------------------------- item 21
+
+/// Item 21: the README repeated a garbled fragment of the GEMM paragraph.
+#[test]
+fn issue19_item21_readme_has_no_repeated_fragment() {
+    let readme = include_str!("../README.md");
+    assert_eq!(
+        readme
+            .matches("reference and prints TFLOP/s and ratios.")
+            .count(),
+        1
+    );
+    assert_eq!(
+        readme
+            .matches("`warpline info` prints the device's capabilities and kernels.")
+            .count(),
+        1
+    );
+}

@@ -10,9 +10,12 @@
 //! [`Module::kernel`] turns an entry into a [`TypedKernel<Sig>`], where `Sig` is a tuple of
 //! marker types ([`View<T>`], [`ViewMut<T>`], [`DevicePtr<T>`], fixed-size scalars). The PTX
 //! parameter list of the entry (`.entry name(.param .u64 .ptr ..., .param .u32 ...)`) is checked
-//! against `Sig` once, when the handle is made; [`TypedKernel::launch`] then takes the matching
-//! values (`DeviceView<'a, T>`, `DeviceViewMut<'a, T>`, scalars) and checks everything that does
-//! not depend on what the kernel does with them: streams, contexts, launch limits.
+//! against `Sig` once, when the handle is made: count, sizes and float-versus-integer classes,
+//! which is all PTX declares. PTX has no element types and no read/write intent, so the check
+//! cannot tell `View<f32>` from `View<u8>`, `View` from `ViewMut`, or a view from a plain `u64`
+//! (see [`Module::kernel`]). [`TypedKernel::launch`] then takes the matching values
+//! (`DeviceView<'a, T>`, `DeviceViewMut<'a, T>`, scalars) and checks everything that does not
+//! depend on what the kernel does with them: streams, contexts, launch limits.
 //!
 //! ```no_run
 //! use warpline::launch::LaunchConfig;
@@ -849,6 +852,13 @@ impl Module {
     /// `.u`/`.s` integers take integers, views and [`DevicePtr`]; `.b` bits and `.b8 [N]`
     /// aggregates take any type of their size). Signedness is not checked (LLVM writes `.u` for
     /// signed integers too).
+    ///
+    /// What the check cannot see, because PTX does not declare it: the element type behind a
+    /// pointer (a `View<u8>` or a `DevicePtr<u64>` passes for a `.u64 .ptr` parameter the kernel
+    /// reads as `f32`), read versus write (a [`View`] passes where the kernel writes), pointer
+    /// versus integer (a plain `u64` passes for a pointer parameter and a view for a `.u64`
+    /// length; `.ptr` is not required), lengths, and what the kernel does. Those are the contract
+    /// of the `unsafe` [`TypedKernel::launch`].
     ///
     /// Errors: [`Error::MissingKernel`] (listing the entries); [`Error::KernelSignatureMismatch`]
     /// naming the kernel, the PTX and the Rust signature and the first difference;
