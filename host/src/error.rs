@@ -344,6 +344,20 @@ pub fn is_sticky(r: cudarc::driver::sys::CUresult) -> bool {
     )
 }
 
+/// What to do about [`Error::MissingKernel`]: rebuild warpline's module for one of warpline's own
+/// kernels, check the name or the module otherwise (issue 19, item 19).
+fn missing_kernel_hint(kernel: &str) -> &'static str {
+    let own = crate::kernels::KERNEL_SPECS
+        .iter()
+        .any(|s| s.name == kernel)
+        || crate::kernels::tc_gemm::ENTRIES.contains(&kernel);
+    if own {
+        "it is one of warpline's kernels, so the module is stale or from another build: rebuild it (`cargo build` rebuilds it from gpu/, or `cargo xtask build-ptx`)"
+    } else {
+        "load a module that defines it, or use the entry name as the PTX spells it (`Module::entry_names`)"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,19 +431,5 @@ mod tests {
             m.contains("1099511627776") && m.contains("123 bytes"),
             "{m}"
         );
-    }
-}
-
-/// What to do about [`Error::MissingKernel`]: rebuild warpline's module for one of warpline's own
-/// kernels, check the name or the module otherwise (issue 19, item 19).
-fn missing_kernel_hint(kernel: &str) -> &'static str {
-    let own = crate::kernels::KERNEL_SPECS
-        .iter()
-        .any(|s| s.name == kernel)
-        || crate::kernels::tc_gemm::ENTRIES.contains(&kernel);
-    if own {
-        "it is one of warpline's kernels, so the module is stale or from another build: rebuild it (`cargo build` rebuilds it from gpu/, or `cargo xtask build-ptx`)"
-    } else {
-        "load a module that defines it, or use the entry name as the PTX spells it (`Module::entry_names`)"
     }
 }

@@ -43,34 +43,6 @@ pub fn command_name(argv: &[String]) -> String {
     name.unwrap_or_else(|| "warpline".into())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::command_name;
-
-    fn argv(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
-
-    #[test]
-    fn issue19_item19_json_command_names_the_mgpu_subcommand() {
-        assert_eq!(
-            command_name(&argv("warpline --json mgpu allreduce --iters 3")),
-            "mgpu allreduce"
-        );
-        assert_eq!(
-            command_name(&argv("warpline mgpu --json peer-bw")),
-            "mgpu peer-bw"
-        );
-        assert_eq!(
-            command_name(&argv("warpline --device 1 mgpu info")),
-            "mgpu info"
-        );
-        assert_eq!(command_name(&argv("warpline --json mgpu")), "mgpu");
-        assert_eq!(command_name(&argv("warpline --seed 3 gemm --m 4")), "gemm");
-        assert_eq!(command_name(&argv("warpline --json")), "warpline");
-    }
-}
-
 /// Versions of warpline and the crates whose behaviour the figures depend on.
 fn versions() -> Value {
     json!({
@@ -130,4 +102,32 @@ pub fn print_failure(name: Option<&str>, seed: Option<u64>, kind: &str, message:
         "exit_code": code,
     });
     println!("{v}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::command_name;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn issue19_item19_json_command_names_the_mgpu_subcommand() {
+        assert_eq!(
+            command_name(&argv("warpline --json mgpu allreduce --iters 3")),
+            "mgpu allreduce"
+        );
+        assert_eq!(
+            command_name(&argv("warpline mgpu --json peer-bw")),
+            "mgpu peer-bw"
+        );
+        assert_eq!(
+            command_name(&argv("warpline --device 1 mgpu info")),
+            "mgpu info"
+        );
+        assert_eq!(command_name(&argv("warpline --json mgpu")), "mgpu");
+        assert_eq!(command_name(&argv("warpline --seed 3 gemm --m 4")), "gemm");
+        assert_eq!(command_name(&argv("warpline --json")), "warpline");
+    }
 }
