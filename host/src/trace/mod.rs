@@ -313,8 +313,10 @@ impl Recorder {
     }
 
     /// A span on `stream`'s track from event `start` to event `end` (both recorded on `stream`
-    /// or ordered with it), resolved in [`Self::finish`]. Events of another context are counted
-    /// as unanchored and dropped.
+    /// or ordered with it), resolved once both have completed (at the latest in
+    /// [`Self::finish`]). Events of another context are counted as unanchored and dropped; a span
+    /// beyond the recorder's bounds (see the module docs) is dropped and counted in
+    /// [`Self::dropped_spans`].
     pub fn span(
         &self,
         stream: &Stream,
