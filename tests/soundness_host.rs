@@ -321,9 +321,11 @@ fn finding_15_validate_uses_the_kernels_own_shared_memory_limit() {
 
 #[test]
 fn finding_16_nul_in_ptx_is_a_typed_error_before_the_driver() {
-    let e = Device::open_with_ptx(0, ".version 8.0\n\0").unwrap_err();
+    // SAFETY: the PTX is refused before anything is loaded (no entry is ever launched).
+    let e = unsafe { Device::open_with_ptx(0, ".version 8.0\n\0") }.unwrap_err();
     assert!(matches!(e, Error::PtxNul { offset: 13 }), "{e}");
-    let e = Device::open_in_new_context_with_ptx(0, "\0").unwrap_err();
+    // SAFETY: as above.
+    let e = unsafe { Device::open_in_new_context_with_ptx(0, "\0") }.unwrap_err();
     assert!(matches!(e, Error::PtxNul { offset: 0 }), "{e}");
 }
 

@@ -189,9 +189,10 @@ impl<'a> Chain<'a> {
     /// # Safety
     /// `args` match the kernel's parameters in number, order and size; every memory access of
     /// the kernel with them stays in allocations that live for `'a`, are used on the chain's
-    /// stream, and are not accessed by the host while the chain or its graph runs; the kernel
-    /// waits (`griddepcontrol.wait`) before touching memory its predecessor touches when the
-    /// chain uses PDL.
+    /// stream, and are not accessed by the host while the chain or its graph runs; when the
+    /// chain uses PDL, the kernel may start while its predecessors still run, so before its
+    /// `griddepcontrol.wait` it neither reads memory they write, nor writes memory they read or
+    /// write (as [`crate::launch::launch_raw`]'s PDL clause).
     pub unsafe fn push_raw(
         &mut self,
         kernel: &'static str,

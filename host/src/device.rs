@@ -48,7 +48,12 @@ pub struct Capabilities {
 #[derive(Clone, Debug)]
 pub struct Kernel {
     pub(crate) name: String,
+    /// Declared before `keep`: dropped first, so that the module's last reference is the
+    /// keep-alive's, whose drop unloads the module only after the launches completed.
     pub(crate) func: CudaFunction,
+    /// Keeps the module loaded until every launch of its kernels has completed (issue 19,
+    /// item 4).
+    pub(crate) keep: Arc<crate::module::ModuleKeep>,
     pub(crate) ctx: Arc<CudaContext>,
     /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` as last set (shared by clones).
     pub(crate) max_dyn_smem: Arc<AtomicUsize>,
@@ -67,7 +72,10 @@ impl Kernel {
     }
 
     /// The driver handle (`CUfunction`), for launching through the driver API yourself. The
-    /// handle stays valid while the [`Device`] that loaded it lives.
+    /// handle stays valid while this `Kernel` (or a clone, or its [`Device`]/[`Module`]) lives.
+    /// Launches made through warpline keep the module loaded until they have completed; launches
+    /// you make yourself through this handle are not tracked: keep a clone of the `Kernel`
+    /// until they have completed.
     pub fn cu_function(&self) -> sys::CUfunction {
         self.func.cu_function()
     }
@@ -358,7 +366,7 @@ impl Device {
     /// [`Error::ComputeCapability`] below 9.0, [`Error::SharedMemory`] if a kernel's contract does
     /// not fit the device, [`Error::Cuda`] for a failing driver call.
     pub fn open(ordinal: usize) -> Result<Self> {
-        Self::open_with_ptx(ordinal, crate::PTX)
+        Self::open_impl(ordinal, crate::PTX, false)
     }
 
     /// As [`Device::open`] with another PTX module (a warpline-compatible build, for tools that
@@ -368,7 +376,25 @@ impl Device {
     /// hold every kernel of [`KERNEL_SPECS`]. For arbitrary PTX next to warpline's kernels, use
     /// [`Device::open`] and [`Device::load_module`].
     /// Errors also: [`Error::PtxNul`] for PTX text with a NUL byte (checked first).
-    pub fn open_with_ptx(ordinal: usize, ptx: &str) -> Result<Self> {
+    ///
+    /// # Safety
+    /// warpline's safe launchers ([`crate::kernels`], the pipelines, fences, signals) launch the
+    /// module's entries that carry the names of warpline's kernels ([`KERNEL_SPECS`]) with the
+    /// arguments, grids and shared memory of warpline's own kernels, and trust what they do. Only
+    /// the launch-contract hash embedded in the PTX is checked, which any PTX can carry; the
+    /// entries' parameter lists and code are not. The caller guarantees that every such entry of
+    /// `ptx` is a build of warpline's kernel of that name (gpu/) from the same launch contract
+    /// (`gpu/src/contract.rs`) as this host: the same parameter list, shared-memory layout and
+    /// memory accesses. The embedded module needs no promise: [`Device::open`]. For PTX of your
+    /// own, use [`Device::open`] and the safe [`Device::load_module`] (its kernels are launched
+    /// only through the `unsafe` [`crate::module::TypedKernel::launch`] and
+    /// [`crate::launch::launch_raw`]).
+    ///
+    /// ```compile_fail,E0133
+    /// // issue 19, item 3: trusting foreign PTX as warpline's kernels needs `unsafe`.
+    /// let _ = warpline::Device::open_with_ptx(0, warpline::PTX);
+    /// ```
+    pub unsafe fn open_with_ptx(ordinal: usize, ptx: &str) -> Result<Self> {
         Self::open_impl(ordinal, ptx, false)
     }
 
@@ -379,12 +405,23 @@ impl Device {
     /// from it (streams, buffers, pools) are dropped. Streams and buffers of one context cannot
     /// be used with another ([`Error::WrongContext`]).
     pub fn open_in_new_context(ordinal: usize) -> Result<Self> {
-        Self::open_in_new_context_with_ptx(ordinal, crate::PTX)
+        Self::open_impl(ordinal, crate::PTX, true)
     }
 
     /// [`Device::open_in_new_context`] with another PTX module.
-    pub fn open_in_new_context_with_ptx(ordinal: usize, ptx: &str) -> Result<Self> {
+    ///
+    /// # Safety
+    /// As [`Device::open_with_ptx`]: every entry of `ptx` named like a warpline kernel is a build
+    /// of that kernel from this host's launch contract.
+    pub unsafe fn open_in_new_context_with_ptx(ordinal: usize, ptx: &str) -> Result<Self> {
         Self::open_impl(ordinal, ptx, true)
+    }
+
+    /// A new device on GPU `ordinal` with the same module as `self` (whose PTX was vouched for
+    /// when `self` was opened: the embedded one, or one under the contract of
+    /// [`Device::open_with_ptx`]), on its own new context with `new_context`.
+    pub(crate) fn reopen(&self, ordinal: usize, new_context: bool) -> Result<Self> {
+        Self::open_impl(ordinal, &self.ptx, new_context)
     }
 
     fn open_impl(ordinal: usize, ptx: &str, new_context: bool) -> Result<Self> {

@@ -63,8 +63,9 @@ pub enum Error {
         /// Where the free/total figures come from (`cuMemGetInfo`, `/proc/meminfo`).
         source_of_figures: &'static str,
     },
-    /// A stream of one CUDA context used with a device, buffer or pool of another.
-    #[error("{what}: the stream belongs to another CUDA context than the device/buffer/pool; use a stream created by the same Device (Device::new_stream)")]
+    /// Objects of different CUDA contexts used together (a stream with a device, buffer, pool,
+    /// kernel, signal or communicator of another context).
+    #[error("{what}: objects of different CUDA contexts were used together; streams, buffers, pools, kernels, signals and communicators belong to the context of the Device that made them: use ones made by the same Device (for several GPUs, the Device of the GPU the call names)")]
     WrongContext { what: &'static str },
     /// A zero-sized element type where memory of elements is allocated.
     #[error("{what}: element type `{ty}` has size 0; allocations need a type of at least 1 byte")]
@@ -75,8 +76,12 @@ pub enum Error {
     /// PTX text with a NUL byte (the driver takes a C string).
     #[error("PTX module has a NUL byte at offset {offset}; PTX is text without NUL bytes")]
     PtxNul { offset: usize },
-    /// The PTX module lacks a kernel the host expects (host and gpu/ out of step).
-    #[error("kernel `{kernel}` is not in the PTX module (entries: {entries}); rebuild with `cargo xtask build-ptx`")]
+    /// The PTX module has no entry of that name (for warpline's own kernels: host and gpu/ out
+    /// of step).
+    #[error(
+        "kernel `{kernel}` is not in the PTX module (entries: {entries}); {}",
+        missing_kernel_hint(kernel)
+    )]
     MissingKernel { kernel: String, entries: String },
     /// Input lengths disagree.
     #[error("{what}: length mismatch: {detail}")]
@@ -337,6 +342,20 @@ pub fn is_sticky(r: cudarc::driver::sys::CUresult) -> bool {
             | R::CUDA_ERROR_ASSERT
             | R::CUDA_ERROR_ECC_UNCORRECTABLE
     )
+}
+
+/// What to do about [`Error::MissingKernel`]: rebuild warpline's module for one of warpline's own
+/// kernels, check the name or the module otherwise (issue 19, item 19).
+fn missing_kernel_hint(kernel: &str) -> &'static str {
+    let own = crate::kernels::KERNEL_SPECS
+        .iter()
+        .any(|s| s.name == kernel)
+        || crate::kernels::tc_gemm::ENTRIES.contains(&kernel);
+    if own {
+        "it is one of warpline's kernels, so the module is stale or from another build: rebuild it (`cargo build` rebuilds it from gpu/, or `cargo xtask build-ptx`)"
+    } else {
+        "load a module that defines it, or use the entry name as the PTX spells it (`Module::entry_names`)"
+    }
 }
 
 #[cfg(test)]

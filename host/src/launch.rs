@@ -25,7 +25,8 @@ pub struct LaunchConfig {
     /// Cluster dimensions in CTAs (`None`: no clusters). The grid must be a multiple of it.
     pub cluster: Option<[u32; 3]>,
     /// Launch with PDL: the kernel may start before the previous kernel on the stream finished;
-    /// it must `griddepcontrol.wait` before reading that kernel's results.
+    /// it must `griddepcontrol.wait` before reading that kernel's results, and before writing
+    /// memory that kernel reads or writes.
     pub pdl: bool,
 }
 
@@ -329,8 +330,12 @@ impl ParamValue {
 /// `params` matches the kernel's signature: one value per kernel parameter, in order, each of
 /// exactly the parameter's size in the PTX (at most 8 bytes) and of its meaning; `cfg` fits the
 /// kernel (see [`LaunchConfig::validate`]); and the kernel's memory accesses with these
-/// arguments stay inside live allocations that are ordered on `stream`. The typed launchers in
-/// [`crate::kernels`] establish this; prefer them.
+/// arguments stay inside live allocations that are ordered on `stream`; and, with `cfg.pdl`
+/// (PDL), the kernel may start while the previous kernel on `stream` still runs (and, if that
+/// kernel lets its dependents launch before its own `griddepcontrol.wait`, while the kernels
+/// before it still run): before its `griddepcontrol.wait` it neither reads memory those kernels
+/// write (read after write), nor writes memory they read (write after read) or write (write
+/// after write). The typed launchers in [`crate::kernels`] establish this; prefer them.
 pub unsafe fn launch_raw(
     dev: &Device,
     kernel: &Kernel,
@@ -394,7 +399,11 @@ pub(crate) unsafe fn launch_in_context(
             config: cfg.describe(),
             source,
         }),
-        r => r,
+        r => {
+            // The module stays loaded until this launch has completed (issue 19, item 4).
+            kernel.keep.launched_on(stream);
+            r
+        }
     }
 }
 

@@ -4,14 +4,18 @@
 //! (`cuModuleLoadData`) and loads every `.entry` eagerly (`cuModuleGetFunction` + `cuFuncLoad`),
 //! as [`crate::Device::open`] does for warpline's own module, so no kernel is ever loaded lazily
 //! behind an on-stream wait. A device may hold any number of modules; each [`Module`] keeps its
-//! `CUmodule` (and the context) alive through an `Arc`, as does every [`TypedKernel`] made from it.
+//! `CUmodule` (and the context) alive through an `Arc`, as does every [`TypedKernel`] made from it,
+//! and the module is unloaded only after every launch of its kernels has completed.
 //!
 //! [`Module::kernel`] turns an entry into a [`TypedKernel<Sig>`], where `Sig` is a tuple of
 //! marker types ([`View<T>`], [`ViewMut<T>`], [`DevicePtr<T>`], fixed-size scalars). The PTX
 //! parameter list of the entry (`.entry name(.param .u64 .ptr ..., .param .u32 ...)`) is checked
-//! against `Sig` once, when the handle is made; [`TypedKernel::launch`] then takes the matching
-//! values (`DeviceView<'a, T>`, `DeviceViewMut<'a, T>`, scalars) and checks everything that does
-//! not depend on what the kernel does with them: streams, contexts, launch limits.
+//! against `Sig` once, when the handle is made: count, sizes and float-versus-integer classes,
+//! which is all PTX declares. PTX has no element types and no read/write intent, so the check
+//! cannot tell `View<f32>` from `View<u8>`, `View` from `ViewMut`, or a view from a plain `u64`
+//! (see [`Module::kernel`]). [`TypedKernel::launch`] then takes the matching values
+//! (`DeviceView<'a, T>`, `DeviceViewMut<'a, T>`, scalars) and checks everything that does not
+//! depend on what the kernel does with them: streams, contexts, launch limits.
 //!
 //! ```no_run
 //! use warpline::launch::LaunchConfig;
@@ -637,8 +641,97 @@ pub(crate) struct ModuleInner {
     pub(crate) caps: Capabilities,
     pub(crate) kernels: BTreeMap<String, Kernel>,
     entries: BTreeMap<String, PtxEntry>,
-    /// Keeps the `CUmodule` loaded (cuModuleUnload on the last drop).
-    _module: Arc<CudaModule>,
+    /// Keeps the `CUmodule` loaded until the last handle is gone and every launch completed
+    /// (declared last: dropped after the kernels).
+    _keep: Arc<ModuleKeep>,
+}
+
+/// Streams a module keeps (with a clone) to learn when its launches there completed; beyond
+/// this many, the oldest one's pending launches are marked with an event and the stream let go.
+const KEEP_STREAMS: usize = 8;
+
+#[derive(Default)]
+struct Launched {
+    /// Streams the module's kernels were launched on, most recent last.
+    streams: Vec<Stream>,
+    /// Events after the last launch on streams let go; pruned as they complete.
+    events: Vec<crate::stream::Event>,
+}
+
+/// Keeps a loaded module (`CUmodule`) alive until every launch of its kernels has completed
+/// (issue 19, item 4). Every [`Kernel`] of the module holds it; when the last one (and the
+/// [`Module`]) is gone, its `Drop` records an event on each stream the module's kernels were
+/// launched on and hands the module to the reaper ([`crate::memory::reaper::defer_after`]),
+/// which unloads it (`cuModuleUnload`) once those events completed, with the reaper's gate
+/// closed (the unload may synchronise with the device). The dropping thread never blocks.
+pub(crate) struct ModuleKeep {
+    module: Option<Arc<CudaModule>>,
+    launched: Mutex<Launched>,
+}
+
+impl ModuleKeep {
+    fn new(module: Arc<CudaModule>) -> Self {
+        Self {
+            module: Some(module),
+            launched: Mutex::new(Launched::default()),
+        }
+    }
+
+    /// Notes a launch of one of the module's kernels on `stream` (after it was queued).
+    pub(crate) fn launched_on(&self, stream: &Stream) {
+        let mut l = self.launched.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(last) = l.streams.last() {
+            if last.raw() == stream.raw() {
+                return;
+            }
+        }
+        if let Some(i) = l.streams.iter().position(|s| s.raw() == stream.raw()) {
+            let s = l.streams.remove(i);
+            l.streams.push(s);
+            return;
+        }
+        if l.streams.len() >= KEEP_STREAMS {
+            let old = l.streams.remove(0);
+            l.events.retain(|e| matches!(e.is_complete(), Ok(false)));
+            if let Some(e) = marker_after(&old) {
+                l.events.push(e);
+            }
+        }
+        l.streams.push(stream.clone());
+    }
+}
+
+impl fmt::Debug for ModuleKeep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ModuleKeep")
+    }
+}
+
+/// An event after everything queued on `s` so far; `None` on a poisoned context (which runs no
+/// more work) and on a stream that is capturing a graph (a record there would become a node of
+/// the user's graph: the captured launches are the graph's to keep, see docs/safety.md).
+fn marker_after(s: &Stream) -> Option<crate::stream::Event> {
+    crate::device::bind_context(s.ctx(), "cuStreamIsCapturing").ok()?;
+    // SAFETY: a live stream of the context bound just above.
+    if unsafe { crate::driver::graph::stream_is_capturing(s.raw()) }.unwrap_or(true) {
+        return None;
+    }
+    s.record_marker().ok()
+}
+
+impl Drop for ModuleKeep {
+    fn drop(&mut self) {
+        let Some(module) = self.module.take() else {
+            return;
+        };
+        let l = std::mem::take(self.launched.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let mut after = l.events;
+        // An event after everything queued on each stream so far, the module's launches
+        // included.
+        after.extend(l.streams.iter().filter_map(marker_after));
+        drop(l.streams);
+        crate::memory::reaper::defer_after(after, true, move || drop(module));
+    }
 }
 
 impl ModuleInner {
@@ -655,6 +748,7 @@ impl ModuleInner {
         let module = ctx
             .load_module(Ptx::from_src(ptx))
             .call("cuModuleLoadData")?;
+        let keep = Arc::new(ModuleKeep::new(module.clone()));
         let mut kernels = BTreeMap::new();
         let mut entries = BTreeMap::new();
         for entry in ptx_signatures(ptx) {
@@ -669,6 +763,7 @@ impl ModuleInner {
             let kernel = Kernel {
                 name: entry.name.clone(),
                 func,
+                keep: keep.clone(),
                 ctx: ctx.clone(),
                 max_dyn_smem: Arc::new(AtomicUsize::new(max_dyn.max(0) as usize)),
                 raise: Arc::new(Mutex::new(())),
@@ -684,7 +779,7 @@ impl ModuleInner {
             caps: caps.clone(),
             kernels,
             entries,
-            _module: module,
+            _keep: keep,
         })
     }
 
@@ -707,8 +802,12 @@ impl ModuleInner {
 }
 
 /// A PTX module loaded into a device's context ([`crate::Device::load_module`]), every entry
-/// loaded eagerly. Clones share the module; the `CUmodule` is unloaded (`cuModuleUnload`) when
-/// the last clone and the last [`TypedKernel`] made from it are dropped.
+/// loaded eagerly. Clones share the module; the `CUmodule` is unloaded (`cuModuleUnload`) once
+/// the last clone, the last [`TypedKernel`] and the last [`Kernel`] clone made from it are
+/// dropped *and* every launch of its kernels queued through warpline has completed: the unload
+/// is handed to warpline's reaper thread, so dropping never blocks and never races a queued
+/// launch. Kernel nodes of a captured graph are not launches: whoever keeps the graph keeps the
+/// module (a [`Kernel`] clone).
 #[derive(Clone)]
 pub struct Module {
     pub(crate) inner: Arc<ModuleInner>,
@@ -753,6 +852,13 @@ impl Module {
     /// `.u`/`.s` integers take integers, views and [`DevicePtr`]; `.b` bits and `.b8 [N]`
     /// aggregates take any type of their size). Signedness is not checked (LLVM writes `.u` for
     /// signed integers too).
+    ///
+    /// What the check cannot see, because PTX does not declare it: the element type behind a
+    /// pointer (a `View<u8>` or a `DevicePtr<u64>` passes for a `.u64 .ptr` parameter the kernel
+    /// reads as `f32`), read versus write (a [`View`] passes where the kernel writes), pointer
+    /// versus integer (a plain `u64` passes for a pointer parameter and a view for a `.u64`
+    /// length; `.ptr` is not required), lengths, and what the kernel does. Those are the contract
+    /// of the `unsafe` [`TypedKernel::launch`].
     ///
     /// Errors: [`Error::MissingKernel`] (listing the entries); [`Error::KernelSignatureMismatch`]
     /// naming the kernel, the PTX and the Rust signature and the first difference;
@@ -849,8 +955,12 @@ impl<Sig: KernelSignature> TypedKernel<Sig> {
     ///   (reads only through [`View`]s, writes only through [`ViewMut`]s, within their lengths)
     ///   and, for [`DevicePtr`]/`u64` addresses, inside live device allocations that are ordered
     ///   on `stream` and outlive the kernel;
-    /// - with `config.pdl`, the kernel reads nothing the previous kernel on `stream` writes
-    ///   before its `griddepcontrol.wait`.
+    /// - with `config.pdl` (PDL), the kernel may start while the previous kernel on `stream` still
+    ///   runs (and, if that kernel lets its dependents launch before its own
+    ///   `griddepcontrol.wait`, while the kernels before it still run): before its
+    ///   `griddepcontrol.wait` it neither reads memory those kernels write (read after write),
+    ///   nor writes memory they read (write after read) or write (write after write). After the
+    ///   wait every earlier kernel on `stream` has completed and its writes are visible.
     ///
     /// Argument count, sizes and classes, stream binding and launch limits are checked and are
     /// not the caller's concern.

@@ -401,6 +401,10 @@ impl<'d> BatchPipeline<'d> {
     /// Errors, before anything is queued: [`Error::LengthMismatch`] unless `a`, `b`, `c` have equal
     /// lengths; [`Error::Empty`] for `batch_elems == 0`. Later: the kernel closure's error, and
     /// [`Error::Cuda`] / [`Error::ContextPoisoned`] / [`Error::OutOfMemory`] from the driver.
+    /// Tracing never fails the run: with an installed [`crate::trace::Recorder`] of another
+    /// context the run is not traced and its batches are counted in the trace's `unanchored`
+    /// (decided before anything is queued), and spans that cannot be timed after the work are
+    /// counted there too.
     pub fn run<K>(
         &self,
         a: &PinnedBuffer<f32>,
@@ -443,8 +447,16 @@ impl<'d> BatchPipeline<'d> {
         let total = ranges.len();
         let cap = IN_FLIGHT_PER_STREAM * self.streams.len();
         self.prewarm_pool(batch_elems.min(n), cap.min(total))?;
-        // Trace hook (issue 12): two more events per batch while a recorder is active.
-        let tracer = crate::trace::active();
+        // Trace hook (issue 12): two more events per batch while a recorder is active. A
+        // recorder of another context cannot time these streams: checked before any work, the
+        // run is then not traced and its spans are counted as unanchored (issue 19, item 18).
+        let tracer = crate::trace::active().filter(|tr| {
+            let ok = tr.owns(&self.streams[0]);
+            if !ok {
+                tr.note_unanchored(total);
+            }
+            ok
+        });
         let wall = Instant::now();
         let origin = self.streams[0].record()?;
         let mut in_flight: VecDeque<Enqueued> = VecDeque::with_capacity(cap);
@@ -511,10 +523,13 @@ impl<'d> BatchPipeline<'d> {
             batches.push(t);
             progress(batches.len(), total);
         }
-        if let Some(tr) = &tracer {
-            self.trace_batches(tr, &origin, &batches)?;
-        }
         guard.drain()?;
+        if let Some(tr) = &tracer {
+            // The work is done: a trace that cannot be made loses the spans, not the report.
+            if self.trace_batches(tr, &origin, &batches).is_err() {
+                tr.note_unanchored(batches.len());
+            }
+        }
         let wall_ms = wall.elapsed().as_secs_f64() * 1e3;
         let bytes = (n * size_of::<f32>()) as u64;
         Ok(PipelineReport {

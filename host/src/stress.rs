@@ -897,10 +897,14 @@ fn pipeline_worker(
     opts: &StressOptions,
     tx: &mpsc::Sender<PipeMsg>,
 ) -> Result<Option<(usize, Option<u64>, u64)>> {
-    let dev = if own_context {
-        Device::open_in_new_context_with_ptx(ordinal, ptx)?
-    } else {
-        Device::open_with_ptx(ordinal, ptx)?
+    // SAFETY: `ptx` is the module of the caller's opened `Device` (`Device::ptx`): the embedded
+    // one, or one whose warpline entries its opener vouched for (`Device::open_with_ptx`).
+    let dev = unsafe {
+        if own_context {
+            Device::open_in_new_context_with_ptx(ordinal, ptx)?
+        } else {
+            Device::open_with_ptx(ordinal, ptx)?
+        }
     };
     let pipe = BatchPipeline::new(&dev, opts.pipeline_streams)?;
     let per_call = opts.batches_per_call();

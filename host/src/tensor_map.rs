@@ -513,8 +513,9 @@ pub fn check_extent(desc: &TensorMapDesc, len: usize) -> Result<()> {
 /// the maps. Dropping the table frees the memory stream-ordered on `stream` (`cuMemFreeAsync`),
 /// after every kernel queued on `stream` before the drop; kernels that use it must therefore be
 /// queued on `stream` (the launchers check). The host copy the upload reads from is kept until
-/// the copy has completed (an event marks it; if it is still pending at drop, a helper thread
-/// waits for it before freeing the host copy). The table borrows the maps' memory for `'a`.
+/// the copy has completed (an event marks it; if it is still pending at drop, warpline's reaper
+/// thread frees the host copy once the event has completed, polling it without blocking
+/// anything else). The table borrows the maps' memory for `'a`.
 pub struct TensorMapTable<'a> {
     buf: DeviceBuffer<[u64; 16]>,
     staged: Option<Box<[[u64; 16]]>>,
@@ -602,11 +603,10 @@ impl Drop for TensorMapTable<'_> {
         if copied.is_complete().unwrap_or(false) {
             return;
         }
-        // The copy may still read `staged`: free it once the copy is done, off this thread.
-        crate::memory::reaper::defer(move || {
-            let _ = copied.synchronize();
-            drop(staged);
-        });
+        // The copy may still read `staged`: free it once the copy is done, off this thread. The
+        // reaper polls the event and frees host memory of its own without closing the wait gate,
+        // so no `Fence::guard` or `Signal::wait_until` waits meanwhile (issue 19, item 10).
+        crate::memory::reaper::defer_after(vec![copied], false, move || drop(staged));
     }
 }
 

@@ -603,7 +603,7 @@ impl std::fmt::Debug for TcGemm<'_> {
 
 impl<'d> TcGemm<'d> {
     /// Loads [`crate::SM90A_PTX`] into `dev`'s context ([`Device::load_module`]), checks that it
-    /// has the four `tc_gemm_*` entries with the contract's parameter list, and sets their
+    /// has the five entries of [`ENTRIES`] with the contract's parameter list, and sets their
     /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` to `contract::SMEM_BYTES`.
     ///
     /// Errors, before anything is loaded: [`Error::Sm90aRequired`] unless the device's compute
@@ -613,11 +613,30 @@ impl<'d> TcGemm<'d> {
     /// [`Device::load_module`] and [`MemPool::new`], [`Error::SharedMemory`] /
     /// [`Error::TooLarge`] if `SMEM_BYTES` exceeds the device's opt-in limit.
     pub fn new(dev: &'d Device) -> Result<Self> {
-        Self::with_ptx(dev, crate::SM90A_PTX)
+        Self::load(dev, crate::SM90A_PTX)
     }
 
-    /// [`TcGemm::new`] with another build of the sm_90a module (same contract).
-    pub fn with_ptx(dev: &'d Device, ptx: &str) -> Result<Self> {
+    /// [`TcGemm::new`] with another build of the sm_90a module (same contract). Errors as
+    /// [`TcGemm::new`].
+    ///
+    /// # Safety
+    /// The launcher's safe methods ([`TcGemm::gemm`], [`TcGemmPlan::launch`]) launch the entries
+    /// of [`ENTRIES`] with warpline's arguments, grids and shared memory, and trust what they do.
+    /// Only the launch-contract hash embedded in the PTX and the entries' parameter lists are
+    /// checked; any PTX can carry both. The caller guarantees that each entry of [`ENTRIES`] in
+    /// `ptx` is a build of warpline's kernel of that name (gpu/) from the same launch contract
+    /// (`gpu/src/contract.rs`) as this host: the same shared-memory layout, tile sizes and memory
+    /// accesses. [`TcGemm::new`] (the embedded module) needs no promise.
+    ///
+    /// ```compile_fail,E0133
+    /// // issue 19, item 3: trusting foreign PTX as warpline's GEMM kernels needs `unsafe`.
+    /// fn f(dev: &warpline::Device) { let _ = warpline::kernels::tc_gemm::TcGemm::with_ptx(dev, ""); }
+    /// ```
+    pub unsafe fn with_ptx(dev: &'d Device, ptx: &str) -> Result<Self> {
+        Self::load(dev, ptx)
+    }
+
+    fn load(dev: &'d Device, ptx: &str) -> Result<Self> {
         let caps = dev.capabilities();
         if caps.compute_capability != (9, 0) {
             return Err(Error::Sm90aRequired {
@@ -669,7 +688,7 @@ impl<'d> TcGemm<'d> {
     /// (`cuOccupancyMaxActiveClusters`, cached). Errors: [`Error::UnsupportedClusterSize`],
     /// [`Error::MissingKernel`], [`Error::Cuda`].
     pub fn max_active_clusters(&self, name: &'static str, cluster: u32) -> Result<u32> {
-        check_cluster(cluster)?;
+        check_cluster(name, cluster)?;
         let key = (name, cluster);
         if let Some(&n) = self
             .resident
@@ -765,7 +784,7 @@ impl<'d> TcGemm<'d> {
         };
         let cluster = match opts.cluster {
             Some(s) => {
-                check_cluster(s)?;
+                check_cluster(name, s)?;
                 if s > 1 && !self.dev.capabilities().cluster_launch {
                     return Err(Error::ClustersUnsupported);
                 }
@@ -848,7 +867,7 @@ impl<'d> TcGemm<'d> {
     ///
     /// Shapes: A `M x K` row-major; B `K x N` in `layout` (stored `N x K` for
     /// [`BLayout::ColMajor`], `K x N` for [`BLayout::RowMajor`]); C `M x N` row-major; M, N, K
-    /// from 1 to 2^32 - 1; pitches in elements, `>= ` the row length, each a multiple of 16
+    /// from 1 to 2^31 - 1; pitches in elements, `>= ` the row length, each a multiple of 16
     /// bytes; `(rows - 1) * pitch + cols` elements within each view; base addresses 16-byte
     /// aligned. C is read only when `beta != 0` (then it must hold values; NaN in C with
     /// `beta == 0` is ignored). Streams: A, B, C bound to `stream`, of this device's context.
@@ -970,10 +989,12 @@ impl<'d> TcGemm<'d> {
     }
 }
 
-fn check_cluster(cluster: u32) -> Result<()> {
+/// [`Error::UnsupportedClusterSize`] naming `kernel` (the entry the launch would use) unless
+/// `cluster` is one of the contract's sizes.
+fn check_cluster(kernel: &'static str, cluster: u32) -> Result<()> {
     if !contract::CLUSTER_SIZES.contains(&cluster) {
         return Err(Error::UnsupportedClusterSize {
-            kernel: contract::KERNEL_BF16_BCOL,
+            kernel,
             cluster,
             supported: contract::CLUSTER_SIZES.to_vec(),
         });
@@ -1452,9 +1473,10 @@ mod tests {
         // 33 M tiles, 2 N tiles.
         assert_eq!(s.units(1), Some(66));
         assert_eq!(s.units(2), Some(34));
-        assert!(check_cluster(1).is_ok() && check_cluster(2).is_ok());
+        let k = contract::KERNEL_BF16_BCOL;
+        assert!(check_cluster(k, 1).is_ok() && check_cluster(k, 2).is_ok());
         assert!(matches!(
-            check_cluster(4),
+            check_cluster(k, 4),
             Err(Error::UnsupportedClusterSize { cluster: 4, .. })
         ));
         assert_eq!(Raster::AlongM.code(), contract::RASTER_ALONG_M);
@@ -1614,6 +1636,20 @@ mod tests {
                 let want = m_units * (s.n as u128).div_ceil(contract::BN as u128);
                 prop_assert_eq!(s.units_of(cluster, pingpong).map(u128::from), u64::try_from(want).ok().map(u128::from));
             }
+        }
+    }
+
+    /// Issue 19, item 19: the cluster error names the entry the launch would use, not always
+    /// the bf16 one.
+    #[test]
+    fn issue19_item19_unsupported_cluster_names_the_kernel_used() {
+        for name in ENTRIES {
+            let e = check_cluster(name, 3).unwrap_err();
+            let Error::UnsupportedClusterSize { kernel, .. } = &e else {
+                panic!("{e}")
+            };
+            assert_eq!(*kernel, name);
+            assert!(e.to_string().contains(name), "{e}");
         }
     }
 }

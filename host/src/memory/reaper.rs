@@ -15,14 +15,49 @@
 //! the free has returned. Such a free then waits for running GPU work only, which needs no host
 //! thread to finish. The price: while some wait stays pending (a ticket held for long, or
 //! forgotten), frees are postponed, not lost.
+//!
+//! Some jobs must also wait for GPU work first ([`defer_after`]): a module is unloaded only once
+//! every launch from it has completed, a host staging copy is freed only once the copy that reads
+//! it has. The reaper polls their events (`cuEventQuery`, which never blocks) instead of
+//! synchronising on them, so it never sleeps in the driver, and a job that needs no gate (freeing
+//! host memory warpline allocated itself) runs without closing it: no job blocks on the device
+//! while it holds the gate shut.
 
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-type Job = Box<dyn FnOnce() + Send + 'static>;
+use crate::stream::Event;
+
+type Work = Box<dyn FnOnce() + Send + 'static>;
+
+/// One job of the reaper thread.
+struct Job {
+    /// Runs once every one of these has completed (or reports an error: its stream's context is
+    /// poisoned, no more work runs there).
+    after: Vec<Event>,
+    /// Run with the gate closed (a free or unload that may synchronise with the device).
+    gated: bool,
+    /// Runs only after every job handed over before it ([`flush`]).
+    barrier: bool,
+    work: Work,
+}
 
 static REAPER: OnceLock<Mutex<Sender<Job>>> = OnceLock::new();
+
+/// True once `e` has completed or cannot be queried any more.
+fn finished(e: &Event) -> bool {
+    !matches!(e.is_complete(), Ok(false))
+}
+
+fn run(job: Job) {
+    if job.gated {
+        let _free = Gate::close_for_free();
+        (job.work)();
+    } else {
+        (job.work)();
+    }
+}
 
 fn sender() -> &'static Mutex<Sender<Job>> {
     REAPER.get_or_init(|| {
@@ -32,39 +67,140 @@ fn sender() -> &'static Mutex<Sender<Job>> {
         let _ = std::thread::Builder::new()
             .name("warpline-reaper".into())
             .spawn(move || {
-                for job in rx {
-                    let _free = Gate::close_for_free();
-                    job();
+                // Jobs whose events have not completed yet, in arrival order. A barrier job
+                // (`flush`) runs only after every earlier job did.
+                let mut waiting: std::collections::VecDeque<Job> = Default::default();
+                let mut sleep = Duration::from_micros(50);
+                loop {
+                    let next = if waiting.is_empty() {
+                        rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                    } else {
+                        rx.recv_timeout(sleep)
+                    };
+                    match next {
+                        Ok(job) => {
+                            waiting.push_back(job);
+                            waiting.extend(rx.try_iter());
+                        }
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) if waiting.is_empty() => return,
+                        Err(RecvTimeoutError::Disconnected) => std::thread::sleep(sleep),
+                    }
+                    let mut progressed = false;
+                    // Run every job whose events completed; a barrier waits for those queued
+                    // before it.
+                    let mut blocked = false;
+                    let mut i = 0;
+                    while i < waiting.len() {
+                        let ready = if waiting[i].barrier {
+                            !blocked
+                        } else {
+                            waiting[i].after.retain(|e| !finished(e));
+                            waiting[i].after.is_empty()
+                        };
+                        if ready {
+                            if let Some(job) = waiting.remove(i) {
+                                run(job);
+                                progressed = true;
+                            }
+                        } else {
+                            blocked = true;
+                            i += 1;
+                        }
+                    }
+                    sleep = if progressed {
+                        Duration::from_micros(50)
+                    } else {
+                        (sleep * 2).min(Duration::from_millis(5))
+                    };
                 }
             });
         Mutex::new(tx)
     })
 }
 
-/// Runs `free` on the reaper thread. Never blocks on the device; never panics.
-pub(crate) fn defer(free: impl FnOnce() + Send + 'static) {
+fn submit(job: Job) {
     let tx = sender().lock().unwrap_or_else(|e| e.into_inner());
     // A send error means the reaper thread is gone: the memory leaks rather than risk a hang.
-    let _ = tx.send(Box::new(free));
+    let _ = tx.send(job);
 }
 
-/// Blocks until every free handed over before this call has run (tests, and callers that want
-/// the memory back). Do not call while holding an unreleased on-stream wait.
+/// Runs `free` on the reaper thread with the gate closed. Never blocks on the device; never
+/// panics.
+pub(crate) fn defer(free: impl FnOnce() + Send + 'static) {
+    submit(Job {
+        after: Vec::new(),
+        gated: true,
+        barrier: false,
+        work: Box::new(free),
+    });
+}
+
+/// Runs `work` on the reaper thread once every event of `after` has completed (polled, never
+/// synchronised on); with `gated`, with the gate closed (for frees and unloads that may
+/// synchronise with the device). Never blocks the caller; never panics.
+pub(crate) fn defer_after(after: Vec<Event>, gated: bool, work: impl FnOnce() + Send + 'static) {
+    submit(Job {
+        after,
+        gated,
+        barrier: false,
+        work: Box::new(work),
+    });
+}
+
+/// Blocks until every job handed over before this call has run (tests, and callers that want
+/// the memory back), including jobs that wait for GPU work ([`defer_after`]). Do not call while
+/// holding an unreleased on-stream wait.
 pub fn flush() {
     let (tx, rx) = channel::<()>();
-    defer(move || {
-        let _ = tx.send(());
+    submit(Job {
+        after: Vec::new(),
+        gated: true,
+        barrier: true,
+        work: Box::new(move || {
+            let _ = tx.send(());
+        }),
     });
     let _ = rx.recv();
 }
 
-/// The gate between blocking frees and on-stream waits (see the module docs).
-#[derive(Default)]
-struct GateState {
+/// The gate between blocking frees and on-stream waits (see the module docs): a pure state
+/// machine, so that the handshake can be model-checked (loom, in the tests).
+#[derive(Default, Debug)]
+pub(crate) struct GateState {
     /// Threads between [`enter_wait`] and the drop of its [`WaitEntry`].
     entering: usize,
     /// The reaper is running a free.
     freeing: bool,
+}
+
+impl GateState {
+    /// A thread may start enqueueing a wait (no free is running).
+    pub(crate) fn may_enter(&self) -> bool {
+        !self.freeing
+    }
+    /// A thread starts enqueueing a wait; call only when [`Self::may_enter`].
+    pub(crate) fn enter(&mut self) {
+        self.entering += 1;
+    }
+    /// The wait was registered (or given up).
+    pub(crate) fn leave(&mut self) {
+        self.entering = self.entering.saturating_sub(1);
+    }
+    /// Closes the gate for a free when no wait is being enqueued and `wait_pending()` (the
+    /// registry) reports none pending; true when closed.
+    pub(crate) fn try_close(&mut self, wait_pending: impl FnOnce() -> bool) -> bool {
+        if self.entering == 0 && !self.freeing && !wait_pending() {
+            self.freeing = true;
+            true
+        } else {
+            false
+        }
+    }
+    /// The free has returned.
+    pub(crate) fn open(&mut self) {
+        self.freeing = false;
+    }
 }
 
 static GATE: Mutex<GateState> = Mutex::new(GateState {
@@ -81,20 +217,20 @@ fn gate() -> std::sync::MutexGuard<'static, GateState> {
 pub(crate) struct WaitEntry(());
 
 /// Call before enqueueing an on-stream wait whose release may need a host thread (a fence guard,
-/// a signal wait); hold the result until the wait is registered. Blocks only while a free is
-/// running, which waits for GPU work alone.
+/// a signal wait, a task graph's wait); hold the result until the wait is registered. Blocks
+/// only while a free is running, which waits for GPU work alone.
 pub(crate) fn enter_wait() -> WaitEntry {
     let mut g = gate();
-    while g.freeing {
+    while !g.may_enter() {
         g = GATE_CV.wait(g).unwrap_or_else(|e| e.into_inner());
     }
-    g.entering += 1;
+    g.enter();
     WaitEntry(())
 }
 
 impl Drop for WaitEntry {
     fn drop(&mut self) {
-        gate().entering -= 1;
+        gate().leave();
         GATE_CV.notify_all();
     }
 }
@@ -106,12 +242,8 @@ impl Gate {
     fn close_for_free() -> Gate {
         let mut sleep = Duration::from_micros(100);
         loop {
-            {
-                let mut g = gate();
-                if g.entering == 0 && !crate::ordering::any_wait_pending() {
-                    g.freeing = true;
-                    return Gate;
-                }
+            if gate().try_close(crate::ordering::any_wait_pending) {
+                return Gate;
             }
             std::thread::sleep(sleep);
             sleep = (sleep * 2).min(Duration::from_millis(10));
@@ -121,7 +253,7 @@ impl Gate {
 
 impl Drop for Gate {
     fn drop(&mut self) {
-        gate().freeing = false;
+        gate().open();
         GATE_CV.notify_all();
     }
 }

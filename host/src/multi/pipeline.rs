@@ -218,6 +218,11 @@ pub struct LayerPipeline<'s> {
     /// One weight tile per stage (host copies, for the reference).
     w_host: [Vec<f32>; 2],
     slots: Vec<Slot>,
+    /// Test hook: the enqueue step that fails next (issue 19, item 6).
+    #[cfg(test)]
+    fail_at: Option<usize>,
+    #[cfg(not(test))]
+    fail_at: (),
 }
 
 impl<'s> LayerPipeline<'s> {
@@ -326,11 +331,47 @@ impl<'s> LayerPipeline<'s> {
             w2,
             w_host,
             slots,
+            fail_at: Default::default(),
         })
     }
 
-    /// Enqueues microbatch `n` (slot `n % slots`).
+    /// Queues microbatch `n` (slot `n % slots`). On an error part of it may be queued while the
+    /// slot's events still mark the previous microbatch: a later H2D would wait for a stale
+    /// `x_free` and overwrite an input a queued kernel still reads (issue 19, item 6). So every
+    /// error path drains the pipeline's streams (everything queued has then completed) and
+    /// forgets every slot's events (nothing is in flight for them to order) before returning
+    /// the error.
     fn enqueue(&mut self, n: usize) -> Result<()> {
+        let r = self.enqueue_unchecked(n);
+        if r.is_err() {
+            let _ = self.drain();
+            for sl in &mut self.slots {
+                sl.ev = SlotEvents::default();
+            }
+        }
+        r
+    }
+
+    /// Fails step `step` of an enqueue when the test hook asks for it.
+    #[cfg(test)]
+    fn fault(fail_at: &mut Option<usize>, step: usize) -> Result<()> {
+        if *fail_at == Some(step) {
+            *fail_at = None;
+            return Err(Error::BadShape {
+                what: "layer pipeline (injected fault)",
+                detail: format!("step {step}"),
+            });
+        }
+        Ok(())
+    }
+
+    #[cfg(not(test))]
+    #[inline(always)]
+    fn fault(_: &mut (), _: usize) -> Result<()> {
+        Ok(())
+    }
+
+    fn enqueue_unchecked(&mut self, n: usize) -> Result<()> {
         let Self {
             graphs,
             set,
@@ -346,6 +387,7 @@ impl<'s> LayerPipeline<'s> {
             w1,
             w2,
             slots,
+            fail_at,
             ..
         } = self;
         let (da, db) = (set.device(*a)?, set.device(*b)?);
@@ -367,6 +409,7 @@ impl<'s> LayerPipeline<'s> {
                 h2d.raw(),
             )
         }?;
+        Self::fault(fail_at, 0)?;
         ev.x_ready = Some(h2d.record_marker()?);
         // Stage 1 on A (both stages for one GPU), once the slot's previous activations were sent
         // (two GPUs) or copied back (one GPU).
@@ -392,6 +435,7 @@ impl<'s> LayerPipeline<'s> {
                 0,
                 true,
             )?;
+            Self::fault(fail_at, 1)?;
             ev.x_free = first;
             if !two {
                 cur = run_layers(
@@ -862,6 +906,60 @@ mod tests {
 
     // Graph handles are not Sync, so neither is the pipeline: launches never race.
     static_assertions::assert_not_impl_any!(LayerPipeline<'static>: Sync);
+
+    /// Issue 19, item 6: an error in the middle of an enqueue (after the H2D, or after stage 1
+    /// was queued, before their events were recorded) used to leave the slot's previous events
+    /// in place. Now the error path drains the streams and forgets every event; the pipeline
+    /// then still runs and verifies. GPU test (one GPU); skips without a driver.
+    #[test]
+    fn issue19_item06_an_enqueue_error_leaves_no_stale_event() {
+        let set = match DeviceSet::open(&[0]) {
+            Ok(s) => s,
+            Err(e @ (Error::NoDriver | Error::NoDevice { .. })) => {
+                assert!(
+                    std::env::var("WARPLINE_REQUIRE_GPU").as_deref() != Ok("1"),
+                    "issue19 item 6 would be skipped ({e}), but WARPLINE_REQUIRE_GPU=1"
+                );
+                eprintln!("SKIPPED issue19 item 6: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let cfg = LayerPipelineConfig {
+            tiles: 2,
+            layers: 4,
+            ..LayerPipelineConfig::default()
+        };
+        let mut p = LayerPipeline::new(&set, 0, 0, Placement::OneGpu, cfg).unwrap();
+        p.run(cfg.slots, false).unwrap();
+        for (n, step) in [0usize, 1, 0, 1].into_iter().enumerate() {
+            p.fail_at = Some(step);
+            let e = p.enqueue(n).unwrap_err();
+            assert!(matches!(e, Error::BadShape { .. }), "{e}");
+            for (i, sl) in p.slots.iter().enumerate() {
+                let ev = &sl.ev;
+                let kept = [
+                    &ev.x_free,
+                    &ev.x_ready,
+                    &ev.h_ready,
+                    &ev.h_sent,
+                    &ev.r_free,
+                    &ev.y_ready,
+                    &ev.y_out,
+                ]
+                .iter()
+                .filter(|e| e.is_some())
+                .count();
+                assert_eq!(
+                    kept, 0,
+                    "slot {i} kept {kept} events after step {step} failed"
+                );
+            }
+        }
+        let rep = p.run(2 * cfg.slots, true).unwrap();
+        let err = rep.max_rel_error.unwrap();
+        assert!(err < 1e-4, "{err}");
+    }
 
     #[test]
     fn reference_chain_keeps_the_scale() {

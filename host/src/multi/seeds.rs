@@ -65,10 +65,25 @@ pub struct SeedReport {
     pub cyclic_rejected: String,
 }
 
+/// The message of the cyclic seed's rejection: `Ok` for [`Error::Cycle`];
+/// [`Error::Verification`] when the seed was accepted; any other error (peer access missing, a
+/// bad GPU index) as itself, since the cycle check never ran (issue 19, item 19).
+fn cycle_rejection(checked: Result<crate::ordering::Plan>) -> Result<String> {
+    match checked {
+        Err(e @ Error::Cycle { .. }) => Ok(e.to_string()),
+        Err(e) => Err(e),
+        Ok(_) => Err(Error::Verification {
+            detail: "the cyclic seed was accepted by the checker; it must be rejected as a cycle"
+                .into(),
+        }),
+    }
+}
+
 /// Runs seed 1 `runs` times on GPUs 0 and 1 of `set` (each run bounded by `bound`; a timeout
 /// stops the loop and is returned as the error, after the pending waits were released) and checks
 /// that seed 2 is rejected. Errors: [`Error::NotEnoughDevices`], [`Error::Timeout`],
-/// [`Error::Verification`] when seed 2 is not rejected as a cycle or `done` is wrong.
+/// [`Error::Verification`] when seed 2 is accepted or `done` is wrong, and the checker's own
+/// error (e.g. [`Error::PeerAccessUnavailable`]) when it refuses seed 2 for another reason.
 pub fn run_seeds(set: &DeviceSet, runs: usize, bound: Duration) -> Result<SeedReport> {
     if set.len() < 2 {
         return Err(Error::NotEnoughDevices {
@@ -77,14 +92,7 @@ pub fn run_seeds(set: &DeviceSet, runs: usize, bound: Duration) -> Result<SeedRe
             available: set.len(),
         });
     }
-    let cyclic_rejected = match cyclic_graph()?.check(set.peer_matrix()) {
-        Err(e @ Error::Cycle { .. }) => e.to_string(),
-        other => {
-            return Err(Error::Verification {
-                detail: format!("the cyclic seed was not rejected as a cycle: {other:?}"),
-            })
-        }
-    };
+    let cyclic_rejected = cycle_rejection(cyclic_graph()?.check(set.peer_matrix()))?;
     let g = opposite_order_graph(200)?;
     let streams = [
         set.device(0)?.new_stream()?,
@@ -114,4 +122,21 @@ pub fn run_seeds(set: &DeviceSet, runs: usize, bound: Duration) -> Result<SeedRe
         runs,
         cyclic_rejected,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 19, item 19: without peer access the checker refuses the cyclic seed before it
+    /// looks for cycles; that used to be reported as "the cyclic seed was not rejected".
+    #[test]
+    fn issue19_item19_peer_failure_is_not_reported_as_an_accepted_cycle() {
+        let no_peers = vec![vec![true, false], vec![false, true]];
+        let e = cycle_rejection(cyclic_graph().unwrap().check(&no_peers)).unwrap_err();
+        assert!(matches!(e, Error::PeerAccessUnavailable { .. }), "{e}");
+        let peers = vec![vec![true; 2]; 2];
+        let msg = cycle_rejection(cyclic_graph().unwrap().check(&peers)).unwrap();
+        assert!(msg.contains("cycle"), "{msg}");
+    }
 }

@@ -291,7 +291,7 @@ impl Fence {
                 max: MAX_SLOTS as u64,
             });
         }
-        let internal_dev = Device::open_in_new_context_with_ptx(dev.ordinal(), dev.ptx())?;
+        let internal_dev = dev.reopen(dev.ordinal(), true)?;
         let internal = internal_dev.new_stream()?;
         internal_dev.bind()?;
         let bytes = slots * 8;

@@ -14,7 +14,15 @@
 //! `%globaltimer` stamps with [`Recorder::device_stamps`]. When nothing is installed a hook costs
 //! one relaxed atomic load ([`active`]). When one is, a traced stage costs one or two extra
 //! `cuEventRecord`s (timing events, about 1-2 µs of host time each) and nothing on the GPU beyond
-//! the event itself; spans are resolved in [`Recorder::finish`], after the work is done.
+//! the event itself; spans are resolved as their events complete (polled as new spans come, and
+//! in [`Recorder::finish`], which waits for the rest).
+//!
+//! # Bounded
+//!
+//! A recorder keeps at most [`DEFAULT_SPAN_LIMIT`] spans ([`Recorder::set_span_limit`]) and at
+//! most [`MAX_PENDING_SPANS`] spans whose events have not completed; spans beyond either are
+//! dropped and counted ([`Recorder::dropped_spans`], and in [`Trace::clock`]). A long-lived
+//! recorder can be emptied with [`Recorder::drain`] (issue 19, item 17).
 //!
 //! # One clock
 //!
@@ -51,6 +59,16 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::stream::{Event, Stream};
 
+/// Spans a recorder keeps by default (resolved and pending together; see
+/// [`Recorder::set_span_limit`]). Spans beyond it are dropped and counted
+/// ([`Recorder::dropped_spans`]).
+pub const DEFAULT_SPAN_LIMIT: usize = 1 << 20;
+
+/// Spans whose events a recorder keeps pending at most (two CUDA events each). Completed ones are
+/// resolved as new ones come; beyond this many still incomplete, new spans are dropped and
+/// counted ([`Recorder::dropped_spans`]).
+pub const MAX_PENDING_SPANS: usize = 4096;
+
 /// Calibration trials of [`Recorder::calibrate_globaltimer`].
 pub const CALIBRATION_TRIALS: usize = 8;
 
@@ -80,6 +98,37 @@ struct State {
     spans: Vec<Span>,
     unanchored: usize,
     globaltimer: Option<GlobalTimerCalibration>,
+    /// Spans dropped beyond the limits.
+    dropped: usize,
+    /// Most spans kept (resolved + pending).
+    limit: usize,
+    /// Pending spans at which completed ones are resolved next.
+    resolve_at: usize,
+}
+
+impl State {
+    /// Room for `n` more spans under the limit; counts the ones that do not fit as dropped and
+    /// returns how many do.
+    fn room(&mut self, n: usize) -> usize {
+        let kept = self.spans.len() + self.pending.len();
+        let fit = self.limit.saturating_sub(kept).min(n);
+        self.dropped += n - fit;
+        fit
+    }
+}
+
+/// The span of `p` on the clock of `origin`; errors when its events cannot be timed.
+fn resolve(origin: &Event, p: Pending) -> Result<Span> {
+    let start = origin.elapsed_ms(&p.start)?;
+    let dur = p.start.elapsed_ms(&p.end)?;
+    Ok(Span {
+        track: p.track,
+        stage: p.stage,
+        name: p.name,
+        start_us: f64::from(start) * 1e3,
+        dur_us: f64::from(dur).max(0.0) * 1e3,
+        args: p.args,
+    })
 }
 
 struct Inner {
@@ -149,6 +198,9 @@ impl Recorder {
                     spans: Vec::new(),
                     unanchored: 0,
                     globaltimer: None,
+                    dropped: 0,
+                    limit: DEFAULT_SPAN_LIMIT,
+                    resolve_at: 64,
                 }),
             }),
         })
@@ -173,8 +225,53 @@ impl Recorder {
         self.inner.host_origin.elapsed().as_secs_f64() * 1e6
     }
 
-    fn owns(&self, stream: &Stream) -> bool {
+    /// True when spans of `stream` can be put on this recorder's clock (the stream is of the
+    /// recorder's context).
+    pub fn owns(&self, stream: &Stream) -> bool {
         stream.context_raw() as usize == self.inner.ctx
+    }
+
+    /// Counts `n` spans that could not be put on the clock (another context) in
+    /// [`Trace::unanchored`].
+    pub(crate) fn note_unanchored(&self, n: usize) {
+        self.state().unanchored += n;
+    }
+
+    /// Keeps at most `max_spans` spans (resolved and pending; default [`DEFAULT_SPAN_LIMIT`]);
+    /// spans beyond it are dropped and counted ([`Self::dropped_spans`]). Spans already kept
+    /// stay. Use [`Self::drain`] to take the spans out and make room.
+    pub fn set_span_limit(&self, max_spans: usize) {
+        self.state().limit = max_spans;
+    }
+
+    /// Spans dropped so far because the recorder was full (the span limit, or more than
+    /// [`MAX_PENDING_SPANS`] spans whose events had not completed).
+    pub fn dropped_spans(&self) -> usize {
+        self.state().dropped
+    }
+
+    /// Spans whose events are still held (two CUDA events each), at most [`MAX_PENDING_SPANS`].
+    pub fn pending_spans(&self) -> usize {
+        self.state().pending.len()
+    }
+
+    /// Resolves the pending spans whose events have completed (`cuEventQuery`, no waiting),
+    /// releasing their events; a span whose events cannot be timed is counted as unanchored.
+    fn resolve_completed(&self, st: &mut State) {
+        let pending = std::mem::take(&mut st.pending);
+        for p in pending {
+            // An event that cannot be queried (poisoned context) is not waited for either.
+            let done = |e: &Event| !matches!(e.is_complete(), Ok(false));
+            if !(done(&p.end) && done(&p.start)) {
+                st.pending.push(p);
+                continue;
+            }
+            match resolve(&self.inner.origin, p) {
+                Ok(span) => st.spans.push(span),
+                Err(_) => st.unanchored += 1,
+            }
+        }
+        st.resolve_at = (2 * st.pending.len()).clamp(64, MAX_PENDING_SPANS);
     }
 
     /// The track of `stream`, made on first use as "stream N" (N in order of first use).
@@ -216,8 +313,10 @@ impl Recorder {
     }
 
     /// A span on `stream`'s track from event `start` to event `end` (both recorded on `stream`
-    /// or ordered with it), resolved in [`Self::finish`]. Events of another context are counted
-    /// as unanchored and dropped.
+    /// or ordered with it), resolved once both have completed (at the latest in
+    /// [`Self::finish`]). Events of another context are counted as unanchored and dropped; a span
+    /// beyond the recorder's bounds (see the module docs) is dropped and counted in
+    /// [`Self::dropped_spans`].
     pub fn span(
         &self,
         stream: &Stream,
@@ -230,6 +329,16 @@ impl Recorder {
         let mut st = self.state();
         if !self.owns(stream) {
             st.unanchored += 1;
+            return;
+        }
+        if st.pending.len() >= st.resolve_at {
+            self.resolve_completed(&mut st);
+        }
+        if st.pending.len() >= MAX_PENDING_SPANS || st.room(1) == 0 {
+            // Dropped (and counted): the recorder's memory and event count stay bounded.
+            if st.pending.len() >= MAX_PENDING_SPANS {
+                st.dropped += 1;
+            }
             return;
         }
         let track = self.track_of(&mut st, stream);
@@ -263,8 +372,9 @@ impl Recorder {
             st.unanchored += spans.len();
             return;
         }
+        let fit = st.room(spans.len());
         let track = self.track_of(&mut st, stream);
-        for s in spans {
+        for s in spans.into_iter().take(fit) {
             st.spans.push(Span {
                 track,
                 stage: s.stage,
@@ -322,7 +432,8 @@ impl Recorder {
         use warpline_gpu::contract::pdl::STAMPS_PER_CTA;
         let dims = GemmDims { m: 64, n: 64, k: 4 };
         let s0 = dev.new_stream()?;
-        let pool = crate::memory::MemPool::device_default(dev, 0)?;
+        // A pool of its own: the device's default pool is process-wide state (issue 19, item 16).
+        let pool = crate::memory::MemPool::new(dev, 0)?;
         let grid = gemm_grid(dims) as usize;
         let mut a = pool.alloc_async::<f32>(&s0, 64 * 4)?;
         let mut b = pool.alloc_async::<f32>(&s0, 4 * 64)?;
@@ -369,6 +480,7 @@ impl Recorder {
         let cal = st.globaltimer.ok_or_else(|| Error::TraceClock {
             detail: "device stamps need a %globaltimer calibration first (Recorder::calibrate_globaltimer)".into(),
         })?;
+        let fit = st.room(items.len());
         let t = st.tracks.len();
         st.tracks.push(Track {
             pid: self.inner.ordinal as u32,
@@ -377,7 +489,7 @@ impl Recorder {
             name: track.to_string(),
             kind: TrackKind::DeviceStamps,
         });
-        for it in items {
+        for it in items.iter().take(fit) {
             st.spans.push(Span {
                 track: t,
                 stage,
@@ -398,6 +510,17 @@ impl Recorder {
     /// whose events cannot be read is counted in [`Trace::unanchored`] instead of failing the
     /// others. Never fails today; the `Result` leaves room for outputs that can.
     pub fn finish(&self) -> Result<Trace> {
+        self.collect(false)
+    }
+
+    /// As [`Self::finish`], but the returned spans are removed from the recorder (tracks,
+    /// counts and the calibration stay): a long-lived recorder drained now and then keeps
+    /// memory and events bounded by what happens between two drains.
+    pub fn drain(&self) -> Result<Trace> {
+        self.collect(true)
+    }
+
+    fn collect(&self, take: bool) -> Result<Trace> {
         // Resolve outside the lock: the event waits may be long, and hooks on other threads
         // record spans meanwhile. A span whose events cannot be timed (another context, an
         // event of a failed stream) is counted as unanchored; the others are kept.
@@ -405,33 +528,32 @@ impl Recorder {
         let mut resolved = Vec::with_capacity(pending.len());
         let mut lost = 0;
         for p in pending {
-            let timed = self
-                .inner
-                .origin
-                .elapsed_ms(&p.start)
-                .and_then(|s| Ok((s, p.start.elapsed_ms(&p.end)?)));
-            match timed {
-                Ok((start, dur)) => resolved.push(Span {
-                    track: p.track,
-                    stage: p.stage,
-                    name: p.name,
-                    start_us: f64::from(start) * 1e3,
-                    dur_us: f64::from(dur).max(0.0) * 1e3,
-                    args: p.args,
-                }),
+            match resolve(&self.inner.origin, p) {
+                Ok(span) => resolved.push(span),
                 Err(_) => lost += 1,
             }
         }
         let mut st = self.state();
         st.spans.extend(resolved);
         st.unanchored += lost;
-        let mut spans = st.spans.clone();
+        let mut spans = if take {
+            std::mem::take(&mut st.spans)
+        } else {
+            st.spans.clone()
+        };
         spans.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
+        let mut clock = clock_note(st.globaltimer);
+        if st.dropped > 0 {
+            clock.push_str(&format!(
+                "; {} span(s) dropped: the recorder was full (span limit {}, at most {} pending)",
+                st.dropped, st.limit, MAX_PENDING_SPANS
+            ));
+        }
         Ok(Trace {
             tracks: st.tracks.clone(),
             spans,
             unanchored: st.unanchored,
-            clock: clock_note(st.globaltimer),
+            clock,
         })
     }
 }

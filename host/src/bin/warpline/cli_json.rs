@@ -20,6 +20,7 @@ pub fn set_enabled(on: bool) {
 /// The subcommand's name in `argv` (the first word that is not a flag or a global flag's value).
 pub fn command_name(argv: &[String]) -> String {
     let mut skip = false;
+    let mut name: Option<String> = None;
     for a in argv.iter().skip(1) {
         if skip {
             skip = false;
@@ -30,10 +31,16 @@ pub fn command_name(argv: &[String]) -> String {
             continue;
         }
         if !a.starts_with('-') {
-            return a.clone();
+            match name {
+                // `mgpu SUB`: the subcommand is part of the name (issue 19, item 19).
+                Some(n) if n == "mgpu" => return format!("mgpu {a}"),
+                Some(n) => return n,
+                None if a == "mgpu" => name = Some(a.clone()),
+                None => return a.clone(),
+            }
         }
     }
-    "warpline".into()
+    name.unwrap_or_else(|| "warpline".into())
 }
 
 /// Versions of warpline and the crates whose behaviour the figures depend on.
@@ -95,4 +102,32 @@ pub fn print_failure(name: Option<&str>, seed: Option<u64>, kind: &str, message:
         "exit_code": code,
     });
     println!("{v}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::command_name;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn issue19_item19_json_command_names_the_mgpu_subcommand() {
+        assert_eq!(
+            command_name(&argv("warpline --json mgpu allreduce --iters 3")),
+            "mgpu allreduce"
+        );
+        assert_eq!(
+            command_name(&argv("warpline mgpu --json peer-bw")),
+            "mgpu peer-bw"
+        );
+        assert_eq!(
+            command_name(&argv("warpline --device 1 mgpu info")),
+            "mgpu info"
+        );
+        assert_eq!(command_name(&argv("warpline --json mgpu")), "mgpu");
+        assert_eq!(command_name(&argv("warpline --seed 3 gemm --m 4")), "gemm");
+        assert_eq!(command_name(&argv("warpline --json")), "warpline");
+    }
 }

@@ -323,7 +323,12 @@ impl TaskGraph {
                         // SAFETY: as for the resets above.
                         unsafe { s.wait_untracked(stream, *cmp, *value) }?
                     } else {
-                        s.enqueue_wait(stream, *cmp, *value)?
+                        // Registered for the reaper's gate, so no blocking free runs behind it
+                        // (issue 19, item 8); the run's watchdog reports it.
+                        let _entry = crate::memory::reaper::enter_wait();
+                        s.enqueue_wait(stream, *cmp, *value)?;
+                        let done = std::sync::Arc::new(stream.record_marker()?);
+                        crate::ordering::registry::register_gate_wait(done);
                     }
                 }
                 Op::Set { signal, value } => {
