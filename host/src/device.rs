@@ -278,6 +278,7 @@ fn drain_deferred(ctx: &CudaContext, state: &ContextState) {
 /// `bind_to_thread`, which returns errors left over from earlier `Drop`s instead of binding).
 /// Refuses with [`Error::ContextPoisoned`] once a sticky error was seen on the context.
 pub(crate) fn bind_context(ctx: &CudaContext, call: &'static str) -> Result<()> {
+    refuse_in_host_callback(call)?;
     let state = state_for(ctx.cu_ctx());
     drain_deferred(ctx, &state);
     state.check(call)?;
@@ -287,9 +288,46 @@ pub(crate) fn bind_context(ctx: &CudaContext, call: &'static str) -> Result<()> 
 /// As [`bind_context`] but also on a poisoned context: for synchronisation and frees, which must
 /// still be attempted (they return at once with the sticky error).
 pub(crate) fn bind_context_unchecked(ctx: &CudaContext) -> Result<()> {
+    refuse_in_host_callback("a warpline CUDA call (synchronisation or free)")?;
     let state = state_for(ctx.cu_ctx());
     drain_deferred(ctx, &state);
     drv::ctx_set_current(ctx.cu_ctx())
+}
+
+thread_local! {
+    /// True while this thread runs a task graph host callback (issue 19, item 9).
+    static IN_HOST_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// [`Error::InHostCallback`] naming `call` when this thread is running a task graph host
+/// callback (the driver's callback thread, where CUDA calls are forbidden and a wait for GPU
+/// work never returns). Every warpline path that binds a context, enqueues or waits checks it.
+pub(crate) fn refuse_in_host_callback(call: &'static str) -> Result<()> {
+    if IN_HOST_CALLBACK.with(|f| f.get()) {
+        return Err(Error::InHostCallback { call });
+    }
+    Ok(())
+}
+
+/// Marks this thread as running a host callback until dropped (set by the callback
+/// trampolines around the user's closure; nesting restores the previous value).
+pub(crate) struct HostCallbackScope {
+    was: bool,
+}
+
+impl HostCallbackScope {
+    pub(crate) fn enter() -> Self {
+        Self {
+            was: IN_HOST_CALLBACK.with(|f| f.replace(true)),
+        }
+    }
+}
+
+impl Drop for HostCallbackScope {
+    fn drop(&mut self) {
+        let was = self.was;
+        IN_HOST_CALLBACK.with(|f| f.set(was));
+    }
 }
 
 /// Keeps an error from a `Drop` in the record of `ctx`.
@@ -674,6 +712,7 @@ impl Device {
     /// Waits for all work on the device (`cuCtxSynchronize`). It really waits before returning
     /// any error, also on a poisoned context.
     pub fn synchronize(&self) -> Result<()> {
+        refuse_in_host_callback("Device::synchronize")?;
         let bound = bind_context_unchecked(&self.ctx);
         let synced = bound.and_then(|()| drv::ctx_synchronize());
         synced?;

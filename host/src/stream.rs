@@ -74,6 +74,8 @@ impl Stream {
     /// poisoned context still gets the synchronise call (which then returns its sticky error as
     /// [`crate::Error::ContextPoisoned`]).
     pub fn synchronize(&self) -> Result<()> {
+        // Inside a host callback the wait would never return (issue 19, item 9).
+        crate::device::refuse_in_host_callback("Stream::synchronize")?;
         let bound = bind_context_unchecked(self.ctx());
         // cuStreamSynchronize takes the stream's own context; it is called even if binding failed.
         let synced = drv::stream_synchronize(self.raw());
@@ -166,6 +168,7 @@ impl Event {
     /// Blocks the host until the event has completed (`cuEventSynchronize`); it really waits
     /// before returning any error, as [`Stream::synchronize`].
     pub fn synchronize(&self) -> Result<()> {
+        crate::device::refuse_in_host_callback("Event::synchronize")?;
         let bound = bind_context_unchecked(&self.ctx);
         drv::event_synchronize(self.raw)?;
         bound?;

@@ -1016,6 +1016,17 @@ impl TcGemmPlan<'_> {
     /// cluster dimension and, when asked, the PDL attribute. No copies: repeated launches
     /// overlap through PDL. Errors: [`Error::Launch`], [`Error::ContextPoisoned`].
     pub fn launch(&self) -> Result<()> {
+        // SAFETY: the plan's own stream.
+        unsafe { self.launch_on(&self.stream) }
+    }
+
+    /// [`TcGemmPlan::launch`] on `stream` (a task graph's private capture stream).
+    ///
+    /// # Safety
+    /// `stream` is the plan's stream, or a stream capturing a graph that is launched only on the
+    /// plan's stream (or ordered after that stream's earlier work and before its later work) while
+    /// the plan lives, so the reasoning below holds for every replay.
+    pub(crate) unsafe fn launch_on(&self, stream: &Stream) -> Result<()> {
         for p in &self.launches {
             let params = [
                 ParamValue::new(p.maps[0]),
@@ -1044,8 +1055,9 @@ impl TcGemmPlan<'_> {
             // With PDL the kernel reads A, B and C only after `griddepcontrol.wait` (contract);
             // the table, which it reads before, was written by a copy that precedes every
             // launch of the plan on this stream and is never written again.
+            // `stream` is the plan's stream or captured and replayed as if it were (contract).
             unsafe {
-                launch_raw(self.dev, &p.kernel, &self.stream, &p.cfg, &params)?;
+                launch_raw(self.dev, &p.kernel, stream, &p.cfg, &params)?;
             }
         }
         Ok(())

@@ -130,6 +130,8 @@ pub fn synchronize_timeout<'a>(
     bound: Duration,
     on_timeout: OnTimeout,
 ) -> Result<()> {
+    // Inside a host callback the run cannot complete while the callback waits (issue 19, item 9).
+    crate::device::refuse_in_host_callback("synchronize_timeout")?;
     let target = target.into();
     let deadline = deadline_after(Instant::now(), bound);
     if poll_until(deadline, || target.is_complete())? {

@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use super::{HostTask, Lane, Op, SignalRef, Task, TaskContext, TaskGraph};
 use crate::error::{Error, Result};
+use crate::kernels::TcGemmPlan;
 use crate::ordering::check::TaskId;
 use crate::ordering::types::Cmp;
 
-impl TaskGraph {
+impl<'g> TaskGraph<'g> {
     /// A new lane named `name` (bound to `streams[lane index]` at run time, in creation order).
     pub fn lane(&mut self, name: impl Into<String>) -> Lane {
         self.lanes.push(name.into());
@@ -29,7 +30,13 @@ impl TaskGraph {
         }
     }
 
-    fn push(&mut self, what: &'static str, lane: Lane, label: String, op: Op) -> Result<TaskId> {
+    fn push(
+        &mut self,
+        what: &'static str,
+        lane: Lane,
+        label: String,
+        op: Op<'g>,
+    ) -> Result<TaskId> {
         let lane = self.lane_index(what, lane)?;
         self.tasks.push(Task { lane, label, op });
         Ok(TaskId {
@@ -40,8 +47,15 @@ impl TaskGraph {
 
     /// A kernel launch (or any stream work): `launch` enqueues on `ctx.stream` with a typed
     /// launcher. It runs on the host at enqueue/capture time, once per [`TaskGraph::enqueue`] or
-    /// [`TaskGraph::capture`]; a captured graph keeps the closure (and what it owns) alive until
-    /// its last launch has completed. Errors: [`Error::ForeignHandle`].
+    /// [`TaskGraph::capture_unchecked`].
+    ///
+    /// A closure can reach any memory (through shared state, a `static`, its own allocations), so
+    /// a graph with kernel closures runs safely only directly ([`TaskGraph::enqueue`], where each
+    /// run is ordered with the buffers' stream-ordered frees by the launchers' stream checks):
+    /// the safe [`TaskGraph::capture`] refuses it ([`Error::UncheckedCapture`]), and capturing it
+    /// is the `unsafe` [`TaskGraph::capture_unchecked`] (issue 19, item 1). A captured graph keeps
+    /// the closure (and what it owns) alive until its last launch has completed.
+    /// Errors: [`Error::ForeignHandle`].
     pub fn kernel(
         &mut self,
         lane: Lane,
@@ -50,6 +64,51 @@ impl TaskGraph {
     ) -> Result<TaskId> {
         let op = Op::Kernel(Arc::new(launch));
         self.push("TaskGraph::kernel", lane, label.into(), op)
+    }
+
+    /// The launches of a [`TcGemmPlan`] ([`TcGemm::plan`](crate::kernels::TcGemm::plan) /
+    /// `plan_chain2`), owned by the graph: a task that [`TaskGraph::capture`] may capture. The plan
+    /// (its tensor-map table in device memory) lives as long as this graph and every
+    /// [`super::CapturedGraph`] captured from it, and the operands it borrows for `'g` outlive
+    /// both; its table is freed, stream-ordered on the plan's stream, only when the last of them
+    /// is dropped, after every launch and replay already queued (issue 19, item 1).
+    ///
+    /// The plan must be made on the stream that `lane` is bound to when the graph runs
+    /// ([`Error::WrongStream`] at [`TaskGraph::enqueue`] / [`TaskGraph::capture`] otherwise), so
+    /// the operands' and the table's stream-ordered frees come after every run.
+    /// Errors: [`Error::ForeignHandle`].
+    ///
+    /// The plan's operands cannot be dropped while a captured graph that replays it lives:
+    ///
+    /// ```compile_fail
+    /// use warpline::kernels::{BLayout, Matrix, MatrixMut, TcGemm};
+    /// use warpline::ordering::TaskGraph;
+    /// fn f(dev: &warpline::Device, tc: &TcGemm<'_>, s: &warpline::Stream,
+    ///      pool: &warpline::MemPool) -> warpline::Result<()> {
+    ///     let a = pool.alloc_async::<warpline::bf16>(s, 64 * 64)?;
+    ///     let b = pool.alloc_async::<warpline::bf16>(s, 64 * 64)?;
+    ///     let mut c = pool.alloc_async::<f32>(s, 64 * 64)?;
+    ///     let plan = tc.plan(s, Matrix::new(a.as_view(), 64, 64, 64),
+    ///         Matrix::new(b.as_view(), 64, 64, 64), BLayout::ColMajor,
+    ///         MatrixMut::new(c.as_view_mut(), 64, 64, 64), 1.0, 0.0, &Default::default())?;
+    ///     let mut g = TaskGraph::new();
+    ///     let l = g.lane("l");
+    ///     g.gemm(l, "gemm", plan)?;
+    ///     let mut captured = g.capture(dev, &[s.clone()], &[])?;
+    ///     drop(g);
+    ///     drop(c); // error: `c` is still borrowed by the captured graph
+    ///     captured.launch()?;
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn gemm(
+        &mut self,
+        lane: Lane,
+        label: impl Into<String>,
+        plan: TcGemmPlan<'g>,
+    ) -> Result<TaskId> {
+        let op = Op::Gemm(Arc::new(plan));
+        self.push("TaskGraph::gemm", lane, label.into(), op)
     }
 
     /// A device-to-device copy of `bytes` bytes (`cuMemcpyDtoDAsync`).
@@ -125,9 +184,16 @@ impl TaskGraph {
     }
 
     /// A host callback (`cuLaunchHostFunc`): runs on a driver thread once the lane's earlier work
-    /// is done and blocks the lane until it returns. It must not call CUDA or wait for GPU work.
-    /// A panic is caught on the driver thread and reported by [`super::super::synchronize_timeout`]
-    /// on the run as [`Error::HostCallbackPanicked`]. Errors: [`Error::ForeignHandle`].
+    /// is done and blocks the lane until it returns. It must not call CUDA or wait for GPU work:
+    /// warpline enforces this for its own API (issue 19, item 9): while the callback runs, every
+    /// warpline call that would call CUDA, enqueue or wait for GPU work (stream and event
+    /// synchronisation, [`super::super::synchronize_timeout`], launches, copies, allocations,
+    /// frees, anything that binds a context) returns [`Error::InHostCallback`] instead, and a
+    /// warpline object dropped inside the callback is handed to the reaper thread rather than
+    /// freed there. Raw driver calls (cudarc, `Stream::raw` handles) are not seen: they remain
+    /// forbidden. A panic is caught on the driver thread and reported by
+    /// [`super::super::synchronize_timeout`] on the run as [`Error::HostCallbackPanicked`].
+    /// Errors: [`Error::ForeignHandle`].
     pub fn host(
         &mut self,
         lane: Lane,

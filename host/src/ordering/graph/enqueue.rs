@@ -50,6 +50,8 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// Runs the callback, catching a panic and recording it in the call's log.
 fn call_host(call: &HostCall) {
     let r = catch_unwind(AssertUnwindSafe(|| {
+        // Every warpline call inside returns Error::InHostCallback (issue 19, item 9).
+        let _scope = crate::device::HostCallbackScope::enter();
         let mut f = call.task.f.lock().unwrap_or_else(|e| e.into_inner());
         (*f)()
     }));
@@ -138,7 +140,7 @@ pub(super) fn distinct_others(streams: &[Stream]) -> Vec<Stream> {
     out
 }
 
-impl TaskGraph {
+impl<'g> TaskGraph<'g> {
     /// Checks the graph, then enqueues one run: resets the bound signals to 0 on `streams[0]`
     /// after every lane's earlier work (runs never overlap), submits the tasks in
     /// [`Plan::order`] with an event for each explicit dependency across streams, and records an
@@ -147,7 +149,9 @@ impl TaskGraph {
     ///
     /// `streams[i]` is lane `i`, `signals[j]` signal slot `j`; they must not be used by other work
     /// while the run is pending. Errors: [`Error::Cycle`], [`Error::UnmatchedWait`],
-    /// [`Error::LengthMismatch`] for wrong bindings, errors of kernel closures, [`Error::Cuda`].
+    /// [`Error::LengthMismatch`] for wrong bindings, [`Error::WrongStream`] for a
+    /// [`TaskGraph::gemm`] plan not made on its lane's stream, errors of kernel closures and GEMM
+    /// launches, [`Error::Cuda`].
     pub fn enqueue(
         &self,
         dev: &Device,
@@ -168,6 +172,7 @@ impl TaskGraph {
     ) -> Result<GraphRun> {
         let plan = self.check()?;
         self.check_bindings(streams, signals)?;
+        self.check_gemm_streams(streams)?;
         if devs.len() != self.lanes.len() {
             return Err(Error::LengthMismatch {
                 what: "task graph devices",
@@ -271,7 +276,7 @@ impl TaskGraph {
                 Ok(())
             })?;
             let stage = match &task.op {
-                Op::Kernel(_) => Stage::Kernel,
+                Op::Kernel(_) | Op::Gemm(_) => Stage::Kernel,
                 Op::Copy { .. } => Stage::Copy,
                 Op::Wait { .. } => Stage::Wait,
                 Op::Set { .. } | Op::Add { .. } => Stage::Signal,
@@ -298,7 +303,7 @@ impl TaskGraph {
     fn submit_op(
         &self,
         dev: &Device,
-        task: &super::Task,
+        task: &super::Task<'g>,
         stream: &Stream,
         signals: &[&Signal<u64>],
         panics: &PanicLog,
@@ -313,6 +318,18 @@ impl TaskGraph {
                     graph: self.id,
                     signals,
                 })?,
+                Op::Gemm(p) => {
+                    if capturing {
+                        // SAFETY: `stream` is the private capture stream of the plan's lane, whose
+                        // stream is the plan's (check_gemm_streams); the captured graph is
+                        // launched only on the lane streams, ordered after every lane stream's
+                        // earlier work (the table's upload) and before its later work (the
+                        // table's free), and it keeps the plan until it is dropped.
+                        unsafe { p.launch_on(stream) }?
+                    } else {
+                        p.launch()?
+                    }
+                }
                 // SAFETY: TaskGraph::copy's contract: live, non-overlapping allocations.
                 Op::Copy { dst, src, bytes } => {
                     unsafe { memops::memcpy_dtod_async(*dst, *src, *bytes, stream.raw()) }?

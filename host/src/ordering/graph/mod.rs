@@ -22,6 +22,7 @@ use super::signal::Signal;
 use super::types::{Cmp, Release};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::kernels::TcGemmPlan;
 use crate::stream::Stream;
 
 pub use capture::CapturedGraph;
@@ -47,7 +48,9 @@ pub struct SignalRef {
 pub struct TaskContext<'a> {
     /// The device.
     pub dev: &'a Device,
-    /// The stream the task's lane is bound to: enqueue on this one only.
+    /// The stream to enqueue on, and on this one only: in a direct run ([`TaskGraph::enqueue`])
+    /// the stream the task's lane is bound to; during [`TaskGraph::capture_unchecked`] a private
+    /// capture stream made for the capture, which must not leave the closure (see its contract).
     pub stream: &'a Stream,
     graph: u64,
     signals: &'a [&'a Signal<u64>],
@@ -77,19 +80,36 @@ pub(crate) struct HostTask {
     f: Mutex<Box<dyn FnMut() + Send>>,
 }
 
-enum Op {
+enum Op<'g> {
     Kernel(Arc<LaunchFn>),
-    Copy { dst: u64, src: u64, bytes: usize },
-    Wait { signal: usize, cmp: Cmp, value: u64 },
-    Set { signal: usize, value: u64 },
-    Add { signal: usize, value: u64 },
+    /// A GEMM plan the graph owns (issue 19, item 1): its map table lives as long as the graph
+    /// and every captured graph made from it; its operands are borrowed for `'g`.
+    Gemm(Arc<TcGemmPlan<'g>>),
+    Copy {
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    },
+    Wait {
+        signal: usize,
+        cmp: Cmp,
+        value: u64,
+    },
+    Set {
+        signal: usize,
+        value: u64,
+    },
+    Add {
+        signal: usize,
+        value: u64,
+    },
     Host(Arc<HostTask>),
 }
 
-struct Task {
+struct Task<'g> {
     lane: usize,
     label: String,
-    op: Op,
+    op: Op<'g>,
 }
 
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
@@ -111,22 +131,26 @@ fn foreign(what: &'static str, kind: &str, got: u64, this: u64) -> Error {
 /// graph, so every signal's producer is enqueued before its waiter and no FIFO merging of streams
 /// that CUDA may choose can close a cycle. Kernels that spin on signals device-side hold SMs: give
 /// them an explicit dependency on their producer.
-pub struct TaskGraph {
+///
+/// Lifetime `'g`: what [`TaskGraph::gemm`] tasks borrow (the GEMM operands); the graph and every
+/// [`CapturedGraph`] made from it live within `'g`. Graphs without GEMM tasks are
+/// `TaskGraph<'static>`.
+pub struct TaskGraph<'g> {
     id: u64,
     lanes: Vec<String>,
     signals: Vec<String>,
-    tasks: Vec<Task>,
+    tasks: Vec<Task<'g>>,
     deps: Vec<(usize, usize)>,
     keep: Vec<Arc<dyn Any + Send + Sync>>,
 }
 
-impl Default for TaskGraph {
+impl Default for TaskGraph<'_> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl TaskGraph {
+impl<'g> TaskGraph<'g> {
     /// An empty graph with a process-unique id (stamped into its lanes, signal slots and tasks).
     pub fn new() -> Self {
         Self {
@@ -216,7 +240,30 @@ impl TaskGraph {
         Ok(())
     }
 
-    fn describe(&self, t: &Task, signals: &[&Signal<u64>]) -> String {
+    /// [`Error::WrongStream`] unless every GEMM task's plan is bound to its lane's stream (its
+    /// table is freed on that stream, after every run and replay that lane stream orders).
+    fn check_gemm_streams(&self, streams: &[Stream]) -> Result<()> {
+        for t in &self.tasks {
+            if let Op::Gemm(p) = &t.op {
+                if *p.stream() != streams[t.lane] {
+                    return Err(Error::WrongStream {
+                        what: "TaskGraph::gemm (the plan's stream is not its lane's stream)",
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The first kernel-closure task, which only [`TaskGraph::capture_unchecked`] may capture.
+    fn first_closure(&self) -> Option<&str> {
+        self.tasks.iter().find_map(|t| match t.op {
+            Op::Kernel(_) => Some(t.label.as_str()),
+            _ => None,
+        })
+    }
+
+    fn describe(&self, t: &Task<'g>, signals: &[&Signal<u64>]) -> String {
         let lane = &self.lanes[t.lane];
         match &t.op {
             Op::Wait { signal, cmp, value } => format!(
@@ -228,7 +275,7 @@ impl TaskGraph {
         }
     }
 
-    fn release_of(&self, t: &Task, signals: &[&Signal<u64>]) -> Option<Release> {
+    fn release_of(&self, t: &Task<'g>, signals: &[&Signal<u64>]) -> Option<Release> {
         match t.op {
             Op::Wait { signal, cmp, value } => Some(Release {
                 signal: Arc::new(signals[signal].clone()),
