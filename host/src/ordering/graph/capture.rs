@@ -142,14 +142,22 @@ impl<'g> TaskGraph<'g> {
         streams: &[Stream],
         signals: &[&Signal<u64>],
     ) -> Result<CapturedGraph<'g>> {
-        if let Some(task) = self.first_closure() {
-            return Err(Error::UncheckedCapture {
-                task: task.to_string(),
-            });
-        }
+        self.capturable()?;
         // SAFETY: no kernel closures (checked above); every other task's allocations are owned
         // or borrowed for 'g by the captured graph, or covered by TaskGraph::copy's contract.
         unsafe { self.capture_unchecked(dev, streams, signals) }
+    }
+
+    /// Pure CPU: `Ok` when [`TaskGraph::capture`] accepts the graph's tasks (no kernel closure).
+    /// Errors: [`Error::UncheckedCapture`](crate::Error::UncheckedCapture) naming the first
+    /// kernel-closure task.
+    pub fn capturable(&self) -> Result<()> {
+        match self.first_closure() {
+            Some(task) => Err(Error::UncheckedCapture {
+                task: task.to_string(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// [`TaskGraph::capture`] for graphs with kernel closures ([`TaskGraph::kernel`]): each
@@ -169,6 +177,14 @@ impl<'g> TaskGraph<'g> {
     /// - `ctx.stream` (the private capture stream) and events recorded on it do not leave the
     ///   closure, and no other thread enqueues on it while the capture runs;
     /// - every other access to that memory is ordered with the replays (on the lane streams).
+    ///
+    /// Capturing a closure is not possible from safe code (issue 19, item 1):
+    ///
+    /// ```compile_fail,E0133
+    /// fn f(g: &warpline::TaskGraph<'_>, dev: &warpline::Device, s: &[warpline::Stream]) {
+    ///     let _ = g.capture_unchecked(dev, s, &[]);
+    /// }
+    /// ```
     pub unsafe fn capture_unchecked(
         &self,
         dev: &Device,

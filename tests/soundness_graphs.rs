@@ -1,0 +1,316 @@
+//! Regression tests for issue 19, items 1, 2 and 9: captured graphs own (or borrow) every
+//! allocation their nodes touch, captures run on streams no other thread can reach, and warpline
+//! calls made inside a host callback are refused. CPU tests always run; GPU tests print
+//! `SKIPPED ...` without a driver (the GEMM-task test is in `tests/tc_gemm.rs`, it needs sm_90a).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use warpline::kernels::vector_add;
+use warpline::ordering::{synchronize_timeout, Cmp, OnTimeout, Signal, TaskGraph};
+use warpline::{Chain, DeviceBuffer, Error, MemPool, Stream};
+use warpline_suite::support::{gpu_or_skip, random_f32};
+
+const BOUND: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------- item 1 (CPU)
+
+/// The issue's scenario: a kernel closure reaches a buffer through shared state that outside code
+/// later frees. The safe capture refuses such a graph (the closure could touch anything), naming
+/// the task; a graph of signal and host tasks only is accepted.
+#[test]
+fn issue19_item01_safe_capture_refuses_kernel_closures() {
+    let shared: Arc<Mutex<Option<DeviceBuffer<f32>>>> = Arc::new(Mutex::new(None));
+    let mut g = TaskGraph::new();
+    let (a, b) = (g.lane("a"), g.lane("b"));
+    let s = g.signal("s");
+    g.set(b, "set", s, 1).unwrap();
+    g.wait(a, "wait", s, Cmp::Geq, 1).unwrap();
+    g.host(a, "host", || {}).unwrap();
+    g.capturable().unwrap();
+    let reach = shared.clone();
+    g.kernel(a, "reaches shared state", move |c| {
+        let guard = reach.lock().unwrap();
+        let Some(buf) = guard.as_ref() else {
+            return Ok(());
+        };
+        let (x, y) = (buf.as_view(), buf.as_view());
+        let _ = (c, x, y);
+        Ok(())
+    })
+    .unwrap();
+    match g.capturable() {
+        Err(Error::UncheckedCapture { task }) => assert_eq!(task, "reaches shared state"),
+        other => panic!("expected UncheckedCapture, got {other:?}"),
+    }
+    let msg = g.capturable().unwrap_err().to_string();
+    assert!(msg.contains("capture_unchecked"), "{msg}");
+    // The check stays pure CPU and leaves the graph intact.
+    g.check().unwrap();
+    assert_eq!(g.len(), 4);
+}
+
+// ---------------------------------------------------------------- item 1 (GPU)
+
+/// Item 1 on the GPU: `capture` returns `UncheckedCapture` before anything is captured, so the
+/// lane streams stay usable and nothing of the closure ran; the direct run of the same graph is
+/// still allowed (each run is ordered with the buffers' stream-ordered frees).
+#[test]
+fn issue19_item01_capture_of_a_kernel_closure_is_refused_before_anything_runs() {
+    let Some(dev) = gpu_or_skip("issue 19 item 1 refused capture") else {
+        return;
+    };
+    let streams: Vec<Stream> = (0..2).map(|_| dev.new_stream().unwrap()).collect();
+    let pool = MemPool::device_default(&dev, 0).unwrap();
+    let n = 1 << 16;
+    let (ha, hb) = (random_f32(n), random_f32(n));
+    let mut a = pool.alloc_async::<f32>(&streams[0], n).unwrap();
+    let mut b = pool.alloc_async::<f32>(&streams[0], n).unwrap();
+    a.copy_from_host(&ha).unwrap();
+    b.copy_from_host(&hb).unwrap();
+    let c = pool.alloc_async::<f32>(&streams[0], n).unwrap();
+    let shared = Arc::new(Mutex::new(Some((a, b, c))));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut g = TaskGraph::new();
+    let l = g.lane("l");
+    let (reach, count) = (shared.clone(), calls.clone());
+    g.kernel(l, "vector_add via shared state", move |ctx| {
+        count.fetch_add(1, Ordering::SeqCst);
+        let mut guard = reach.lock().unwrap();
+        let (a, b, c) = guard.as_mut().expect("buffers present");
+        vector_add(
+            ctx.dev,
+            ctx.stream,
+            a.as_view(),
+            b.as_view(),
+            c.as_view_mut(),
+        )
+    })
+    .unwrap();
+    match g.capture(&dev, &streams[..1], &[]) {
+        Err(Error::UncheckedCapture { task }) => assert_eq!(task, "vector_add via shared state"),
+        Err(e) => panic!("expected UncheckedCapture, got {e}"),
+        Ok(_) => panic!("a kernel closure was captured by the safe capture"),
+    }
+    assert!(matches!(
+        g.run_captured(&dev, &streams[..1], &[]),
+        Err(Error::UncheckedCapture { .. })
+    ));
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "no closure ran");
+    // The direct run is fine and computes the sum.
+    let run = g.enqueue(&dev, &streams[..1], &[]).unwrap();
+    synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+    let mut got = vec![0f32; n];
+    let (_, _, c) = shared.lock().unwrap().take().unwrap();
+    c.copy_to_host(&mut got).unwrap();
+    for i in 0..n {
+        assert_eq!(got[i], ha[i] + hb[i], "element {i}");
+    }
+}
+
+// ---------------------------------------------------------------- item 2 (GPU)
+
+/// Item 2: another thread's `vector_add` on a lane stream while that lane's graph is being
+/// captured used to be captured (it returned `Ok` but never ran). Captures now run on private
+/// streams: the other thread's work runs at once, and its result is there after a plain
+/// synchronisation; the captured graph still replays correctly.
+#[test]
+fn issue19_item02_other_threads_work_during_a_capture_runs_and_is_not_captured() {
+    let Some(dev) = gpu_or_skip("issue 19 item 2 capture isolation") else {
+        return;
+    };
+    let streams: Vec<Stream> = (0..2).map(|_| dev.new_stream().unwrap()).collect();
+    let pool = MemPool::device_default(&dev, 0).unwrap();
+    let n = 1 << 20;
+    let (ha, hb) = (random_f32(n), random_f32(n));
+    let mut a = pool.alloc_async::<f32>(&streams[0], n).unwrap();
+    let mut b = pool.alloc_async::<f32>(&streams[0], n).unwrap();
+    a.copy_from_host(&ha).unwrap();
+    b.copy_from_host(&hb).unwrap();
+    let mut c = pool.alloc_async::<f32>(&streams[0], n).unwrap();
+    c.fill_async(f32::NAN).unwrap();
+    streams[0].synchronize().unwrap();
+    let dev = Arc::new(dev);
+    let other = Arc::new(Mutex::new(Some((a, b, c))));
+    let user = streams[0].clone();
+    let hosts = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let mut g = TaskGraph::new();
+    let l = g.lane("l");
+    let h = hosts.clone();
+    g.host(l, "count", move || {
+        h.fetch_add(1, Ordering::SeqCst);
+    })
+    .unwrap();
+    let (other2, user2, dev2, seen2) = (other.clone(), user.clone(), dev.clone(), seen.clone());
+    g.kernel(
+        l,
+        "another thread enqueues on the lane's stream",
+        move |_ctx| {
+            let (other, user, dev, seen) =
+                (other2.clone(), user2.clone(), dev2.clone(), seen2.clone());
+            // Joined inside the closure, so the other thread's launch happens during the capture.
+            std::thread::spawn(move || {
+                let mut guard = other.lock().unwrap();
+                let (a, b, c) = guard.as_mut().unwrap();
+                vector_add(&dev, &user, a.as_view(), b.as_view(), c.as_view_mut()).unwrap();
+                seen.fetch_add(1, Ordering::SeqCst);
+            })
+            .join()
+            .unwrap();
+            Ok(())
+        },
+    )
+    .unwrap();
+    // SAFETY: the closure enqueues nothing on the capture stream and allocates nothing.
+    let mut captured = unsafe { g.capture_unchecked(&dev, &streams[..1], &[]) }.unwrap();
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        1,
+        "the other thread ran during the capture"
+    );
+    // The other thread's work ran on the user stream, not into the graph.
+    user.synchronize().unwrap();
+    let mut got = vec![0f32; n];
+    {
+        let guard = other.lock().unwrap();
+        let (_, _, c) = guard.as_ref().unwrap();
+        c.copy_to_host(&mut got).unwrap();
+    }
+    for i in 0..n {
+        assert_eq!(
+            got[i],
+            ha[i] + hb[i],
+            "element {i}: the other thread's add was captured"
+        );
+    }
+    for _ in 0..2 {
+        let run = captured.launch().unwrap();
+        synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+    }
+    assert_eq!(
+        hosts.load(Ordering::SeqCst),
+        2,
+        "the graph replays its host task"
+    );
+}
+
+/// Item 2 for `Chain`: another thread keeps launching `vector_add` on the chain's stream while
+/// the chain is captured again and again; every one of its results is there (none was captured),
+/// and every captured graph replays the chain correctly.
+#[test]
+fn issue19_item02_chain_capture_does_not_take_other_threads_work() {
+    let Some(dev) = gpu_or_skip("issue 19 item 2 chain capture") else {
+        return;
+    };
+    let s = dev.new_stream().unwrap();
+    let pool = MemPool::device_default(&dev, 0).unwrap();
+    let n = 4096;
+    let mut x = pool.alloc_async::<u32>(&s, n).unwrap();
+    x.fill_async(0).unwrap();
+    let (ha, hb) = (random_f32(n), random_f32(n));
+    let mut a = pool.alloc_async::<f32>(&s, n).unwrap();
+    let mut b = pool.alloc_async::<f32>(&s, n).unwrap();
+    a.copy_from_host(&ha).unwrap();
+    b.copy_from_host(&hb).unwrap();
+    let mut c = pool.alloc_async::<f32>(&s, n).unwrap();
+    s.synchronize().unwrap();
+    let rounds = 50;
+    std::thread::scope(|scope| {
+        let (dev2, s2) = (&dev, s.clone());
+        let (a, b, c) = (&a, &b, &mut c);
+        let (ha, hb) = (&ha, &hb);
+        let worker = scope.spawn(move || {
+            let mut got = vec![0f32; n];
+            for r in 0..rounds {
+                c.fill_async(f32::NAN).unwrap();
+                vector_add(dev2, &s2, a.as_view(), b.as_view(), c.as_view_mut()).unwrap();
+                s2.synchronize().unwrap();
+                c.copy_to_host(&mut got).unwrap();
+                for i in 0..n {
+                    assert_eq!(got[i], ha[i] + hb[i], "round {r}, element {i}");
+                }
+            }
+        });
+        let mut chain = Chain::new(&dev, &s, false).unwrap();
+        chain.push_chain_steps(x.as_view_mut(), 3, 4).unwrap();
+        let mut replays = 0u32;
+        let t0 = Instant::now();
+        while !worker.is_finished() && t0.elapsed() < BOUND {
+            let graph = chain.capture().unwrap();
+            graph.launch().unwrap();
+            replays += 1;
+        }
+        worker.join().unwrap();
+        drop(chain);
+        s.synchronize().unwrap();
+        let mut got = vec![0u32; n];
+        x.copy_to_host(&mut got).unwrap();
+        assert!(got.iter().all(|&v| v == 3 * replays), "{replays} replays");
+    });
+}
+
+// ---------------------------------------------------------------- item 9 (GPU)
+
+/// Item 9: a host callback that synchronises its own stream never returned (the callback holds
+/// the stream). Now every warpline call inside a callback is `InHostCallback`, the run completes,
+/// and the calls work again outside the callback.
+#[test]
+fn issue19_item09_warpline_calls_inside_a_host_callback_are_refused() {
+    let Some(dev) = gpu_or_skip("issue 19 item 9") else {
+        return;
+    };
+    let streams: Vec<Stream> = vec![dev.new_stream().unwrap()];
+    let pool = MemPool::device_default(&dev, 0).unwrap();
+    let sig = Signal::<u64>::new(&dev, "s").unwrap();
+    let results: Arc<Mutex<Vec<(String, String)>>> = Arc::new(Mutex::new(Vec::new()));
+    let mut g = TaskGraph::new();
+    let l = g.lane("l");
+    let (s, out, pool2, sig2) = (
+        streams[0].clone(),
+        results.clone(),
+        pool.clone(),
+        sig.clone(),
+    );
+    let ev = streams[0].record().unwrap();
+    g.host(l, "calls warpline", move || {
+        let mut log = out.lock().unwrap();
+        let mut note = |what: &str, r: warpline::Result<()>| {
+            log.push((what.to_string(), format!("{r:?}")));
+        };
+        note("Stream::synchronize", s.synchronize());
+        note("Event::synchronize", ev.synchronize());
+        note(
+            "synchronize_timeout",
+            synchronize_timeout(&s, Duration::from_millis(50), OnTimeout::Abandon),
+        );
+        note("alloc_async", pool2.alloc_async::<u32>(&s, 16).map(drop));
+        note("Signal::set", sig2.set(&s, 1));
+        note("Stream::record", s.record().map(drop));
+    })
+    .unwrap();
+    for round in 0..2 {
+        let t0 = Instant::now();
+        let run = if round == 0 {
+            g.enqueue(&dev, &streams, &[]).unwrap()
+        } else {
+            g.run_captured(&dev, &streams, &[]).unwrap()
+        };
+        synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+        assert!(t0.elapsed() < BOUND);
+        let log = std::mem::take(&mut *results.lock().unwrap());
+        assert_eq!(log.len(), 6, "round {round}: {log:?}");
+        for (what, r) in &log {
+            assert!(
+                r.contains("InHostCallback"),
+                "round {round}: {what} gave {r}"
+            );
+        }
+    }
+    // Outside the callback the same calls work.
+    streams[0].synchronize().unwrap();
+    sig.set(&streams[0], 1).unwrap();
+    synchronize_timeout(&streams[0], BOUND, OnTimeout::Abandon).unwrap();
+    assert_eq!(sig.read().unwrap(), 1);
+}
