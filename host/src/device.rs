@@ -724,6 +724,39 @@ impl Device {
 mod tests {
     use super::*;
 
+    /// Issue 19, item 9: inside a host-callback scope every context bind (the path of every
+    /// warpline CUDA call) is `InHostCallback`; the flag is per thread and restored on exit,
+    /// also when the callback panics, and nested scopes restore the outer value.
+    #[test]
+    fn issue19_item09_host_callback_scope_refuses_warpline_calls() {
+        refuse_in_host_callback("outside").unwrap();
+        {
+            let _outer = HostCallbackScope::enter();
+            match refuse_in_host_callback("Stream::synchronize") {
+                Err(Error::InHostCallback { call }) => assert_eq!(call, "Stream::synchronize"),
+                other => panic!("expected InHostCallback, got {other:?}"),
+            }
+            // Another thread is not in a callback.
+            std::thread::spawn(|| refuse_in_host_callback("other thread").unwrap())
+                .join()
+                .unwrap();
+            {
+                let _inner = HostCallbackScope::enter();
+                assert!(refuse_in_host_callback("nested").is_err());
+            }
+            assert!(refuse_in_host_callback("after nested").is_err());
+        }
+        refuse_in_host_callback("after").unwrap();
+        let r = std::panic::catch_unwind(|| {
+            let _scope = HostCallbackScope::enter();
+            panic!("callback panics");
+        });
+        assert!(r.is_err());
+        refuse_in_host_callback("after a panic").unwrap();
+        let msg = Error::InHostCallback { call: "x" }.to_string();
+        assert!(msg.contains("allowed"), "{msg}");
+    }
+
     #[test]
     fn finding_16_nul_in_ptx_is_a_typed_error() {
         assert!(check_ptx_text(crate::PTX).is_ok());

@@ -78,9 +78,35 @@ impl<'g> TaskGraph<'g> {
     /// the operands' and the table's stream-ordered frees come after every run.
     /// Errors: [`Error::ForeignHandle`].
     ///
+    /// Capture and replay, the operands dropped after the captured graph:
+    ///
+    /// ```no_run
+    /// use warpline::kernels::{BLayout, Matrix, MatrixMut, TcGemm};
+    /// use warpline::ordering::{synchronize_timeout, OnTimeout, TaskGraph};
+    /// fn f(dev: &warpline::Device, tc: &TcGemm<'_>, s: &warpline::Stream,
+    ///      pool: &warpline::MemPool) -> warpline::Result<()> {
+    ///     let a = pool.alloc_async::<warpline::bf16>(s, 64 * 64)?;
+    ///     let b = pool.alloc_async::<warpline::bf16>(s, 64 * 64)?;
+    ///     let mut c = pool.alloc_async::<f32>(s, 64 * 64)?;
+    ///     let plan = tc.plan(s, Matrix::new(a.as_view(), 64, 64, 64),
+    ///         Matrix::new(b.as_view(), 64, 64, 64), BLayout::ColMajor,
+    ///         MatrixMut::new(c.as_view_mut(), 64, 64, 64), 1.0, 0.0, &Default::default())?;
+    ///     let mut g = TaskGraph::new();
+    ///     let l = g.lane("l");
+    ///     g.gemm(l, "gemm", plan)?;
+    ///     let mut captured = g.capture(dev, &[s.clone()], &[])?;
+    ///     drop(g);
+    ///     let run = captured.launch()?;
+    ///     synchronize_timeout(&run, std::time::Duration::from_secs(10), OnTimeout::Abandon)?;
+    ///     drop(captured);
+    ///     drop(c);
+    ///     Ok(())
+    /// }
+    /// ```
+    ///
     /// The plan's operands cannot be dropped while a captured graph that replays it lives:
     ///
-    /// ```compile_fail
+    /// ```compile_fail,E0505
     /// use warpline::kernels::{BLayout, Matrix, MatrixMut, TcGemm};
     /// use warpline::ordering::TaskGraph;
     /// fn f(dev: &warpline::Device, tc: &TcGemm<'_>, s: &warpline::Stream,
