@@ -547,6 +547,12 @@ impl<'a> TensorMapTable<'a> {
             });
         }
         crate::device::bind_context(stream.ctx(), "cuStreamIsCapturing")?;
+        // Not a check-then-act race (issue 19, item 2): warpline's safe API never captures on a
+        // stream that other code can reach (TaskGraph and Chain capture on private streams made
+        // for the capture), so `stream` can be capturing only through this thread's own
+        // `TaskGraph::capture_unchecked` closure (whose contract keeps the capture stream in the
+        // closure) or foreign unsafe code on `Stream::raw`; no other thread can start a capture
+        // on it between this check and the enqueue below.
         // SAFETY: a live stream of the context bound just above.
         if unsafe { crate::driver::graph::stream_is_capturing(stream.raw()) }? {
             return Err(Error::BadShape {
