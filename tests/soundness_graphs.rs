@@ -274,6 +274,14 @@ fn issue19_item09_warpline_calls_inside_a_host_callback_are_refused() {
         sig.clone(),
     );
     let ev = streams[0].record().unwrap();
+    let dev = Arc::new(dev);
+    let dev2 = dev.clone();
+    let n = 1024;
+    let (a, b) = (
+        pool.alloc_async::<f32>(&streams[0], n).unwrap(),
+        pool.alloc_async::<f32>(&streams[0], n).unwrap(),
+    );
+    let mut c = pool.alloc_async::<f32>(&streams[0], n).unwrap();
     g.host(l, "calls warpline", move || {
         let mut log = out.lock().unwrap();
         let mut note = |what: &str, r: warpline::Result<()>| {
@@ -288,6 +296,13 @@ fn issue19_item09_warpline_calls_inside_a_host_callback_are_refused() {
         note("alloc_async", pool2.alloc_async::<u32>(&s, 16).map(drop));
         note("Signal::set", sig2.set(&s, 1));
         note("Stream::record", s.record().map(drop));
+        note("Signal::wait_until", sig2.wait_until(&s, Cmp::Geq, 0));
+        note(
+            "vector_add",
+            vector_add(&dev2, &s, a.as_view(), b.as_view(), c.as_view_mut()),
+        );
+        let mut host = vec![0f32; n];
+        note("copy_to_host", c.copy_to_host(&mut host));
     })
     .unwrap();
     for round in 0..2 {
@@ -300,7 +315,7 @@ fn issue19_item09_warpline_calls_inside_a_host_callback_are_refused() {
         synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
         assert!(t0.elapsed() < BOUND);
         let log = std::mem::take(&mut *results.lock().unwrap());
-        assert_eq!(log.len(), 6, "round {round}: {log:?}");
+        assert_eq!(log.len(), 9, "round {round}: {log:?}");
         for (what, r) in &log {
             assert!(
                 r.contains("InHostCallback"),

@@ -49,8 +49,13 @@ pub(crate) fn defer(free: impl FnOnce() + Send + 'static) {
 }
 
 /// Blocks until every free handed over before this call has run (tests, and callers that want
-/// the memory back). Do not call while holding an unreleased on-stream wait.
+/// the memory back). Do not call while holding an unreleased on-stream wait. Inside a task graph
+/// host callback it returns at once without waiting (a free behind that callback's stream could
+/// never run; issue 19, item 9).
 pub fn flush() {
+    if crate::device::refuse_in_host_callback("reaper::flush").is_err() {
+        return;
+    }
     let (tx, rx) = channel::<()>();
     defer(move || {
         let _ = tx.send(());
