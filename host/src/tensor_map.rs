@@ -537,7 +537,8 @@ impl<'a> TensorMapTable<'a> {
     /// Allocates `maps.len()` slots from `pool` on `stream` and queues the copy of the maps into
     /// them. Errors: [`Error::Empty`] for no maps, [`Error::BadShape`] on a stream that is
     /// capturing a graph (a captured copy would read the host staging buffer at every replay,
-    /// long after the table is gone: make the table, or the GEMM plan, before the capture), the
+    /// long after the table is gone: make the GEMM plan before the capture and hand it to
+    /// [`crate::ordering::TaskGraph::gemm`]), the
     /// allocation errors of [`MemPool::alloc_async`], [`Error::Cuda`] (`cuStreamIsCapturing`,
     /// `cuMemcpyHtoDAsync`, `cuEventRecord`).
     pub fn upload(pool: &MemPool, stream: &Stream, maps: &[TensorMap<'a>]) -> Result<Self> {
@@ -558,7 +559,7 @@ impl<'a> TensorMapTable<'a> {
             return Err(Error::BadShape {
                 what: "tensor map table upload",
                 detail: "the stream is capturing a graph; allowed: a stream outside any capture \
-                         (make the table or the GEMM plan first, then launch it in the capture)"
+                         (make the GEMM plan first, then hand it to TaskGraph::gemm, whose captured graphs own it)"
                     .into(),
             });
         }

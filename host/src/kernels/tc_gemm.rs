@@ -985,7 +985,8 @@ struct Prepared {
 /// Validated GEMM launches with their tensor maps in device memory ([`TcGemm::plan`],
 /// [`TcGemm::plan_chain2`]). Borrows the operands: while it lives, A and B cannot be written
 /// and C cannot be touched from the host API. Dropping it frees the map table stream-ordered
-/// after every launch queued so far.
+/// after every launch queued so far. To replay it from a CUDA graph, hand it to
+/// [`crate::ordering::TaskGraph::gemm`]: the graph then owns it (issue 19, item 1).
 pub struct TcGemmPlan<'a> {
     dev: &'a Device,
     stream: Stream,
