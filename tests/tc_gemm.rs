@@ -825,7 +825,7 @@ fn issue19_item01_gemm_task_owns_its_plan_across_replays() {
     let mut g = TaskGraph::new();
     let l = g.lane("l");
     g.gemm(l, "gemm", plan).unwrap();
-    let mut captured = g.capture(&dev, &[stream.clone()], &[]).unwrap();
+    let mut captured = g.capture(&dev, std::slice::from_ref(&stream), &[]).unwrap();
     drop(g);
     stream.synchronize().unwrap();
     // Another table now; before the fix it could reuse the first one's freed memory, and the
