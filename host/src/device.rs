@@ -426,6 +426,7 @@ impl Device {
     }
 
     fn open_impl(ordinal: usize, ptx: &str, new_context: bool) -> Result<Self> {
+        refuse_in_host_callback("Device::open")?;
         check_ptx_text(ptx)?;
         // A module with warpline's kernels must be built from the contract this host was built
         // with (tile sizes, roles, shared-memory layout): a stale or foreign build is refused
@@ -644,6 +645,8 @@ impl Device {
     /// [`Error::ContextPoisoned`], [`Error::Cuda`] (`cuModuleLoadData` rejects PTX that does not
     /// assemble for this device, naming `CUDA_ERROR_INVALID_PTX` and the like).
     pub fn load_module(&self, ptx: &str) -> Result<Module> {
+        // Module loads may wait for the device (issue 19, item 9).
+        refuse_in_host_callback("Device::load_module")?;
         check_ptx_text(ptx)?;
         if crate::ordering::any_wait_pending() {
             return Err(Error::WaitPending {

@@ -124,7 +124,8 @@ const RELEASE_ATTEMPTS: u32 = 4;
 /// writing their signals from fresh streams (waits registered without a release, such as a
 /// fence's, are listed but never written) and the call waits up to `bound` again for the work to
 /// drain; [`OnTimeout::Abandon`]: nothing is touched). Also [`Error::Cuda`] for an asynchronous
-/// error reported by `cuStreamQuery` / `cuEventQuery`.
+/// error reported by `cuStreamQuery` / `cuEventQuery`. Inside a task graph host callback:
+/// [`Error::InHostCallback`] at once (the run cannot complete while the callback waits).
 pub fn synchronize_timeout<'a>(
     target: impl Into<Watched<'a>>,
     bound: Duration,
