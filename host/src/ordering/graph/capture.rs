@@ -161,7 +161,10 @@ impl<'g> TaskGraph<'g> {
     }
 
     /// [`TaskGraph::capture`] for graphs with kernel closures ([`TaskGraph::kernel`]): each
-    /// closure runs once, now, and gets a private capture stream as `ctx.stream`.
+    /// closure runs once, now, and gets a private capture stream as `ctx.stream`. No buffer is
+    /// bound to that stream, so the launchers that check stream bindings refuse buffers there
+    /// ([`Error::WrongStream`](crate::Error::WrongStream)): closures launch through the `unsafe`
+    /// raw launchers (device addresses), whose contracts this one extends to every replay.
     ///
     /// # Safety
     /// What the closures enqueue is replayed at every [`CapturedGraph::launch`], long after they
