@@ -8,8 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use warpline::kernels::vector_add;
+use warpline::launch::LaunchConfig;
+use warpline::module::{View, ViewMut};
 use warpline::ordering::{synchronize_timeout, Cmp, OnTimeout, Signal, TaskGraph};
 use warpline::{Chain, DeviceBuffer, Error, MemPool, Stream};
+use warpline_gpu::contract::signal as sigc;
 use warpline_suite::support::{gpu_or_skip, random_f32};
 
 const BOUND: Duration = Duration::from_secs(10);
@@ -328,4 +331,101 @@ fn issue19_item09_warpline_calls_inside_a_host_callback_are_refused() {
     sig.set(&streams[0], 1).unwrap();
     synchronize_timeout(&streams[0], BOUND, OnTimeout::Abandon).unwrap();
     assert_eq!(sig.read().unwrap(), 1);
+}
+
+// ---------------------------------------------------------------- item 1: typed tasks (GPU)
+
+type CopySig = (View<u32>, ViewMut<u32>, u32);
+type FillSig = (ViewMut<u32>, u32, u32, u64);
+const POISON: u32 = 0xDEAD_BEEF;
+
+/// Item 1: typed kernel tasks hold their views, which borrow the buffers for the graph's
+/// lifetime, so a captured graph's buffers cannot be freed while it lives (the compile-fail
+/// doctest of `TaskGraph::gemm` shows the same borrow); a view of another stream than its lane's
+/// is `WrongStream` before anything is captured; and the replays write what the kernels compute.
+#[test]
+fn issue19_item01_typed_tasks_capture_with_borrowed_buffers() {
+    let Some(dev) = gpu_or_skip("issue 19 item 1 typed tasks") else {
+        return;
+    };
+    let module = dev.load_module(warpline::PTX).unwrap();
+    let fill = module.kernel::<FillSig>(sigc::BUSY_FILL_KERNEL).unwrap();
+    let copy = module.kernel::<CopySig>(sigc::COPY_KERNEL).unwrap();
+    let pool = MemPool::new(&dev, 0).unwrap();
+    let streams: Vec<Stream> = (0..2).map(|_| dev.new_stream().unwrap()).collect();
+    let (n, seed) = (100_003usize, rand::random::<u32>());
+    let src_host: Vec<u32> = (0..n).map(|_| rand::random()).collect();
+    let mut src = pool.alloc_async::<u32>(&streams[1], n).unwrap();
+    src.copy_from_host(&src_host).unwrap();
+    let mut filled = pool.alloc_async::<u32>(&streams[0], n).unwrap();
+    let mut copied = pool.alloc_async::<u32>(&streams[1], n).unwrap();
+    filled.fill_async(POISON).unwrap();
+    copied.fill_async(POISON).unwrap();
+    let cfg = LaunchConfig::linear(
+        (n as u32).div_ceil(sigc::THREADS_PER_CTA),
+        sigc::THREADS_PER_CTA,
+        0,
+    );
+    {
+        // A view bound to lane 1's stream on lane 0: refused before the capture.
+        let mut g = TaskGraph::new();
+        let (l0, _l1) = (g.lane("a"), g.lane("b"));
+        // SAFETY: ws_busy_fill writes out[i] for i < n, inside the view.
+        unsafe {
+            g.typed(
+                l0,
+                "fill",
+                &fill,
+                cfg,
+                (copied.as_view_mut(), n as u32, seed, 0),
+            )
+        }
+        .unwrap();
+        assert!(matches!(
+            g.capture(&dev, &streams, &[]),
+            Err(Error::WrongStream { .. })
+        ));
+        assert!(matches!(
+            g.enqueue(&dev, &streams, &[]),
+            Err(Error::WrongStream { .. })
+        ));
+    }
+    let mut g = TaskGraph::new();
+    let (l0, l1) = (g.lane("a"), g.lane("b"));
+    // SAFETY: ws_busy_fill writes out[i] for i < n and ws_copy_u32 reads src[i], writes dst[i]
+    // for i < n: inside the views.
+    unsafe {
+        g.typed(
+            l0,
+            "fill",
+            &fill,
+            cfg,
+            (filled.as_view_mut(), n as u32, seed, 0),
+        )
+        .unwrap();
+        g.typed(
+            l1,
+            "copy",
+            &copy,
+            cfg,
+            (src.as_view(), copied.as_view_mut(), n as u32),
+        )
+        .unwrap();
+    }
+    let mut captured = g.capture(&dev, &streams, &[]).unwrap();
+    drop(g);
+    drop(module);
+    drop((fill, copy));
+    for _ in 0..2 {
+        let run = captured.launch().unwrap();
+        synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+    }
+    drop(captured);
+    let mut got = vec![0u32; n];
+    filled.copy_to_host(&mut got).unwrap();
+    for (i, &v) in got.iter().enumerate() {
+        assert_eq!(v, sigc::pattern(seed, i as u32), "filled[{i}]");
+    }
+    copied.copy_to_host(&mut got).unwrap();
+    assert_eq!(got, src_host, "copied");
 }

@@ -1083,6 +1083,12 @@ impl TcGemmPlan<'_> {
     pub fn stream(&self) -> &Stream {
         &self.stream
     }
+
+    /// The kernel handles of the launches (each keeps the module loaded), for a captured graph
+    /// to keep until its last replay completed.
+    pub(crate) fn kernels(&self) -> Vec<Kernel> {
+        self.launches.iter().map(|p| p.kernel.clone()).collect()
+    }
 }
 
 fn cublas_call(

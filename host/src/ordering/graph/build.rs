@@ -5,9 +5,11 @@
 use std::any::Any;
 use std::sync::{Arc, Mutex};
 
-use super::{HostTask, Lane, Op, SignalRef, Task, TaskContext, TaskGraph};
+use super::{HostTask, Lane, Op, SignalRef, Task, TaskContext, TaskGraph, TypedTask};
 use crate::error::{Error, Result};
 use crate::kernels::TcGemmPlan;
+use crate::launch::LaunchConfig;
+use crate::module::{KernelSignature, TypedKernel};
 use crate::ordering::check::TaskId;
 use crate::ordering::types::Cmp;
 
@@ -135,6 +137,48 @@ impl<'g> TaskGraph<'g> {
     ) -> Result<TaskId> {
         let op = Op::Gemm(Arc::new(plan));
         self.push("TaskGraph::gemm", lane, label.into(), op)
+    }
+
+    /// A launch of a typed kernel ([`crate::Module::kernel`]) with `config` and `args`, the graph
+    /// holding the arguments: a task that [`TaskGraph::capture`] may capture. The views in
+    /// `args` borrow their buffers for `'g`, so the buffers outlive this graph and every
+    /// [`super::CapturedGraph`] made from it (safe code cannot drop them earlier), and a captured
+    /// graph keeps the kernel's module loaded until its last launch has completed.
+    ///
+    /// Every view must be bound to the stream of `lane` when the graph runs
+    /// ([`Error::WrongStream`] at [`TaskGraph::enqueue`] / [`TaskGraph::capture`], before
+    /// anything is queued), so the buffers' stream-ordered frees come after every run and replay.
+    /// Configuration and limits are checked at each run or capture as [`crate::TypedKernel::launch`]
+    /// checks them. The borrows follow Rust's rules across tasks: a buffer written by one task
+    /// (a `ViewMut`) cannot also be read by another task of the same graph; chain such kernels
+    /// in one plan ([`crate::kernels::TcGemm::plan_chain2`]) or use
+    /// [`TaskGraph::capture_unchecked`]. Errors: [`Error::ForeignHandle`].
+    ///
+    /// # Safety
+    /// As [`crate::TypedKernel::launch`], for every run and replay: the kernel's memory accesses
+    /// with these arguments stay inside the views passed (reads through `View`s, writes through
+    /// `ViewMut`s) and, for raw addresses, inside allocations that outlive every replay; with
+    /// `config.pdl` it reads nothing the previous kernel on the lane writes before
+    /// `griddepcontrol.wait`.
+    pub unsafe fn typed<Sig: KernelSignature>(
+        &mut self,
+        lane: Lane,
+        label: impl Into<String>,
+        kernel: &TypedKernel<Sig>,
+        config: LaunchConfig,
+        args: Sig::Args<'g>,
+    ) -> Result<TaskId>
+    where
+        Sig::Args<'g>: Send + Sync + 'g,
+        TypedKernel<Sig>: Send + Sync,
+    {
+        let task = TypedTask {
+            kernel: kernel.clone(),
+            config,
+            args,
+        };
+        let op = Op::Typed(Arc::new(task));
+        self.push("TaskGraph::typed", lane, label.into(), op)
     }
 
     /// A device-to-device copy of `bytes` bytes (`cuMemcpyDtoDAsync`).

@@ -118,10 +118,11 @@ impl<'g> TaskGraph<'g> {
     /// [`CapturedGraph::launch`], which replays it on `streams` (lane `i` on `streams[i]`).
     ///
     /// The graph may hold signal waits, sets and adds, host callbacks, copies
-    /// ([`TaskGraph::copy`], whose contract covers captured graphs) and GEMM plans
-    /// ([`TaskGraph::gemm`]): every allocation their nodes touch is then owned by the captured
-    /// graph (signals, host closures, kept objects, plans' tables) or borrowed by it for `'g`
-    /// (plans' operands), so safe code cannot free memory a replay uses (issue 19, item 1). A
+    /// ([`TaskGraph::copy`], whose contract covers captured graphs), GEMM plans
+    /// ([`TaskGraph::gemm`]) and typed kernel launches ([`TaskGraph::typed`]): every allocation
+    /// their nodes touch is then owned by the captured graph (signals, host closures, kept
+    /// objects, plans' tables, kernels' modules) or borrowed by it for `'g` (plans' operands,
+    /// typed tasks' views), so safe code cannot free memory a replay uses (issue 19, item 1). A
     /// kernel closure ([`TaskGraph::kernel`]) can reach memory the graph cannot see: such a
     /// graph is refused ([`Error::UncheckedCapture`](crate::Error::UncheckedCapture)); capture it
     /// with the `unsafe` [`TaskGraph::capture_unchecked`].
@@ -213,7 +214,10 @@ impl<'g> TaskGraph<'g> {
             &private,
             signals,
             &panics,
-            Mode::Capture(&mut host_calls),
+            Mode::Capture {
+                host_calls: &mut host_calls,
+                user: streams,
+            },
         )?;
         let graph = guard.end()?;
         let exec = GraphExec::instantiate(&graph)?;
@@ -225,7 +229,7 @@ impl<'g> TaskGraph<'g> {
                 _ => None,
             })
             .collect();
-        let plans = self
+        let plans: Vec<Arc<TcGemmPlan<'g>>> = self
             .tasks
             .iter()
             .filter_map(|t| match &t.op {
@@ -233,6 +237,19 @@ impl<'g> TaskGraph<'g> {
                 _ => None,
             })
             .collect();
+        // The modules of the GEMM and typed tasks stay loaded until the last launch completed.
+        let mut keep_alive = self.keep.clone();
+        for t in &self.tasks {
+            match &t.op {
+                Op::Gemm(p) => keep_alive.extend(
+                    p.kernels()
+                        .into_iter()
+                        .map(|k| Arc::new(k) as Arc<dyn Any + Send + Sync>),
+                ),
+                Op::Typed(k) => keep_alive.push(k.keep()),
+                _ => {}
+            }
+        }
         let keep = Keep {
             inner: Some(KeepInner {
                 ctx: dev.context().clone(),
@@ -241,7 +258,7 @@ impl<'g> TaskGraph<'g> {
                 _host_calls: host_calls,
                 _kernels: kernels,
                 signals: signals.iter().map(|s| (*s).clone()).collect(),
-                _keep_alive: self.keep.clone(),
+                _keep_alive: keep_alive,
             }),
         };
         Ok(CapturedGraph {

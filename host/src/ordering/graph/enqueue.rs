@@ -33,8 +33,13 @@ pub(super) enum Mode<'a> {
     Direct,
     /// Stream capture: untracked signal operations (the captured graph keeps the signals), host
     /// calls kept in the list (the captured graph owns them), and signal edges become events.
-    #[allow(clippy::vec_box)] // boxed: the driver holds pointers to them
-    Capture(&'a mut Vec<Box<HostCall>>),
+    /// `user`: the lanes' own streams (what typed tasks' views are bound to); the tasks are
+    /// queued on the private capture streams.
+    Capture {
+        #[allow(clippy::vec_box)] // boxed: the driver holds pointers to them
+        host_calls: &'a mut Vec<Box<HostCall>>,
+        user: &'a [Stream],
+    },
 }
 
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -114,7 +119,9 @@ fn launch_host(
             }
             r
         }
-        Mode::Capture(keep) => {
+        Mode::Capture {
+            host_calls: keep, ..
+        } => {
             let data = &*call as *const HostCall as *mut c_void;
             keep.push(call);
             // SAFETY: `data` stays valid while the CapturedGraph (which keeps the box) may run.
@@ -225,7 +232,7 @@ impl<'g> TaskGraph<'g> {
         panics: &PanicLog,
         mut mode: Mode<'_>,
     ) -> Result<Vec<CudaEvent>> {
-        let capturing = matches!(mode, Mode::Capture(_));
+        let capturing = matches!(mode, Mode::Capture { .. });
         let origin = &streams[0];
         for s in signals {
             if capturing {
@@ -276,7 +283,7 @@ impl<'g> TaskGraph<'g> {
                 Ok(())
             })?;
             let stage = match &task.op {
-                Op::Kernel(_) | Op::Gemm(_) => Stage::Kernel,
+                Op::Kernel(_) | Op::Gemm(_) | Op::Typed(_) => Stage::Kernel,
                 Op::Copy { .. } => Stage::Copy,
                 Op::Wait { .. } => Stage::Wait,
                 Op::Set { .. } | Op::Add { .. } => Stage::Signal,
@@ -309,7 +316,11 @@ impl<'g> TaskGraph<'g> {
         panics: &PanicLog,
         mode: &mut Mode<'_>,
     ) -> Result<()> {
-        let capturing = matches!(mode, Mode::Capture(_));
+        let capturing = matches!(mode, Mode::Capture { .. });
+        let lane_stream = match mode {
+            Mode::Capture { user, .. } => &user[task.lane],
+            Mode::Direct => stream,
+        };
         {
             match &task.op {
                 Op::Kernel(f) => f(&TaskContext {
@@ -329,6 +340,14 @@ impl<'g> TaskGraph<'g> {
                     } else {
                         p.launch()?
                     }
+                }
+                Op::Typed(t) => {
+                    // SAFETY: TaskGraph::typed's contract for the accesses; the views are checked
+                    // against the lane's stream, and `stream` is it (a direct run) or the lane's
+                    // private capture stream, whose graph is launched only on the lane streams,
+                    // after their earlier work and before their later work (the buffers' frees),
+                    // and while the views' borrows (for 'g) hold.
+                    unsafe { t.launch(lane_stream, stream) }?
                 }
                 // SAFETY: TaskGraph::copy's contract: live, non-overlapping allocations.
                 Op::Copy { dst, src, bytes } => {

@@ -23,6 +23,8 @@ use super::types::{Cmp, Release};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::kernels::TcGemmPlan;
+use crate::launch::LaunchConfig;
+use crate::module::{KernelSignature, TypedKernel};
 use crate::stream::Stream;
 
 pub use capture::CapturedGraph;
@@ -74,6 +76,48 @@ impl TaskContext<'_> {
 
 type LaunchFn = dyn Fn(&TaskContext<'_>) -> Result<()> + Send + Sync;
 
+/// A [`TaskGraph::typed`] task: a checked kernel handle, its configuration and its arguments.
+pub(crate) trait TypedLaunch: Send + Sync {
+    /// Checks the views against `bound` (the lane's stream) and queues the launch on `on`.
+    ///
+    /// # Safety
+    /// As [`crate::TypedKernel::launch_bound`].
+    unsafe fn launch(&self, bound: &Stream, on: &Stream) -> Result<()>;
+    /// [`Error::WrongStream`] unless every view is bound to `bound` (nothing is queued).
+    fn check(&self, bound: &Stream) -> Result<()>;
+    /// The kernel handle (keeps its module loaded), for a captured graph to keep.
+    fn keep(&self) -> Arc<dyn Any + Send + Sync>;
+}
+
+pub(crate) struct TypedTask<'g, Sig: KernelSignature> {
+    pub(crate) kernel: TypedKernel<Sig>,
+    pub(crate) config: LaunchConfig,
+    pub(crate) args: Sig::Args<'g>,
+}
+
+impl<'g, Sig: KernelSignature> TypedLaunch for TypedTask<'g, Sig>
+where
+    Sig::Args<'g>: Send + Sync,
+    TypedKernel<Sig>: Send + Sync,
+{
+    unsafe fn launch(&self, bound: &Stream, on: &Stream) -> Result<()> {
+        // SAFETY: the caller's contract, and TaskGraph::typed's for the kernel's accesses.
+        unsafe {
+            self.kernel
+                .launch_bound(bound, on, &self.config, &self.args)
+        }
+    }
+
+    fn check(&self, bound: &Stream) -> Result<()> {
+        let mut values = [crate::launch::ParamValue::new(0u8); crate::module::MAX_PARAMS];
+        Sig::prepare(&self.args, bound, &mut values).map(drop)
+    }
+
+    fn keep(&self) -> Arc<dyn Any + Send + Sync> {
+        Arc::new(self.kernel.clone())
+    }
+}
+
 /// A host callback task's closure and label (for panic reports).
 pub(crate) struct HostTask {
     label: String,
@@ -85,6 +129,8 @@ enum Op<'g> {
     /// A GEMM plan the graph owns (issue 19, item 1): its map table lives as long as the graph
     /// and every captured graph made from it; its operands are borrowed for `'g`.
     Gemm(Arc<TcGemmPlan<'g>>),
+    /// A typed kernel launch whose views borrow their buffers for `'g` (issue 19, item 1).
+    Typed(Arc<dyn TypedLaunch + 'g>),
     Copy {
         dst: u64,
         src: u64,
@@ -240,16 +286,19 @@ impl<'g> TaskGraph<'g> {
         Ok(())
     }
 
-    /// [`Error::WrongStream`] unless every GEMM task's plan is bound to its lane's stream (its
-    /// table is freed on that stream, after every run and replay that lane stream orders).
+    /// [`Error::WrongStream`] unless every GEMM task's plan, and every view of a typed task, is
+    /// bound to its lane's stream (their memory is freed on that stream, after every run and
+    /// replay that lane stream orders). Queues nothing.
     fn check_gemm_streams(&self, streams: &[Stream]) -> Result<()> {
         for t in &self.tasks {
-            if let Op::Gemm(p) = &t.op {
-                if *p.stream() != streams[t.lane] {
+            match &t.op {
+                Op::Gemm(p) if *p.stream() != streams[t.lane] => {
                     return Err(Error::WrongStream {
                         what: "TaskGraph::gemm (the plan's stream is not its lane's stream)",
                     });
                 }
+                Op::Typed(k) => k.check(&streams[t.lane])?,
+                _ => {}
             }
         }
         Ok(())
