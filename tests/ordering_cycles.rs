@@ -59,7 +59,7 @@ fn spec() -> impl Strategy<Value = Spec> {
     })
 }
 
-fn build(s: &Spec) -> TaskGraph {
+fn build(s: &Spec) -> TaskGraph<'static> {
     let mut g = TaskGraph::new();
     let lanes: Vec<_> = (0..s.lanes).map(|i| g.lane(format!("lane{i}"))).collect();
     let sigs: Vec<_> = (0..s.signals)

@@ -19,6 +19,7 @@ use warpline::kernels::tc_gemm::{
     check_shapes, reference_entry, tolerance, BLayout, CublasGemmEx, HostB, Matrix, MatrixDims,
     MatrixMut, Raster, TcGemm, TcGemmOptions, TcInput, TcOutput,
 };
+use warpline::ordering::{synchronize_timeout, OnTimeout, TaskGraph};
 use warpline::{bf16, f16, Device, DeviceBuffer, Error, MemPool, Stream};
 use warpline_suite::support::gpu_or_skip;
 
@@ -748,4 +749,123 @@ fn shape_and_pitch_validation_without_a_gpu() {
 #[test]
 fn the_sm90a_module_declares_the_launch_contract() {
     warpline::kernels::tc_gemm::check_module_entries(warpline::SM90A_PTX).unwrap();
+}
+
+/// Issue 19, item 1: a `TcGemmPlan` made before a capture and dropped after it freed the
+/// tensor-map table that the replays read. Now the plan is a graph task the graph owns
+/// (`TaskGraph::gemm`): the task graph is dropped right after the capture, a second plan's table
+/// is allocated (it would reuse the freed table's memory), and every replay still computes
+/// `C = A B` exactly as the eager launch does (bit for bit) and as the CPU reference says. A plan
+/// made on another stream than its lane's is `WrongStream` before anything is captured.
+#[test]
+fn issue19_item01_gemm_task_owns_its_plan_across_replays() {
+    let Some((dev, ())) = tc_or_skip("issue 19 item 1 gemm task") else {
+        return;
+    };
+    let tc = TcGemm::new(&dev).unwrap();
+    let stream = dev.new_stream().unwrap();
+    let pool = MemPool::device_default(&dev, 0).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
+    let (m, n, k) = (257, 129, 200);
+    let (da, ha) = upload::<bf16>(&pool, &stream, &mut rng, m, k, k);
+    let (db, hb) = upload::<bf16>(&pool, &stream, &mut rng, n, k, k);
+    let mut eager = pool.alloc_async::<f32>(&stream, m * n).unwrap();
+    let mut dc = pool.alloc_async::<f32>(&stream, m * n).unwrap();
+    let opts = TcGemmOptions::default();
+    tc.gemm(
+        &stream,
+        Matrix::new(da.as_view(), m, k, k),
+        Matrix::new(db.as_view(), n, k, k),
+        BLayout::ColMajor,
+        MatrixMut::new(eager.as_view_mut(), m, n, n),
+        1.0,
+        0.0,
+        &opts,
+    )
+    .unwrap();
+    let mut want = vec![0f32; m * n];
+    eager.copy_to_host(&mut want).unwrap();
+    // Wrong stream: refused before the capture.
+    {
+        let other = dev.new_stream().unwrap();
+        let plan = tc
+            .plan(
+                &stream,
+                Matrix::new(da.as_view(), m, k, k),
+                Matrix::new(db.as_view(), n, k, k),
+                BLayout::ColMajor,
+                MatrixMut::new(dc.as_view_mut(), m, n, n),
+                1.0,
+                0.0,
+                &opts,
+            )
+            .unwrap();
+        let mut g = TaskGraph::new();
+        let l = g.lane("l");
+        g.gemm(l, "gemm", plan).unwrap();
+        assert!(matches!(
+            g.capture(&dev, &[other], &[]),
+            Err(Error::WrongStream { .. })
+        ));
+    }
+    // Only the replays write C after this: the capture runs nothing.
+    dc.fill_async(f32::NAN).unwrap();
+    let plan = tc
+        .plan(
+            &stream,
+            Matrix::new(da.as_view(), m, k, k),
+            Matrix::new(db.as_view(), n, k, k),
+            BLayout::ColMajor,
+            MatrixMut::new(dc.as_view_mut(), m, n, n),
+            1.0,
+            0.0,
+            &opts,
+        )
+        .unwrap();
+    let mut g = TaskGraph::new();
+    let l = g.lane("l");
+    g.gemm(l, "gemm", plan).unwrap();
+    let mut captured = g.capture(&dev, std::slice::from_ref(&stream), &[]).unwrap();
+    drop(g);
+    stream.synchronize().unwrap();
+    // Another table now; before the fix it could reuse the first one's freed memory, and the
+    // replays then read the decoy's maps (C' = B A into `scratch_c`), leaving C NaN.
+    let mut scratch_c = pool.alloc_async::<f32>(&stream, n * m).unwrap();
+    let decoy = tc
+        .plan(
+            &stream,
+            Matrix::new(db.as_view(), n, k, k),
+            Matrix::new(da.as_view(), m, k, k),
+            BLayout::ColMajor,
+            MatrixMut::new(scratch_c.as_view_mut(), n, m, m),
+            1.0,
+            0.0,
+            &opts,
+        )
+        .unwrap();
+    stream.synchronize().unwrap();
+    for _ in 0..3 {
+        let run = captured.launch().unwrap();
+        synchronize_timeout(&run, std::time::Duration::from_secs(10), OnTimeout::Abandon).unwrap();
+    }
+    drop(captured);
+    drop(decoy);
+    let mut got = vec![0f32; m * n];
+    dc.copy_to_host(&mut got).unwrap();
+    assert_eq!(
+        got, want,
+        "the replayed GEMM equals the eager one bit for bit"
+    );
+    let b = HostB {
+        data: &hb,
+        pitch: k,
+        layout: BLayout::ColMajor,
+    };
+    for i in (0..m).step_by(17).chain([m - 1]) {
+        for j in 0..n {
+            let (s, abs) = reference_entry(&ha, k, &b, k, i, j);
+            let tol = tolerance(s, abs, 1.0, 0.0, 0.0);
+            assert!((got[i * n + j] as f64 - s).abs() <= tol, "C[{i}][{j}]");
+        }
+    }
 }

@@ -75,16 +75,23 @@ impl Step {
         }
     }
 
+    /// Launches the step on `stream` (the chain's, or the private stream of a capture whose
+    /// graph is replayed only on the chain's stream).
+    ///
     /// # Safety
     /// The step's kernel, arguments and configuration form a valid launch (the constructors'
-    /// contract) and the context is current.
-    unsafe fn launch(&self) -> Result<()> {
+    /// contract) for the chain's stream, `stream` is it or such a capture stream, and the context
+    /// is current.
+    unsafe fn launch(&self, stream: sys::CUstream) -> Result<()> {
         let mut params = [null_mut::<c_void>(); MAX_ARGS];
         for (p, a) in params.iter_mut().zip(&self.args) {
             *p = a.as_param();
         }
         let n = self.args.len();
-        crate::driver::core::launch_kernel_ex(&self.config, self.func, &mut params[..n])
+        // A copy: `attrs` still points into `_attrs`, alive for the call.
+        let mut config = self.config;
+        config.hStream = stream;
+        crate::driver::core::launch_kernel_ex(&config, self.func, &mut params[..n])
     }
 }
 
@@ -214,11 +221,14 @@ impl<'a> Chain<'a> {
         Ok(())
     }
 
-    fn launch_all(&self) -> Result<()> {
+    /// # Safety
+    /// `stream` is the chain's stream, or a private stream capturing a graph that is replayed
+    /// only on the chain's stream.
+    unsafe fn launch_all(&self, stream: &Stream) -> Result<()> {
         for step in &self.steps {
             // SAFETY: steps are built by the checked constructors above (typed or `push_raw`'s
-            // contract); the context was bound by the caller.
-            unsafe { step.launch() }?;
+            // contract); the context was bound by the caller; `stream` as this fn's contract.
+            unsafe { step.launch(stream.raw()) }?;
         }
         Ok(())
     }
@@ -230,21 +240,30 @@ impl<'a> Chain<'a> {
         let name = || format!("chain: {} launches, pdl {}", self.steps.len(), self.pdl);
         let tr = crate::trace::active();
         crate::trace::traced(tr.as_ref(), &self.stream, Stage::Launch, name, || {
-            self.launch_all()
+            // SAFETY: the chain's own stream.
+            unsafe { self.launch_all(&self.stream) }
         })
     }
 
-    /// Captures the chain into a CUDA graph and instantiates it. PDL launches become
-    /// programmatic edges. The stream must not be capturing already.
+    /// Captures the chain into a CUDA graph and instantiates it; [`Graph::launch`] replays it on
+    /// the chain's stream. PDL launches become programmatic edges.
     ///
-    /// Errors: [`Error::Cuda`] naming the failing call (`cuStreamBeginCapture`,
-    /// `cuLaunchKernelEx`, `cuStreamEndCapture`, `cuGraphInstantiateWithFlags`); capture is
-    /// ended and the partial graph freed on every error path.
+    /// The capture runs on a private stream made for it (issue 19, item 2), never on the chain's
+    /// stream: work that another thread queues on the chain's stream meanwhile runs normally and
+    /// is not captured, and the chain's stream may itself be capturing elsewhere.
+    ///
+    /// Errors: [`Error::Cuda`] naming the failing call (`cuStreamCreate`,
+    /// `cuStreamBeginCapture`, `cuLaunchKernelEx`, `cuStreamEndCapture`,
+    /// `cuGraphInstantiateWithFlags`); capture is ended and the partial graph freed on every
+    /// error path.
     pub fn capture(&self) -> Result<Graph<'_>> {
         self.dev.bind()?;
-        let guard = CaptureGuard::begin(&self.stream, Vec::new())?;
+        let private = self.dev.new_stream()?;
+        let guard = CaptureGuard::begin(&private, Vec::new())?;
         // An error (or a panic) here drops `guard`, which ends the capture.
-        self.launch_all()?;
+        // SAFETY: a private stream nobody else reaches, capturing a graph replayed only on the
+        // chain's stream (Graph::launch).
+        unsafe { self.launch_all(&private) }?;
         let graph = guard.end()?;
         let exec = GraphExec::instantiate(&graph)?;
         Ok(Graph {

@@ -286,6 +286,7 @@ fn drain_deferred(ctx: &CudaContext, state: &ContextState) {
 /// `bind_to_thread`, which returns errors left over from earlier `Drop`s instead of binding).
 /// Refuses with [`Error::ContextPoisoned`] once a sticky error was seen on the context.
 pub(crate) fn bind_context(ctx: &CudaContext, call: &'static str) -> Result<()> {
+    refuse_in_host_callback(call)?;
     let state = state_for(ctx.cu_ctx());
     drain_deferred(ctx, &state);
     state.check(call)?;
@@ -295,9 +296,46 @@ pub(crate) fn bind_context(ctx: &CudaContext, call: &'static str) -> Result<()> 
 /// As [`bind_context`] but also on a poisoned context: for synchronisation and frees, which must
 /// still be attempted (they return at once with the sticky error).
 pub(crate) fn bind_context_unchecked(ctx: &CudaContext) -> Result<()> {
+    refuse_in_host_callback("a warpline CUDA call (synchronisation or free)")?;
     let state = state_for(ctx.cu_ctx());
     drain_deferred(ctx, &state);
     drv::ctx_set_current(ctx.cu_ctx())
+}
+
+thread_local! {
+    /// True while this thread runs a task graph host callback (issue 19, item 9).
+    static IN_HOST_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// [`Error::InHostCallback`] naming `call` when this thread is running a task graph host
+/// callback (the driver's callback thread, where CUDA calls are forbidden and a wait for GPU
+/// work never returns). Every warpline path that binds a context, enqueues or waits checks it.
+pub(crate) fn refuse_in_host_callback(call: &'static str) -> Result<()> {
+    if IN_HOST_CALLBACK.with(|f| f.get()) {
+        return Err(Error::InHostCallback { call });
+    }
+    Ok(())
+}
+
+/// Marks this thread as running a host callback until dropped (set by the callback
+/// trampolines around the user's closure; nesting restores the previous value).
+pub(crate) struct HostCallbackScope {
+    was: bool,
+}
+
+impl HostCallbackScope {
+    pub(crate) fn enter() -> Self {
+        Self {
+            was: IN_HOST_CALLBACK.with(|f| f.replace(true)),
+        }
+    }
+}
+
+impl Drop for HostCallbackScope {
+    fn drop(&mut self) {
+        let was = self.was;
+        IN_HOST_CALLBACK.with(|f| f.set(was));
+    }
 }
 
 /// Keeps an error from a `Drop` in the record of `ctx`.
@@ -425,6 +463,7 @@ impl Device {
     }
 
     fn open_impl(ordinal: usize, ptx: &str, new_context: bool) -> Result<Self> {
+        refuse_in_host_callback("Device::open")?;
         check_ptx_text(ptx)?;
         // A module with warpline's kernels must be built from the contract this host was built
         // with (tile sizes, roles, shared-memory layout): a stale or foreign build is refused
@@ -643,6 +682,8 @@ impl Device {
     /// [`Error::ContextPoisoned`], [`Error::Cuda`] (`cuModuleLoadData` rejects PTX that does not
     /// assemble for this device, naming `CUDA_ERROR_INVALID_PTX` and the like).
     pub fn load_module(&self, ptx: &str) -> Result<Module> {
+        // Module loads may wait for the device (issue 19, item 9).
+        refuse_in_host_callback("Device::load_module")?;
         check_ptx_text(ptx)?;
         if crate::ordering::any_wait_pending() {
             return Err(Error::WaitPending {
@@ -711,6 +752,7 @@ impl Device {
     /// Waits for all work on the device (`cuCtxSynchronize`). It really waits before returning
     /// any error, also on a poisoned context.
     pub fn synchronize(&self) -> Result<()> {
+        refuse_in_host_callback("Device::synchronize")?;
         let bound = bind_context_unchecked(&self.ctx);
         let synced = bound.and_then(|()| drv::ctx_synchronize());
         synced?;
@@ -721,6 +763,39 @@ impl Device {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 19, item 9: inside a host-callback scope every context bind (the path of every
+    /// warpline CUDA call) is `InHostCallback`; the flag is per thread and restored on exit,
+    /// also when the callback panics, and nested scopes restore the outer value.
+    #[test]
+    fn issue19_item09_host_callback_scope_refuses_warpline_calls() {
+        refuse_in_host_callback("outside").unwrap();
+        {
+            let _outer = HostCallbackScope::enter();
+            match refuse_in_host_callback("Stream::synchronize") {
+                Err(Error::InHostCallback { call }) => assert_eq!(call, "Stream::synchronize"),
+                other => panic!("expected InHostCallback, got {other:?}"),
+            }
+            // Another thread is not in a callback.
+            std::thread::spawn(|| refuse_in_host_callback("other thread").unwrap())
+                .join()
+                .unwrap();
+            {
+                let _inner = HostCallbackScope::enter();
+                assert!(refuse_in_host_callback("nested").is_err());
+            }
+            assert!(refuse_in_host_callback("after nested").is_err());
+        }
+        refuse_in_host_callback("after").unwrap();
+        let r = std::panic::catch_unwind(|| {
+            let _scope = HostCallbackScope::enter();
+            panic!("callback panics");
+        });
+        assert!(r.is_err());
+        refuse_in_host_callback("after a panic").unwrap();
+        let msg = Error::InHostCallback { call: "x" }.to_string();
+        assert!(msg.contains("allowed"), "{msg}");
+    }
 
     #[test]
     fn finding_16_nul_in_ptx_is_a_typed_error() {

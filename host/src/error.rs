@@ -199,6 +199,15 @@ pub enum Error {
     /// across the FFI boundary); the run's later work still ran.
     #[error("host callback `{task}` panicked: {message}; host callbacks must not panic (the panic was caught on the driver's callback thread and the rest of the run went on)")]
     HostCallbackPanicked { task: String, message: String },
+    /// A warpline call made from inside a task graph's host callback (issue 19, item 9): host
+    /// callbacks run on the driver's callback thread, where CUDA calls are forbidden and waiting
+    /// for GPU work never returns (the callback itself holds the stream).
+    #[error("{call} was called from inside a task graph host callback; allowed there: host-only code (no warpline or CUDA call, no wait for GPU work): hand results to another thread instead")]
+    InHostCallback { call: &'static str },
+    /// A task graph with kernel closures given to the safe `TaskGraph::capture` (issue 19, item
+    /// 1): a closure may reach memory the captured graph cannot keep alive.
+    #[error("task `{task}` is a kernel closure, which TaskGraph::capture cannot check; allowed: capture graphs of signal, host, copy and gemm tasks, or use the unsafe TaskGraph::capture_unchecked and uphold its contract")]
+    UncheckedCapture { task: String },
     /// A TMA tensor map description that `cuTensorMapEncodeTiled` would reject (or that the
     /// hardware cannot use), found before the driver is called: `rule` says which rule, `detail`
     /// what was given and what is allowed (CUDA driver API, `cuTensorMapEncodeTiled`).

@@ -970,15 +970,34 @@ impl<Sig: KernelSignature> TypedKernel<Sig> {
         config: &LaunchConfig,
         args: Sig::Args<'a>,
     ) -> Result<()> {
+        // SAFETY: the caller's contract; launched on the stream the views are checked against.
+        unsafe { self.launch_bound(stream, stream, config, &args) }
+    }
+
+    /// [`TypedKernel::launch`] with the views checked against `bound` and the kernel queued on
+    /// `on` (a task graph's private capture stream, issue 19, item 2).
+    ///
+    /// # Safety
+    /// As [`TypedKernel::launch`] with `stream = bound`; and `on` is `bound` or a stream
+    /// capturing a graph that is replayed only after `bound`'s earlier work and before its later
+    /// work while the views' buffers live.
+    pub(crate) unsafe fn launch_bound(
+        &self,
+        bound: &Stream,
+        on: &Stream,
+        config: &LaunchConfig,
+        args: &Sig::Args<'_>,
+    ) -> Result<()> {
+        let stream = on;
         let inner = &*self.module;
-        if stream.context_raw() != inner.ctx.cu_ctx() {
+        if stream.context_raw() != inner.ctx.cu_ctx() || bound.context_raw() != inner.ctx.cu_ctx() {
             return Err(Error::WrongContext {
                 what: "TypedKernel::launch",
             });
         }
         inner.state.check("cuLaunchKernelEx")?;
         let mut values = [ParamValue::new(0u8); MAX_PARAMS];
-        let n = Sig::prepare(&args, stream, &mut values)?;
+        let n = Sig::prepare(args, bound, &mut values)?;
         let mut limits = self.limits();
         let raisable = limits.smem_optin.saturating_sub(limits.kernel_static_smem);
         limits.kernel_max_dynamic_smem = limits.kernel_max_dynamic_smem.max(raisable);
@@ -993,7 +1012,8 @@ impl<Sig: KernelSignature> TypedKernel<Sig> {
         }
         // SAFETY: the parameter list was checked against the PTX when the handle was made (one
         // value of each parameter's size, in order); `values` outlives the call; views are bound
-        // to `stream`; the caller guarantees the kernel's accesses (see `# Safety`).
+        // to `bound`, which `stream` is or is replayed in order with (contract); the caller
+        // guarantees the kernel's accesses (see `# Safety`).
         unsafe {
             launch_in_context(
                 &inner.ctx,

@@ -72,8 +72,11 @@ impl Stream {
     /// It really waits before returning any error: errors cudarc left over from earlier `Drop`s
     /// are not returned in place of the wait (see [`crate::Device::take_deferred_errors`]), and a
     /// poisoned context still gets the synchronise call (which then returns its sticky error as
-    /// [`crate::Error::ContextPoisoned`]).
+    /// [`crate::Error::ContextPoisoned`]). Inside a task graph host callback it returns
+    /// [`crate::Error::InHostCallback`] at once (the wait could never end there).
     pub fn synchronize(&self) -> Result<()> {
+        // Inside a host callback the wait would never return (issue 19, item 9).
+        crate::device::refuse_in_host_callback("Stream::synchronize")?;
         let bound = bind_context_unchecked(self.ctx());
         // cuStreamSynchronize takes the stream's own context; it is called even if binding failed.
         let synced = drv::stream_synchronize(self.raw());
@@ -164,8 +167,10 @@ impl Event {
     }
 
     /// Blocks the host until the event has completed (`cuEventSynchronize`); it really waits
-    /// before returning any error, as [`Stream::synchronize`].
+    /// before returning any error, as [`Stream::synchronize`] (and, like it, refuses to wait
+    /// inside a task graph host callback: [`crate::Error::InHostCallback`]).
     pub fn synchronize(&self) -> Result<()> {
+        crate::device::refuse_in_host_callback("Event::synchronize")?;
         let bound = bind_context_unchecked(&self.ctx);
         drv::event_synchronize(self.raw)?;
         bound?;

@@ -538,7 +538,8 @@ impl<'a> TensorMapTable<'a> {
     /// Allocates `maps.len()` slots from `pool` on `stream` and queues the copy of the maps into
     /// them. Errors: [`Error::Empty`] for no maps, [`Error::BadShape`] on a stream that is
     /// capturing a graph (a captured copy would read the host staging buffer at every replay,
-    /// long after the table is gone: make the table, or the GEMM plan, before the capture), the
+    /// long after the table is gone: make the GEMM plan before the capture and hand it to
+    /// [`crate::ordering::TaskGraph::gemm`]), the
     /// allocation errors of [`MemPool::alloc_async`], [`Error::Cuda`] (`cuStreamIsCapturing`,
     /// `cuMemcpyHtoDAsync`, `cuEventRecord`).
     pub fn upload(pool: &MemPool, stream: &Stream, maps: &[TensorMap<'a>]) -> Result<Self> {
@@ -548,12 +549,18 @@ impl<'a> TensorMapTable<'a> {
             });
         }
         crate::device::bind_context(stream.ctx(), "cuStreamIsCapturing")?;
+        // Not a check-then-act race (issue 19, item 2): warpline's safe API never captures on a
+        // stream that other code can reach (TaskGraph and Chain capture on private streams made
+        // for the capture), so `stream` can be capturing only through this thread's own
+        // `TaskGraph::capture_unchecked` closure (whose contract keeps the capture stream in the
+        // closure) or foreign unsafe code on `Stream::raw`; no other thread can start a capture
+        // on it between this check and the enqueue below.
         // SAFETY: a live stream of the context bound just above.
         if unsafe { crate::driver::graph::stream_is_capturing(stream.raw()) }? {
             return Err(Error::BadShape {
                 what: "tensor map table upload",
                 detail: "the stream is capturing a graph; allowed: a stream outside any capture \
-                         (make the table or the GEMM plan first, then launch it in the capture)"
+                         (make the GEMM plan first, then hand it to TaskGraph::gemm, whose captured graphs own it)"
                     .into(),
             });
         }

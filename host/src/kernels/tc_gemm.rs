@@ -1016,7 +1016,8 @@ struct Prepared {
 /// Validated GEMM launches with their tensor maps in device memory ([`TcGemm::plan`],
 /// [`TcGemm::plan_chain2`]). Borrows the operands: while it lives, A and B cannot be written
 /// and C cannot be touched from the host API. Dropping it frees the map table stream-ordered
-/// after every launch queued so far.
+/// after every launch queued so far. To replay it from a CUDA graph, hand it to
+/// [`crate::ordering::TaskGraph::gemm`]: the graph then owns it (issue 19, item 1).
 pub struct TcGemmPlan<'a> {
     dev: &'a Device,
     stream: Stream,
@@ -1047,6 +1048,17 @@ impl TcGemmPlan<'_> {
     /// cluster dimension and, when asked, the PDL attribute. No copies: repeated launches
     /// overlap through PDL. Errors: [`Error::Launch`], [`Error::ContextPoisoned`].
     pub fn launch(&self) -> Result<()> {
+        // SAFETY: the plan's own stream.
+        unsafe { self.launch_on(&self.stream) }
+    }
+
+    /// [`TcGemmPlan::launch`] on `stream` (a task graph's private capture stream).
+    ///
+    /// # Safety
+    /// `stream` is the plan's stream, or a stream capturing a graph that is launched only on the
+    /// plan's stream (or ordered after that stream's earlier work and before its later work) while
+    /// the plan lives, so the reasoning below holds for every replay.
+    pub(crate) unsafe fn launch_on(&self, stream: &Stream) -> Result<()> {
         for p in &self.launches {
             let params = [
                 ParamValue::new(p.maps[0]),
@@ -1075,8 +1087,9 @@ impl TcGemmPlan<'_> {
             // With PDL the kernel reads A, B and C only after `griddepcontrol.wait` (contract);
             // the table, which it reads before, was written by a copy that precedes every
             // launch of the plan on this stream and is never written again.
+            // `stream` is the plan's stream or captured and replayed as if it were (contract).
             unsafe {
-                launch_raw(self.dev, &p.kernel, &self.stream, &p.cfg, &params)?;
+                launch_raw(self.dev, &p.kernel, stream, &p.cfg, &params)?;
             }
         }
         Ok(())
@@ -1100,6 +1113,12 @@ impl TcGemmPlan<'_> {
     /// The stream the plan launches on.
     pub fn stream(&self) -> &Stream {
         &self.stream
+    }
+
+    /// The kernel handles of the launches (each keeps the module loaded), for a captured graph
+    /// to keep until its last replay completed.
+    pub(crate) fn kernels(&self) -> Vec<Kernel> {
+        self.launches.iter().map(|p| p.kernel.clone()).collect()
     }
 }
 

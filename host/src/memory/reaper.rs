@@ -150,8 +150,12 @@ pub(crate) fn defer_after(after: Vec<Event>, gated: bool, work: impl FnOnce() + 
 
 /// Blocks until every job handed over before this call has run (tests, and callers that want
 /// the memory back), including jobs that wait for GPU work ([`defer_after`]). Do not call while
-/// holding an unreleased on-stream wait.
+/// holding an unreleased on-stream wait. Inside a task graph host callback it returns at once
+/// without waiting (a free behind that callback's stream could never run; issue 19, item 9).
 pub fn flush() {
+    if crate::device::refuse_in_host_callback("reaper::flush").is_err() {
+        return;
+    }
     let (tx, rx) = channel::<()>();
     submit(Job {
         after: Vec::new(),

@@ -328,6 +328,8 @@ impl Fence {
     /// stream handed to [`FenceTicket::submit`]: it would wait for itself);
     /// [`Error::TooManyOpenTickets`] when every slot is held; [`Error::Cuda`].
     pub fn guard(&self, caller: &Stream) -> Result<FenceTicket> {
+        // Before the wait gate, which may block (issue 19, item 9).
+        crate::device::refuse_in_host_callback("Fence::guard")?;
         let core = &self.core;
         if caller.context_raw() == core.internal_dev.raw_context() {
             return Err(Error::FenceWaitsOnItself);

@@ -29,7 +29,7 @@ use crate::stream::Stream;
 /// without a GPU; [`MultiTaskGraph::enqueue`] binds lanes to streams and signal slots to
 /// [`Signal`]s made on their home GPU.
 pub struct MultiTaskGraph {
-    graph: TaskGraph,
+    graph: TaskGraph<'static>,
     lanes: Vec<(Lane, usize)>,
     signals: Vec<(SignalRef, usize)>,
     /// (GPU of the lane, signal index) for every signal operation.
@@ -54,7 +54,7 @@ impl MultiTaskGraph {
     }
 
     /// The underlying single-list graph (lanes of every GPU), for inspection.
-    pub fn graph(&self) -> &TaskGraph {
+    pub fn graph(&self) -> &TaskGraph<'static> {
         &self.graph
     }
 

@@ -274,6 +274,8 @@ impl<T: SignalWord> Signal<T> {
         what: String,
         release: Option<Release>,
     ) -> Result<()> {
+        // Before the wait gate, which may block (issue 19, item 9).
+        crate::device::refuse_in_host_callback("Signal::wait_until")?;
         let _entry = crate::memory::reaper::enter_wait();
         self.enqueue_wait(stream, cmp, value)?;
         let done = Arc::new(stream.record_marker()?);

@@ -124,12 +124,15 @@ const RELEASE_ATTEMPTS: u32 = 4;
 /// writing their signals from fresh streams (waits registered without a release, such as a
 /// fence's, are listed but never written) and the call waits up to `bound` again for the work to
 /// drain; [`OnTimeout::Abandon`]: nothing is touched). Also [`Error::Cuda`] for an asynchronous
-/// error reported by `cuStreamQuery` / `cuEventQuery`.
+/// error reported by `cuStreamQuery` / `cuEventQuery`. Inside a task graph host callback:
+/// [`Error::InHostCallback`] at once (the run cannot complete while the callback waits).
 pub fn synchronize_timeout<'a>(
     target: impl Into<Watched<'a>>,
     bound: Duration,
     on_timeout: OnTimeout,
 ) -> Result<()> {
+    // Inside a host callback the run cannot complete while the callback waits (issue 19, item 9).
+    crate::device::refuse_in_host_callback("synchronize_timeout")?;
     let target = target.into();
     let deadline = deadline_after(Instant::now(), bound);
     if poll_until(deadline, || target.is_complete())? {

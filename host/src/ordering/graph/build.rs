@@ -5,12 +5,15 @@
 use std::any::Any;
 use std::sync::{Arc, Mutex};
 
-use super::{HostTask, Lane, Op, SignalRef, Task, TaskContext, TaskGraph};
+use super::{HostTask, Lane, Op, SignalRef, Task, TaskContext, TaskGraph, TypedTask};
 use crate::error::{Error, Result};
+use crate::kernels::TcGemmPlan;
+use crate::launch::LaunchConfig;
+use crate::module::{KernelSignature, TypedKernel};
 use crate::ordering::check::TaskId;
 use crate::ordering::types::Cmp;
 
-impl TaskGraph {
+impl<'g> TaskGraph<'g> {
     /// A new lane named `name` (bound to `streams[lane index]` at run time, in creation order).
     pub fn lane(&mut self, name: impl Into<String>) -> Lane {
         self.lanes.push(name.into());
@@ -29,7 +32,13 @@ impl TaskGraph {
         }
     }
 
-    fn push(&mut self, what: &'static str, lane: Lane, label: String, op: Op) -> Result<TaskId> {
+    fn push(
+        &mut self,
+        what: &'static str,
+        lane: Lane,
+        label: String,
+        op: Op<'g>,
+    ) -> Result<TaskId> {
         let lane = self.lane_index(what, lane)?;
         self.tasks.push(Task { lane, label, op });
         Ok(TaskId {
@@ -40,8 +49,15 @@ impl TaskGraph {
 
     /// A kernel launch (or any stream work): `launch` enqueues on `ctx.stream` with a typed
     /// launcher. It runs on the host at enqueue/capture time, once per [`TaskGraph::enqueue`] or
-    /// [`TaskGraph::capture`]; a captured graph keeps the closure (and what it owns) alive until
-    /// its last launch has completed. Errors: [`Error::ForeignHandle`].
+    /// [`TaskGraph::capture_unchecked`].
+    ///
+    /// A closure can reach any memory (through shared state, a `static`, its own allocations), so
+    /// a graph with kernel closures runs safely only directly ([`TaskGraph::enqueue`], where each
+    /// run is ordered with the buffers' stream-ordered frees by the launchers' stream checks):
+    /// the safe [`TaskGraph::capture`] refuses it ([`Error::UncheckedCapture`]), and capturing it
+    /// is the `unsafe` [`TaskGraph::capture_unchecked`] (issue 19, item 1). A captured graph keeps
+    /// the closure (and what it owns) alive until its last launch has completed.
+    /// Errors: [`Error::ForeignHandle`].
     pub fn kernel(
         &mut self,
         lane: Lane,
@@ -50,6 +66,119 @@ impl TaskGraph {
     ) -> Result<TaskId> {
         let op = Op::Kernel(Arc::new(launch));
         self.push("TaskGraph::kernel", lane, label.into(), op)
+    }
+
+    /// The launches of a [`TcGemmPlan`] ([`TcGemm::plan`](crate::kernels::TcGemm::plan) /
+    /// `plan_chain2`), owned by the graph: a task that [`TaskGraph::capture`] may capture. The plan
+    /// (its tensor-map table in device memory) lives as long as this graph and every
+    /// [`super::CapturedGraph`] captured from it, and the operands it borrows for `'g` outlive
+    /// both; its table is freed, stream-ordered on the plan's stream, only when the last of them
+    /// is dropped, after every launch and replay already queued (issue 19, item 1).
+    ///
+    /// The plan must be made on the stream that `lane` is bound to when the graph runs
+    /// ([`Error::WrongStream`] at [`TaskGraph::enqueue`] / [`TaskGraph::capture`] otherwise), so
+    /// the operands' and the table's stream-ordered frees come after every run.
+    /// Errors: [`Error::ForeignHandle`].
+    ///
+    /// Capture and replay, the operands dropped after the captured graph:
+    ///
+    /// ```no_run
+    /// use warpline::kernels::{BLayout, Matrix, MatrixMut, TcGemm};
+    /// use warpline::ordering::{synchronize_timeout, OnTimeout, TaskGraph};
+    /// fn f(dev: &warpline::Device, tc: &TcGemm<'_>, s: &warpline::Stream,
+    ///      pool: &warpline::MemPool) -> warpline::Result<()> {
+    ///     let a = pool.alloc_async::<warpline::bf16>(s, 64 * 64)?;
+    ///     let b = pool.alloc_async::<warpline::bf16>(s, 64 * 64)?;
+    ///     let mut c = pool.alloc_async::<f32>(s, 64 * 64)?;
+    ///     let plan = tc.plan(s, Matrix::new(a.as_view(), 64, 64, 64),
+    ///         Matrix::new(b.as_view(), 64, 64, 64), BLayout::ColMajor,
+    ///         MatrixMut::new(c.as_view_mut(), 64, 64, 64), 1.0, 0.0, &Default::default())?;
+    ///     let mut g = TaskGraph::new();
+    ///     let l = g.lane("l");
+    ///     g.gemm(l, "gemm", plan)?;
+    ///     let mut captured = g.capture(dev, &[s.clone()], &[])?;
+    ///     drop(g);
+    ///     let run = captured.launch()?;
+    ///     synchronize_timeout(&run, std::time::Duration::from_secs(10), OnTimeout::Abandon)?;
+    ///     drop(captured);
+    ///     drop(c);
+    ///     Ok(())
+    /// }
+    /// ```
+    ///
+    /// The plan's operands cannot be dropped while a captured graph that replays it lives:
+    ///
+    /// ```compile_fail,E0505
+    /// use warpline::kernels::{BLayout, Matrix, MatrixMut, TcGemm};
+    /// use warpline::ordering::TaskGraph;
+    /// fn f(dev: &warpline::Device, tc: &TcGemm<'_>, s: &warpline::Stream,
+    ///      pool: &warpline::MemPool) -> warpline::Result<()> {
+    ///     let a = pool.alloc_async::<warpline::bf16>(s, 64 * 64)?;
+    ///     let b = pool.alloc_async::<warpline::bf16>(s, 64 * 64)?;
+    ///     let mut c = pool.alloc_async::<f32>(s, 64 * 64)?;
+    ///     let plan = tc.plan(s, Matrix::new(a.as_view(), 64, 64, 64),
+    ///         Matrix::new(b.as_view(), 64, 64, 64), BLayout::ColMajor,
+    ///         MatrixMut::new(c.as_view_mut(), 64, 64, 64), 1.0, 0.0, &Default::default())?;
+    ///     let mut g = TaskGraph::new();
+    ///     let l = g.lane("l");
+    ///     g.gemm(l, "gemm", plan)?;
+    ///     let mut captured = g.capture(dev, &[s.clone()], &[])?;
+    ///     drop(g);
+    ///     drop(c); // error: `c` is still borrowed by the captured graph
+    ///     captured.launch()?;
+    ///     Ok(())
+    /// }
+    /// ```
+    pub fn gemm(
+        &mut self,
+        lane: Lane,
+        label: impl Into<String>,
+        plan: TcGemmPlan<'g>,
+    ) -> Result<TaskId> {
+        let op = Op::Gemm(Arc::new(plan));
+        self.push("TaskGraph::gemm", lane, label.into(), op)
+    }
+
+    /// A launch of a typed kernel ([`crate::Module::kernel`]) with `config` and `args`, the graph
+    /// holding the arguments: a task that [`TaskGraph::capture`] may capture. The views in
+    /// `args` borrow their buffers for `'g`, so the buffers outlive this graph and every
+    /// [`super::CapturedGraph`] made from it (safe code cannot drop them earlier), and a captured
+    /// graph keeps the kernel's module loaded until its last launch has completed.
+    ///
+    /// Every view must be bound to the stream of `lane` when the graph runs
+    /// ([`Error::WrongStream`] at [`TaskGraph::enqueue`] / [`TaskGraph::capture`], before
+    /// anything is queued), so the buffers' stream-ordered frees come after every run and replay.
+    /// Configuration and limits are checked at each run or capture as [`crate::TypedKernel::launch`]
+    /// checks them. The borrows follow Rust's rules across tasks: a buffer written by one task
+    /// (a `ViewMut`) cannot also be read by another task of the same graph; chain such kernels
+    /// in one plan ([`crate::kernels::TcGemm::plan_chain2`]) or use
+    /// [`TaskGraph::capture_unchecked`]. Errors: [`Error::ForeignHandle`].
+    ///
+    /// # Safety
+    /// As [`crate::TypedKernel::launch`], for every run and replay: the kernel's memory accesses
+    /// with these arguments stay inside the views passed (reads through `View`s, writes through
+    /// `ViewMut`s) and, for raw addresses, inside allocations that outlive every replay; with
+    /// `config.pdl` it reads nothing the previous kernel on the lane writes before
+    /// `griddepcontrol.wait`.
+    pub unsafe fn typed<Sig: KernelSignature>(
+        &mut self,
+        lane: Lane,
+        label: impl Into<String>,
+        kernel: &TypedKernel<Sig>,
+        config: LaunchConfig,
+        args: Sig::Args<'g>,
+    ) -> Result<TaskId>
+    where
+        Sig::Args<'g>: Send + Sync + 'g,
+        TypedKernel<Sig>: Send + Sync,
+    {
+        let task = TypedTask {
+            kernel: kernel.clone(),
+            config,
+            args,
+        };
+        let op = Op::Typed(Arc::new(task));
+        self.push("TaskGraph::typed", lane, label.into(), op)
     }
 
     /// A device-to-device copy of `bytes` bytes (`cuMemcpyDtoDAsync`).
@@ -125,9 +254,16 @@ impl TaskGraph {
     }
 
     /// A host callback (`cuLaunchHostFunc`): runs on a driver thread once the lane's earlier work
-    /// is done and blocks the lane until it returns. It must not call CUDA or wait for GPU work.
-    /// A panic is caught on the driver thread and reported by [`super::super::synchronize_timeout`]
-    /// on the run as [`Error::HostCallbackPanicked`]. Errors: [`Error::ForeignHandle`].
+    /// is done and blocks the lane until it returns. It must not call CUDA or wait for GPU work:
+    /// warpline enforces this for its own API (issue 19, item 9): while the callback runs, every
+    /// warpline call that would call CUDA, enqueue or wait for GPU work (stream and event
+    /// synchronisation, [`super::super::synchronize_timeout`], launches, copies, allocations,
+    /// frees, anything that binds a context) returns [`Error::InHostCallback`] instead, and a
+    /// warpline object dropped inside the callback is handed to the reaper thread rather than
+    /// freed there. Raw driver calls (cudarc, `Stream::raw` handles) are not seen: they remain
+    /// forbidden. A panic is caught on the driver thread and reported by
+    /// [`super::super::synchronize_timeout`] on the run as [`Error::HostCallbackPanicked`].
+    /// Errors: [`Error::ForeignHandle`].
     pub fn host(
         &mut self,
         lane: Lane,

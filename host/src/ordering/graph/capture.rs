@@ -15,7 +15,8 @@ use super::run::{GraphRun, RunState};
 use super::{LaunchFn, Op, TaskGraph};
 use crate::device::Device;
 use crate::driver::graph::{self as dg, CaptureGuard, CudaGraph, GraphExec};
-use crate::error::{CudaCall, Result};
+use crate::error::{CudaCall, Error, Result};
+use crate::kernels::TcGemmPlan;
 use crate::ordering::signal::Signal;
 use crate::ordering::types::Release;
 use crate::stream::Stream;
@@ -69,59 +70,154 @@ unsafe extern "C" fn release_keep(data: *mut c_void) {
 /// It owns its executable graph, host callbacks, kernel closures, signals and the graph's
 /// [`TaskGraph::keep_alive`] objects; they are released only after its last launch has completed
 /// (a host callback after each launch holds a reference; the final drop runs on the reaper
-/// thread). `Send` but not `Sync`, and [`CapturedGraph::launch`] takes `&mut self`: CUDA graph
-/// objects are not internally synchronised, so launches of one executable graph must not race.
+/// thread). It also owns the graph's [`TaskGraph::gemm`] plans, whose operands it borrows for
+/// `'g`: their tensor-map tables are freed, stream-ordered on their lanes' streams, when it is
+/// dropped (after every replay already queued, since each launch orders the lane streams' later
+/// work after it). `Send` but not `Sync`, and [`CapturedGraph::launch`] takes `&mut self`: CUDA
+/// graph objects are not internally synchronised, so launches of one executable graph must not
+/// race.
 ///
 /// ```compile_fail
 /// // Not Sync: a shared reference cannot cross threads.
 /// fn needs_sync<T: Sync>() {}
-/// needs_sync::<warpline::ordering::CapturedGraph>();
+/// needs_sync::<warpline::ordering::CapturedGraph<'static>>();
 /// ```
-pub struct CapturedGraph {
+pub struct CapturedGraph<'g> {
     keep: Arc<Keep>,
     streams: Vec<Stream>,
     waits: Vec<(String, Release)>,
     panics: PanicLog,
     tasks: usize,
+    /// The GEMM plans the nodes replay (their map tables); dropped with the captured graph.
+    _plans: Vec<Arc<TcGemmPlan<'g>>>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
-impl TaskGraph {
-    /// Checks the graph and captures one run into a CUDA graph (`cuStreamBeginCapture_v2` on
-    /// `streams[0]`, thread-local mode, the other lanes forked from it with events,
-    /// `cuStreamEndCapture`, `cuGraphInstantiateWithFlags`). Every edge is an edge of the CUDA
-    /// graph: explicit dependencies *and* signal set -> wait edges become events, so CUDA sees the
-    /// whole order and the signal waits are satisfied by the time they run. Kernel closures run
-    /// once, now. Launch it with [`CapturedGraph::launch`].
+/// One private stream of `dev` per distinct stream of `streams`, in the same positions: a
+/// capture runs on streams that no other code (no other thread) can reach (issue 19, item 2).
+fn private_streams(dev: &Device, streams: &[Stream]) -> Result<Vec<Stream>> {
+    let mut users: Vec<&Stream> = Vec::new();
+    let mut privs: Vec<Stream> = Vec::new();
+    let mut out = Vec::with_capacity(streams.len());
+    for s in streams {
+        match users.iter().position(|u| *u == s) {
+            Some(i) => out.push(privs[i].clone()),
+            None => {
+                users.push(s);
+                let p = dev.new_stream()?;
+                privs.push(p.clone());
+                out.push(p);
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl<'g> TaskGraph<'g> {
+    /// Checks the graph and captures one run into a CUDA graph; launch it with
+    /// [`CapturedGraph::launch`], which replays it on `streams` (lane `i` on `streams[i]`).
     ///
-    /// If a kernel closure fails or panics, the capture is ended and the partial graph destroyed
-    /// before the error (or the panic) leaves this call, so no stream stays in capture mode.
-    /// Errors: as [`TaskGraph::enqueue`].
+    /// The graph may hold signal waits, sets and adds, host callbacks, copies
+    /// ([`TaskGraph::copy`], whose contract covers captured graphs), GEMM plans
+    /// ([`TaskGraph::gemm`]) and typed kernel launches ([`TaskGraph::typed`]): every allocation
+    /// their nodes touch is then owned by the captured graph (signals, host closures, kept
+    /// objects, plans' tables, kernels' modules) or borrowed by it for `'g` (plans' operands,
+    /// typed tasks' views), so safe code cannot free memory a replay uses (issue 19, item 1). A
+    /// kernel closure ([`TaskGraph::kernel`]) can reach memory the graph cannot see: such a
+    /// graph is refused ([`Error::UncheckedCapture`](crate::Error::UncheckedCapture)); capture it
+    /// with the `unsafe` [`TaskGraph::capture_unchecked`].
+    ///
+    /// The capture runs on private streams made for it (`cuStreamBeginCapture_v2` on lane 0's,
+    /// thread-local mode, the other lanes' forked from it with events, `cuStreamEndCapture`,
+    /// `cuGraphInstantiateWithFlags`), never on `streams`: work another thread queues on
+    /// `streams` meanwhile runs normally and is not captured (issue 19, item 2). Every edge is an
+    /// edge of the CUDA graph: explicit dependencies *and* signal set -> wait edges become events,
+    /// so CUDA sees the whole order and the signal waits are satisfied by the time they run.
+    ///
+    /// On an error or a panic the capture is ended and the partial graph destroyed before it
+    /// leaves this call. Errors: as [`TaskGraph::enqueue`], plus
+    /// [`Error::UncheckedCapture`](crate::Error::UncheckedCapture).
     pub fn capture(
         &self,
         dev: &Device,
         streams: &[Stream],
         signals: &[&Signal<u64>],
-    ) -> Result<CapturedGraph> {
+    ) -> Result<CapturedGraph<'g>> {
+        self.capturable()?;
+        // SAFETY: no kernel closures (checked above); every other task's allocations are owned
+        // or borrowed for 'g by the captured graph, or covered by TaskGraph::copy's contract.
+        unsafe { self.capture_unchecked(dev, streams, signals) }
+    }
+
+    /// Pure CPU: `Ok` when [`TaskGraph::capture`] accepts the graph's tasks (no kernel closure).
+    /// Errors: [`Error::UncheckedCapture`](crate::Error::UncheckedCapture) naming the first
+    /// kernel-closure task.
+    pub fn capturable(&self) -> Result<()> {
+        match self.first_closure() {
+            Some(task) => Err(Error::UncheckedCapture {
+                task: task.to_string(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// [`TaskGraph::capture`] for graphs with kernel closures ([`TaskGraph::kernel`]): each
+    /// closure runs once, now, and gets a private capture stream as `ctx.stream`. No buffer is
+    /// bound to that stream, so the launchers that check stream bindings refuse buffers there
+    /// ([`Error::WrongStream`](crate::Error::WrongStream)): closures launch through the `unsafe`
+    /// raw launchers (device addresses), whose contracts this one extends to every replay.
+    ///
+    /// # Safety
+    /// What the closures enqueue is replayed at every [`CapturedGraph::launch`], long after they
+    /// returned. The caller guarantees:
+    /// - every allocation (device memory, tensor-map tables, signals, host memory) that the
+    ///   closures' enqueued work touches stays allocated, and is not reused, until the last launch
+    ///   of the returned [`CapturedGraph`] has completed (own it in the closure, or hand its owner
+    ///   to [`TaskGraph::keep_alive`], so the captured graph keeps it; memory reached through
+    ///   shared state or a `static` is not kept);
+    /// - no allocation a closure makes during the capture leaves the closure (stream-ordered
+    ///   allocations on the capture stream become memory the graph owns), and no table or plan
+    ///   whose memory a closure's work reads is dropped before that last launch completed;
+    /// - `ctx.stream` (the private capture stream) and events recorded on it do not leave the
+    ///   closure, and no other thread enqueues on it while the capture runs;
+    /// - every other access to that memory is ordered with the replays (on the lane streams).
+    ///
+    /// Capturing a closure is not possible from safe code (issue 19, item 1):
+    ///
+    /// ```compile_fail,E0133
+    /// fn f(g: &warpline::TaskGraph<'_>, dev: &warpline::Device, s: &[warpline::Stream]) {
+    ///     let _ = g.capture_unchecked(dev, s, &[]);
+    /// }
+    /// ```
+    pub unsafe fn capture_unchecked(
+        &self,
+        dev: &Device,
+        streams: &[Stream],
+        signals: &[&Signal<u64>],
+    ) -> Result<CapturedGraph<'g>> {
         let plan = self.check()?;
         self.check_bindings(streams, signals)?;
+        self.check_gemm_streams(streams)?;
         dev.bind()?;
-        let origin = &streams[0];
         for s in signals {
-            // Outside the capture: every launch on `origin` comes after the signals' zeroing.
-            s.order_after_init(origin)?;
+            // Outside the capture: every launch on `streams[0]` comes after the signals' zeroing.
+            s.order_after_init(&streams[0])?;
         }
-        let guard = CaptureGuard::begin(origin, distinct_others(streams))?;
+        let private = private_streams(dev, streams)?;
+        let guard = CaptureGuard::begin(&private[0], distinct_others(&private))?;
         let mut host_calls = Vec::new();
         let panics = PanicLog::default();
         // A failure or panic here drops `guard`, which ends the capture.
         self.submit(
             &vec![dev; self.lanes.len()],
             &plan,
-            streams,
+            &private,
             signals,
             &panics,
-            Mode::Capture(&mut host_calls),
+            Mode::Capture {
+                host_calls: &mut host_calls,
+                user: streams,
+            },
         )?;
         let graph = guard.end()?;
         let exec = GraphExec::instantiate(&graph)?;
@@ -133,6 +229,27 @@ impl TaskGraph {
                 _ => None,
             })
             .collect();
+        let plans: Vec<Arc<TcGemmPlan<'g>>> = self
+            .tasks
+            .iter()
+            .filter_map(|t| match &t.op {
+                Op::Gemm(p) => Some(p.clone()),
+                _ => None,
+            })
+            .collect();
+        // The modules of the GEMM and typed tasks stay loaded until the last launch completed.
+        let mut keep_alive = self.keep.clone();
+        for t in &self.tasks {
+            match &t.op {
+                Op::Gemm(p) => keep_alive.extend(
+                    p.kernels()
+                        .into_iter()
+                        .map(|k| Arc::new(k) as Arc<dyn Any + Send + Sync>),
+                ),
+                Op::Typed(k) => keep_alive.push(k.keep()),
+                _ => {}
+            }
+        }
         let keep = Keep {
             inner: Some(KeepInner {
                 ctx: dev.context().clone(),
@@ -141,7 +258,7 @@ impl TaskGraph {
                 _host_calls: host_calls,
                 _kernels: kernels,
                 signals: signals.iter().map(|s| (*s).clone()).collect(),
-                _keep_alive: self.keep.clone(),
+                _keep_alive: keep_alive,
             }),
         };
         Ok(CapturedGraph {
@@ -157,12 +274,13 @@ impl TaskGraph {
                 .collect(),
             panics,
             tasks: self.tasks.len(),
+            _plans: plans,
             _not_sync: PhantomData,
         })
     }
 
     /// [`TaskGraph::capture`] then one [`CapturedGraph::launch`]; the captured graph is released
-    /// once that launch has completed.
+    /// once that launch has completed. Errors: those of both.
     pub fn run_captured(
         &self,
         dev: &Device,
@@ -171,9 +289,23 @@ impl TaskGraph {
     ) -> Result<GraphRun> {
         self.capture(dev, streams, signals)?.launch()
     }
+
+    /// [`TaskGraph::capture_unchecked`] then one [`CapturedGraph::launch`].
+    ///
+    /// # Safety
+    /// As [`TaskGraph::capture_unchecked`], for that one launch.
+    pub unsafe fn run_captured_unchecked(
+        &self,
+        dev: &Device,
+        streams: &[Stream],
+        signals: &[&Signal<u64>],
+    ) -> Result<GraphRun> {
+        // SAFETY: the caller's contract.
+        unsafe { self.capture_unchecked(dev, streams, signals) }?.launch()
+    }
 }
 
-impl CapturedGraph {
+impl CapturedGraph<'_> {
     /// Launches one replay (`cuGraphLaunch`) on the stream of lane 0 it was captured with, after
     /// the earlier work of every lane's stream, and orders every lane's later work after it (so a
     /// buffer bound to any lane stream is freed only after the replay). Replays never overlap;

@@ -33,8 +33,13 @@ pub(super) enum Mode<'a> {
     Direct,
     /// Stream capture: untracked signal operations (the captured graph keeps the signals), host
     /// calls kept in the list (the captured graph owns them), and signal edges become events.
-    #[allow(clippy::vec_box)] // boxed: the driver holds pointers to them
-    Capture(&'a mut Vec<Box<HostCall>>),
+    /// `user`: the lanes' own streams (what typed tasks' views are bound to); the tasks are
+    /// queued on the private capture streams.
+    Capture {
+        #[allow(clippy::vec_box)] // boxed: the driver holds pointers to them
+        host_calls: &'a mut Vec<Box<HostCall>>,
+        user: &'a [Stream],
+    },
 }
 
 pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -50,6 +55,8 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// Runs the callback, catching a panic and recording it in the call's log.
 fn call_host(call: &HostCall) {
     let r = catch_unwind(AssertUnwindSafe(|| {
+        // Every warpline call inside returns Error::InHostCallback (issue 19, item 9).
+        let _scope = crate::device::HostCallbackScope::enter();
         let mut f = call.task.f.lock().unwrap_or_else(|e| e.into_inner());
         (*f)()
     }));
@@ -112,7 +119,9 @@ fn launch_host(
             }
             r
         }
-        Mode::Capture(keep) => {
+        Mode::Capture {
+            host_calls: keep, ..
+        } => {
             let data = &*call as *const HostCall as *mut c_void;
             keep.push(call);
             // SAFETY: `data` stays valid while the CapturedGraph (which keeps the box) may run.
@@ -138,7 +147,7 @@ pub(super) fn distinct_others(streams: &[Stream]) -> Vec<Stream> {
     out
 }
 
-impl TaskGraph {
+impl<'g> TaskGraph<'g> {
     /// Checks the graph, then enqueues one run: resets the bound signals to 0 on `streams[0]`
     /// after every lane's earlier work (runs never overlap), submits the tasks in
     /// [`Plan::order`] with an event for each explicit dependency across streams, and records an
@@ -147,7 +156,9 @@ impl TaskGraph {
     ///
     /// `streams[i]` is lane `i`, `signals[j]` signal slot `j`; they must not be used by other work
     /// while the run is pending. Errors: [`Error::Cycle`], [`Error::UnmatchedWait`],
-    /// [`Error::LengthMismatch`] for wrong bindings, errors of kernel closures, [`Error::Cuda`].
+    /// [`Error::LengthMismatch`] for wrong bindings, [`Error::WrongStream`] (before anything is
+    /// queued) for a [`TaskGraph::gemm`] plan or a [`TaskGraph::typed`] view not bound to its
+    /// lane's stream, errors of kernel closures and launches, [`Error::Cuda`].
     pub fn enqueue(
         &self,
         dev: &Device,
@@ -168,6 +179,7 @@ impl TaskGraph {
     ) -> Result<GraphRun> {
         let plan = self.check()?;
         self.check_bindings(streams, signals)?;
+        self.check_gemm_streams(streams)?;
         if devs.len() != self.lanes.len() {
             return Err(Error::LengthMismatch {
                 what: "task graph devices",
@@ -220,7 +232,7 @@ impl TaskGraph {
         panics: &PanicLog,
         mut mode: Mode<'_>,
     ) -> Result<Vec<CudaEvent>> {
-        let capturing = matches!(mode, Mode::Capture(_));
+        let capturing = matches!(mode, Mode::Capture { .. });
         let origin = &streams[0];
         for s in signals {
             if capturing {
@@ -271,7 +283,7 @@ impl TaskGraph {
                 Ok(())
             })?;
             let stage = match &task.op {
-                Op::Kernel(_) => Stage::Kernel,
+                Op::Kernel(_) | Op::Gemm(_) | Op::Typed(_) => Stage::Kernel,
                 Op::Copy { .. } => Stage::Copy,
                 Op::Wait { .. } => Stage::Wait,
                 Op::Set { .. } | Op::Add { .. } => Stage::Signal,
@@ -298,13 +310,17 @@ impl TaskGraph {
     fn submit_op(
         &self,
         dev: &Device,
-        task: &super::Task,
+        task: &super::Task<'g>,
         stream: &Stream,
         signals: &[&Signal<u64>],
         panics: &PanicLog,
         mode: &mut Mode<'_>,
     ) -> Result<()> {
-        let capturing = matches!(mode, Mode::Capture(_));
+        let capturing = matches!(mode, Mode::Capture { .. });
+        let lane_stream = match mode {
+            Mode::Capture { user, .. } => &user[task.lane],
+            Mode::Direct => stream,
+        };
         {
             match &task.op {
                 Op::Kernel(f) => f(&TaskContext {
@@ -313,6 +329,26 @@ impl TaskGraph {
                     graph: self.id,
                     signals,
                 })?,
+                Op::Gemm(p) => {
+                    if capturing {
+                        // SAFETY: `stream` is the private capture stream of the plan's lane, whose
+                        // stream is the plan's (check_gemm_streams); the captured graph is
+                        // launched only on the lane streams, ordered after every lane stream's
+                        // earlier work (the table's upload) and before its later work (the
+                        // table's free), and it keeps the plan until it is dropped.
+                        unsafe { p.launch_on(stream) }?
+                    } else {
+                        p.launch()?
+                    }
+                }
+                Op::Typed(t) => {
+                    // SAFETY: TaskGraph::typed's contract for the accesses; the views are checked
+                    // against the lane's stream, and `stream` is it (a direct run) or the lane's
+                    // private capture stream, whose graph is launched only on the lane streams,
+                    // after their earlier work and before their later work (the buffers' frees),
+                    // and while the views' borrows (for 'g) hold.
+                    unsafe { t.launch(lane_stream, stream) }?
+                }
                 // SAFETY: TaskGraph::copy's contract: live, non-overlapping allocations.
                 Op::Copy { dst, src, bytes } => {
                     unsafe { memops::memcpy_dtod_async(*dst, *src, *bytes, stream.raw()) }?

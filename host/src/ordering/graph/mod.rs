@@ -22,6 +22,9 @@ use super::signal::Signal;
 use super::types::{Cmp, Release};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::kernels::TcGemmPlan;
+use crate::launch::LaunchConfig;
+use crate::module::{KernelSignature, TypedKernel};
 use crate::stream::Stream;
 
 pub use capture::CapturedGraph;
@@ -47,7 +50,9 @@ pub struct SignalRef {
 pub struct TaskContext<'a> {
     /// The device.
     pub dev: &'a Device,
-    /// The stream the task's lane is bound to: enqueue on this one only.
+    /// The stream to enqueue on, and on this one only: in a direct run ([`TaskGraph::enqueue`])
+    /// the stream the task's lane is bound to; during [`TaskGraph::capture_unchecked`] a private
+    /// capture stream made for the capture, which must not leave the closure (see its contract).
     pub stream: &'a Stream,
     graph: u64,
     signals: &'a [&'a Signal<u64>],
@@ -71,25 +76,86 @@ impl TaskContext<'_> {
 
 type LaunchFn = dyn Fn(&TaskContext<'_>) -> Result<()> + Send + Sync;
 
+/// A [`TaskGraph::typed`] task: a checked kernel handle, its configuration and its arguments.
+pub(crate) trait TypedLaunch: Send + Sync {
+    /// Checks the views against `bound` (the lane's stream) and queues the launch on `on`.
+    ///
+    /// # Safety
+    /// As [`crate::TypedKernel::launch_bound`].
+    unsafe fn launch(&self, bound: &Stream, on: &Stream) -> Result<()>;
+    /// [`Error::WrongStream`] unless every view is bound to `bound` (nothing is queued).
+    fn check(&self, bound: &Stream) -> Result<()>;
+    /// The kernel handle (keeps its module loaded), for a captured graph to keep.
+    fn keep(&self) -> Arc<dyn Any + Send + Sync>;
+}
+
+pub(crate) struct TypedTask<'g, Sig: KernelSignature> {
+    pub(crate) kernel: TypedKernel<Sig>,
+    pub(crate) config: LaunchConfig,
+    pub(crate) args: Sig::Args<'g>,
+}
+
+impl<'g, Sig: KernelSignature> TypedLaunch for TypedTask<'g, Sig>
+where
+    Sig::Args<'g>: Send + Sync,
+    TypedKernel<Sig>: Send + Sync,
+{
+    unsafe fn launch(&self, bound: &Stream, on: &Stream) -> Result<()> {
+        // SAFETY: the caller's contract, and TaskGraph::typed's for the kernel's accesses.
+        unsafe {
+            self.kernel
+                .launch_bound(bound, on, &self.config, &self.args)
+        }
+    }
+
+    fn check(&self, bound: &Stream) -> Result<()> {
+        let mut values = [crate::launch::ParamValue::new(0u8); crate::module::MAX_PARAMS];
+        Sig::prepare(&self.args, bound, &mut values).map(drop)
+    }
+
+    fn keep(&self) -> Arc<dyn Any + Send + Sync> {
+        Arc::new(self.kernel.clone())
+    }
+}
+
 /// A host callback task's closure and label (for panic reports).
 pub(crate) struct HostTask {
     label: String,
     f: Mutex<Box<dyn FnMut() + Send>>,
 }
 
-enum Op {
+enum Op<'g> {
     Kernel(Arc<LaunchFn>),
-    Copy { dst: u64, src: u64, bytes: usize },
-    Wait { signal: usize, cmp: Cmp, value: u64 },
-    Set { signal: usize, value: u64 },
-    Add { signal: usize, value: u64 },
+    /// A GEMM plan the graph owns (issue 19, item 1): its map table lives as long as the graph
+    /// and every captured graph made from it; its operands are borrowed for `'g`.
+    Gemm(Arc<TcGemmPlan<'g>>),
+    /// A typed kernel launch whose views borrow their buffers for `'g` (issue 19, item 1).
+    Typed(Arc<dyn TypedLaunch + 'g>),
+    Copy {
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    },
+    Wait {
+        signal: usize,
+        cmp: Cmp,
+        value: u64,
+    },
+    Set {
+        signal: usize,
+        value: u64,
+    },
+    Add {
+        signal: usize,
+        value: u64,
+    },
     Host(Arc<HostTask>),
 }
 
-struct Task {
+struct Task<'g> {
     lane: usize,
     label: String,
-    op: Op,
+    op: Op<'g>,
 }
 
 static NEXT_GRAPH: AtomicU64 = AtomicU64::new(1);
@@ -111,22 +177,26 @@ fn foreign(what: &'static str, kind: &str, got: u64, this: u64) -> Error {
 /// graph, so every signal's producer is enqueued before its waiter and no FIFO merging of streams
 /// that CUDA may choose can close a cycle. Kernels that spin on signals device-side hold SMs: give
 /// them an explicit dependency on their producer.
-pub struct TaskGraph {
+///
+/// Lifetime `'g`: what [`TaskGraph::gemm`] tasks borrow (the GEMM operands); the graph and every
+/// [`CapturedGraph`] made from it live within `'g`. Graphs without GEMM tasks are
+/// `TaskGraph<'static>`.
+pub struct TaskGraph<'g> {
     id: u64,
     lanes: Vec<String>,
     signals: Vec<String>,
-    tasks: Vec<Task>,
+    tasks: Vec<Task<'g>>,
     deps: Vec<(usize, usize)>,
     keep: Vec<Arc<dyn Any + Send + Sync>>,
 }
 
-impl Default for TaskGraph {
+impl Default for TaskGraph<'_> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl TaskGraph {
+impl<'g> TaskGraph<'g> {
     /// An empty graph with a process-unique id (stamped into its lanes, signal slots and tasks).
     pub fn new() -> Self {
         Self {
@@ -216,7 +286,33 @@ impl TaskGraph {
         Ok(())
     }
 
-    fn describe(&self, t: &Task, signals: &[&Signal<u64>]) -> String {
+    /// [`Error::WrongStream`] unless every GEMM task's plan, and every view of a typed task, is
+    /// bound to its lane's stream (their memory is freed on that stream, after every run and
+    /// replay that lane stream orders). Queues nothing.
+    fn check_gemm_streams(&self, streams: &[Stream]) -> Result<()> {
+        for t in &self.tasks {
+            match &t.op {
+                Op::Gemm(p) if *p.stream() != streams[t.lane] => {
+                    return Err(Error::WrongStream {
+                        what: "TaskGraph::gemm (the plan's stream is not its lane's stream)",
+                    });
+                }
+                Op::Typed(k) => k.check(&streams[t.lane])?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The first kernel-closure task, which only [`TaskGraph::capture_unchecked`] may capture.
+    fn first_closure(&self) -> Option<&str> {
+        self.tasks.iter().find_map(|t| match t.op {
+            Op::Kernel(_) => Some(t.label.as_str()),
+            _ => None,
+        })
+    }
+
+    fn describe(&self, t: &Task<'g>, signals: &[&Signal<u64>]) -> String {
         let lane = &self.lanes[t.lane];
         match &t.op {
             Op::Wait { signal, cmp, value } => format!(
@@ -228,7 +324,7 @@ impl TaskGraph {
         }
     }
 
-    fn release_of(&self, t: &Task, signals: &[&Signal<u64>]) -> Option<Release> {
+    fn release_of(&self, t: &Task<'g>, signals: &[&Signal<u64>]) -> Option<Release> {
         match t.op {
             Op::Wait { signal, cmp, value } => Some(Release {
                 signal: Arc::new(signals[signal].clone()),

@@ -60,8 +60,10 @@ impl GraphRun {
         &self.what
     }
 
-    /// True once every task has completed (`cuEventQuery`). Errors: [`Error::Cuda`].
+    /// True once every task has completed (`cuEventQuery`). Errors: [`Error::Cuda`],
+    /// [`Error::InHostCallback`] inside a host callback.
     pub fn is_complete(&self) -> Result<bool> {
+        crate::device::refuse_in_host_callback("GraphRun::is_complete")?;
         let evs: Vec<&CudaEvent> = match &self.state {
             RunState::Direct { tails, .. } => tails.iter().collect(),
             RunState::Captured { done, .. } => vec![done],
