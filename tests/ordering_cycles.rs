@@ -9,12 +9,14 @@
 //! bounded (`check` is a sound over-approximation, not an exact decision).
 
 use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-use warpline::ordering::{Cmp, EdgeKind, Plan, TaskGraph};
-use warpline::Error;
+use warpline::ordering::{synchronize_timeout, Cmp, EdgeKind, OnTimeout, Plan, Signal, TaskGraph};
+use warpline::{Error, Stream};
+use warpline_suite::support::gpu_or_skip;
 
 #[derive(Clone, Debug)]
 enum Kind {
@@ -758,4 +760,124 @@ fn issue19_item07_legitimate_patterns_are_accepted() {
             ],
         ),
     );
+}
+
+// ---------------------------------------------------------------- issue 19, item 7: GPU
+
+const GPU_BOUND: Duration = Duration::from_secs(10);
+
+/// What the checker assumes of the hardware: `cuStreamWaitValue64` with `GEQ` is the cyclic
+/// comparison of [`Cmp::holds`] (documented by the driver; checked here on the device): a word at
+/// u64::MAX does not satisfy `>= 1`, nor 2^63 `>= 0`, while 5 satisfies `>= 3` and u64::MAX
+/// satisfies `>= u64::MAX - 1`. A wait that must not fire is bounded and released.
+#[test]
+fn issue19_item07_geq_waits_are_the_drivers_cyclic_comparison() {
+    let Some(dev) = gpu_or_skip("cyclic >= waits") else {
+        return;
+    };
+    let cases = [
+        (MAX, 1, false),
+        (1 << 63, 0, false),
+        (5, 3, true),
+        (MAX, MAX - 1, true),
+        (1, MAX, true), // 1 - MAX wraps to 2
+    ];
+    for (word, target, fires) in cases {
+        assert_eq!(
+            Cmp::Geq.holds(word, target),
+            fires,
+            "model: {word} >= {target}"
+        );
+        let s = dev.new_stream().unwrap();
+        let sig = Signal::<u64>::new(&dev, "cyclic").unwrap();
+        sig.set(&s, word).unwrap();
+        sig.wait_until(&s, Cmp::Geq, target).unwrap();
+        let r = synchronize_timeout(&s, Duration::from_millis(300), OnTimeout::Release);
+        match (fires, &r) {
+            (true, Ok(())) | (false, Err(Error::Timeout { released: true, .. })) => {}
+            _ => panic!("word {word}, wait >= {target}: expected fires={fires}, got {r:?}"),
+        }
+    }
+}
+
+/// Accepted patterns (including adds that wrap) complete on the GPU, enqueued and captured.
+#[test]
+fn issue19_item07_accepted_patterns_complete_on_the_gpu() {
+    let Some(dev) = gpu_or_skip("accepted patterns") else {
+        return;
+    };
+    let mut barrier = Vec::new();
+    for lane in 0..2 {
+        barrier.extend([
+            (lane, add(0, 1)),
+            (lane, wait(0, Cmp::Geq, 2)),
+            (lane, add(0, 1)),
+            (lane, wait(0, Cmp::Geq, 4)),
+        ]);
+    }
+    let specs = [
+        graph(2, 1, barrier),
+        graph(
+            2,
+            1,
+            vec![(0, add(0, MAX)), (0, add(0, 2)), (1, wait(0, Cmp::Eq, 1))],
+        ),
+        graph(
+            2,
+            1,
+            vec![(0, set(0, 0)), (0, set(0, 5)), (1, wait(0, Cmp::Eq, 5))],
+        ),
+        graph(
+            3,
+            1,
+            vec![(0, add(0, 1)), (1, add(0, 1)), (2, wait(0, Cmp::Geq, 2))],
+        ),
+    ];
+    let streams: Vec<Stream> = (0..3).map(|_| dev.new_stream().unwrap()).collect();
+    let sig = Signal::<u64>::new(&dev, "s0").unwrap();
+    for (i, s) in specs.iter().enumerate() {
+        let g = build(s);
+        g.check().unwrap_or_else(|e| panic!("case {i}: {e}"));
+        let lanes = &streams[..s.lanes];
+        for run in 0..20 {
+            let r = g.enqueue(&dev, lanes, &[&sig]).unwrap();
+            synchronize_timeout(&r, GPU_BOUND, OnTimeout::Abandon)
+                .unwrap_or_else(|e| panic!("case {i}, run {run}: {e}"));
+        }
+        let mut captured = g.capture(&dev, lanes, &[&sig]).unwrap();
+        for replay in 0..5 {
+            let r = captured.launch().unwrap();
+            synchronize_timeout(&r, GPU_BOUND, OnTimeout::Abandon)
+                .unwrap_or_else(|e| panic!("case {i}, replay {replay}: {e}"));
+        }
+    }
+}
+
+/// One signal bound to two slots would let one slot's producers undo the other's waits behind
+/// the checker's back: refused before anything is enqueued.
+#[test]
+fn issue19_item07_one_signal_in_two_slots_is_refused() {
+    let Some(dev) = gpu_or_skip("aliased signal slots") else {
+        return;
+    };
+    let s = graph(
+        2,
+        2,
+        vec![(0, set(0, 5)), (0, set(1, 0)), (1, wait(0, Cmp::Geq, 5))],
+    );
+    let g = build(&s);
+    g.check().unwrap();
+    let streams: Vec<Stream> = (0..2).map(|_| dev.new_stream().unwrap()).collect();
+    let sig = Signal::<u64>::new(&dev, "one word").unwrap();
+    match g.enqueue(&dev, &streams, &[&sig, &sig]) {
+        Err(Error::BadShape { detail, .. }) => assert!(detail.contains("same signal"), "{detail}"),
+        other => panic!("expected BadShape, got {:?}", other.map(|_| ())),
+    }
+    assert!(matches!(
+        g.capture(&dev, &streams, &[&sig, &sig]),
+        Err(Error::BadShape { .. })
+    ));
+    let other = Signal::<u64>::new(&dev, "another word").unwrap();
+    let r = g.enqueue(&dev, &streams, &[&sig, &other]).unwrap();
+    synchronize_timeout(&r, GPU_BOUND, OnTimeout::Abandon).unwrap();
 }

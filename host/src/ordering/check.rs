@@ -549,27 +549,32 @@ fn unfired(
     let why = match sig.guarantee(cmp, value, &req, &[]) {
         Ok(()) => "no producer set suffices".to_string(), // not reached: choose found none
         Err(wit) => {
-            let from = match wit.last_set {
-                None => {
-                    "no set runs, and from the run's reset to 0 the adds that may run".to_string()
+            let why = match (wit.last_set, wit.value) {
+                (None, Some(0)) => "no producer need run before it, and the signal stays at the \
+                                    run's reset value 0"
+                    .to_string(),
+                (None, Some(v)) => format!(
+                    "no set need run before it, and from the run's reset to 0 the adds that may \
+                     run leave {v}"
+                ),
+                (Some(q), Some(v)) => {
+                    let x = sig.operand(q);
+                    let tail = if v == x {
+                        String::new()
+                    } else {
+                        format!(", and the adds that may follow it leave {v}")
+                    };
+                    format!(
+                        "`{}` (task {q}, stream `{}`) may be the last set to run, writing {x}{tail}",
+                        sig.tasks[q].label, lane_names[sig.tasks[q].lane]
+                    )
                 }
-                Some(q) => format!(
-                    "`{}` (task {q}, stream `{}`) sets it to {} last of its sets, and the adds \
-                     that may run after it",
-                    sig.tasks[q].label,
-                    lane_names[sig.tasks[q].lane],
-                    sig.operand(q)
+                (_, None) => format!(
+                    "its producers can leave more than {VALUE_SET_CAP} distinct values, too many \
+                     to check"
                 ),
             };
-            match wit.value {
-                Some(v) => format!(
-                    "in a legal order of its producers the signal is left at {v} while the wait \
-                     is pending: {from} leave {v}"
-                ),
-                None => format!(
-                    "{from} can leave more than {VALUE_SET_CAP} distinct values, too many to check"
-                ),
-            }
+            format!("in some legal order of its producers, {why}, while the wait is pending")
         }
     };
     Error::WaitMayNotFire {

@@ -213,6 +213,23 @@ impl TaskGraph {
                 what: "task graph lanes",
             });
         }
+        // Issue 19, item 7: the checker treats slots as distinct words; one word in two slots
+        // would let one slot's producers undo the other's.
+        for (j, s) in signals.iter().enumerate() {
+            if let Some(k) = signals[..j]
+                .iter()
+                .position(|t| t.device_ptr() == s.device_ptr())
+            {
+                return Err(Error::BadShape {
+                    what: "task graph bindings",
+                    detail: format!(
+                        "signal slots {k} (`{}`) and {j} (`{}`) are bound to the same signal `{}`; \
+                         allowed: a distinct Signal per slot (the check treats slots as distinct words)",
+                        self.signals[k], self.signals[j], s.label()
+                    ),
+                });
+            }
+        }
         Ok(())
     }
 
