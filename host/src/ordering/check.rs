@@ -1,6 +1,9 @@
 //! The pure-CPU part of [`super::TaskGraph`]: the dependency graph of a task list (explicit
-//! dependencies, each stream's program order, and the edges CUDA cannot see, from each signal
-//! set/add to the waits it can satisfy), the cycle check, and the submission order.
+//! dependencies, each stream's program order, and the edges CUDA cannot see, from each producer
+//! a wait relies on to the wait), the value check of every wait (issue 19, item 7: it must fire
+//! in every legal execution), the cycle check, and the submission order. The semantics and the
+//! argument are in [`plan`]; `tests/ordering_cycles.rs` checks it against a brute-force
+//! interleaving explorer.
 //!
 //! Why a topological submission order prevents the seeds' hangs: CUDA may funnel several streams
 //! into one FIFO hardware queue, adding false dependencies in *submission* order

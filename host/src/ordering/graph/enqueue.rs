@@ -147,7 +147,9 @@ impl TaskGraph {
     ///
     /// `streams[i]` is lane `i`, `signals[j]` signal slot `j`; they must not be used by other work
     /// while the run is pending. Errors: [`Error::Cycle`], [`Error::UnmatchedWait`],
-    /// [`Error::LengthMismatch`] for wrong bindings, errors of kernel closures, [`Error::Cuda`].
+    /// [`Error::WaitMayNotFire`], [`Error::LengthMismatch`] for wrong bindings,
+    /// [`Error::BadShape`] for one signal bound to two slots, errors of kernel closures,
+    /// [`Error::Cuda`].
     pub fn enqueue(
         &self,
         dev: &Device,
