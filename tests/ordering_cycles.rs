@@ -444,13 +444,14 @@ fn the_seeds_same_stream_exchange_is_rejected_naming_its_cycle() {
 /// same strategy as the soundness property, deterministic seed), counts how often `check`
 /// refuses a graph that the explorer finds live (no hang in any free interleaving), and by which
 /// error; soundness is asserted on every graph again. `WARPLINE_CHECK_CASES` sets the sample
-/// size (default 4000).
+/// size (default 20,000); at the default, at most 1% of the live graphs may be refused
+/// (0.2% measured; 0.17% over 300,000).
 #[test]
 fn issue19_item07_refusals_of_live_graphs_are_measured() {
     let cases: usize = std::env::var("WARPLINE_CHECK_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(4000);
+        .unwrap_or(20_000);
     let mut runner = TestRunner::new_with_rng(
         Config::default(),
         TestRng::deterministic_rng(RngAlgorithm::ChaCha),

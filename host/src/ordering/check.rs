@@ -872,4 +872,56 @@ mod tests {
         assert_eq!(ever_holds(Cmp::Nor, u64::MAX, &[0], &[1]), Some(false));
         assert_eq!(ever_holds(Cmp::And, 1, &[0], &many), None);
     }
+
+    #[test]
+    fn issue19_item07_a_barrier_relies_on_the_first_add_of_the_other_lane_only() {
+        // Lane l: [add 1, wait >= 2, add 1, wait >= 4], l = 0, 1. The first waits rely on the
+        // other lane's first add (its second add cannot undo >= 2); relying on the second would
+        // close a cycle through the other lane's first wait.
+        let tasks: Vec<TaskView<'_>> = (0..2)
+            .flat_map(|l| {
+                [
+                    task(l, "a1", add(1)),
+                    task(l, "w2", wait(Cmp::Geq, 2)),
+                    task(l, "a2", add(1)),
+                    task(l, "w4", wait(Cmp::Geq, 4)),
+                ]
+            })
+            .collect();
+        let p = check(&tasks, &[]).unwrap();
+        let mut signal_edges: Vec<(usize, usize)> = p
+            .edges()
+            .iter()
+            .filter(|e| e.kind == EdgeKind::Signal)
+            .map(|e| (e.from.index(), e.to.index()))
+            .collect();
+        signal_edges.sort();
+        assert_eq!(
+            signal_edges,
+            [(0, 5), (0, 7), (2, 7), (4, 1), (4, 3), (6, 3)]
+        );
+    }
+
+    #[test]
+    fn issue19_item07_the_refusal_names_the_set_that_may_run_last() {
+        // Lane 0: [set 5]; lane 1: [set 0]; lane 2: [wait >= 5]: `zero` may run last.
+        let tasks = [
+            task(0, "five", set(5)),
+            task(1, "zero", set(0)),
+            task(2, "w", wait(Cmp::Geq, 5)),
+        ];
+        match check(&tasks, &[]).unwrap_err() {
+            Error::WaitMayNotFire { task, why, .. } => {
+                assert_eq!(task, "w");
+                assert!(why.contains("`zero`") && why.contains("writing 0"), "{why}");
+            }
+            e => panic!("expected WaitMayNotFire, got {e}"),
+        }
+        // zero -> five: five is the last set in every execution.
+        let p = check(&tasks, &[(1, 0)]).unwrap();
+        assert!(p
+            .edges()
+            .iter()
+            .any(|e| e.kind == EdgeKind::Signal && e.from.index() == 0));
+    }
 }
