@@ -179,12 +179,12 @@ fn explore(s: &Spec, edges: &[(usize, usize)]) -> Explored {
             continue;
         }
         let mut any = false;
-        for t in 0..n {
-            if done & (1 << t) != 0 || preds[t] & !done != 0 {
+        for (t, (&pred, (_, kind))) in preds.iter().zip(&s.tasks).enumerate() {
+            if done & (1 << t) != 0 || pred & !done != 0 {
                 continue;
             }
             let mut next = values.clone();
-            match s.tasks[t].1 {
+            match *kind {
                 Kind::Wait { sig, cmp, value } if !cmp.holds(values[sig], value) => continue,
                 Kind::Set { sig, value } => next[sig] = value,
                 Kind::Add { sig, value } => next[sig] = next[sig].wrapping_add(value),
