@@ -41,7 +41,9 @@ pub enum EdgeKind {
     Dependency,
     /// Consecutive tasks of one stream (CUDA stream order).
     StreamOrder,
-    /// A signal set/add to a wait it can help satisfy: invisible to CUDA.
+    /// From a signal set/add to a wait that relies on it (the check's choice, see
+    /// [`super::TaskGraph::check`]): invisible to CUDA in a direct run (it orders submission
+    /// only), an event in a captured graph.
     Signal,
 }
 
@@ -90,7 +92,8 @@ impl Plan {
         &self.order
     }
 
-    /// All edges: explicit dependencies, stream order, signal set/add -> wait.
+    /// All edges: explicit dependencies, stream order, and signal set/add -> each wait that
+    /// relies on it.
     pub fn edges(&self) -> &[Edge] {
         &self.edges
     }
