@@ -168,6 +168,16 @@ pub enum Error {
         signal: String,
         condition: String,
     },
+    /// A signal wait of a task graph that some legal execution leaves pending forever (issue 19,
+    /// item 7): a producer that may run last can leave a value that does not satisfy it.
+    #[error("task graph: signal wait `{task}` on `{signal}` ({condition}) may never fire: {why}; a wait is accepted only if every value its producers can leave (in any order that the lanes and dependencies allow, adds wrapping at 2^64, sets overwriting) satisfies it, because a value that holds only for a moment can be missed; order the producers with dependencies, or wait for a value no later producer can undo")]
+    WaitMayNotFire {
+        task: String,
+        signal: String,
+        condition: String,
+        /// A legal order that leaves the wait unsatisfied.
+        why: String,
+    },
     /// Work did not complete within the caller's bound.
     #[error("{what} did not complete within {waited:?}; pending: [{}]; {}", .pending.join("; "), if *.released { "pending signal waits were released by writing their target values, and the streams drained" } else { "the streams are abandoned (still blocked); do not reuse them or their signals" })]
     Timeout {

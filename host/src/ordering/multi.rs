@@ -174,7 +174,7 @@ impl MultiTaskGraph {
     /// [`DeviceSet::peer_matrix`]): every signal operation's GPU can reach the signal's home,
     /// then the cross-GPU cycle check and submission order of [`TaskGraph::check`].
     /// Errors: [`Error::BadShape`] for a GPU outside the matrix, [`Error::PeerAccessUnavailable`],
-    /// [`Error::Cycle`], [`Error::UnmatchedWait`].
+    /// [`Error::Cycle`], [`Error::UnmatchedWait`], [`Error::WaitMayNotFire`].
     pub fn check(&self, peer: &[Vec<bool>]) -> Result<Plan> {
         let n = peer.len();
         let bad_gpu = |g: usize| Error::BadShape {

@@ -16,7 +16,10 @@ use crate::stream::Stream;
 pub enum Cmp {
     /// `s == v` (`CU_STREAM_WAIT_VALUE_EQ`).
     Eq,
-    /// `s >= v`, unsigned (`CU_STREAM_WAIT_VALUE_GEQ`; compared as if the values did not wrap).
+    /// `s >= v` as the driver compares (`CU_STREAM_WAIT_VALUE_GEQ`): cyclically, `(s - v)`
+    /// (wrapping) read as a signed integer of the word's width is `>= 0`. For a 64-bit word that
+    /// is `s` in `[v, v + 2^63)` modulo 2^64, so a value 2^63 or more past `v` (after wrapping
+    /// adds, say) does *not* satisfy it ([`Cmp::holds`]).
     Geq,
     /// `(s & v) != 0` (`CU_STREAM_WAIT_VALUE_AND`).
     And,
@@ -25,11 +28,14 @@ pub enum Cmp {
 }
 
 impl Cmp {
-    /// Whether value `s` satisfies the condition against operand `v` (the driver's rule).
+    /// Whether the 64-bit word value `s` satisfies the condition against operand `v` (the
+    /// driver's rule for `cuStreamWaitValue64`, the width of [`super::TaskGraph`]'s signals):
+    /// `Geq` is the cyclic `(s.wrapping_sub(v) as i64) >= 0`, not `s >= v`; e.g. `s = u64::MAX`
+    /// does not satisfy `>= 1`, and `s = 2^63` does not satisfy `>= 0`.
     pub fn holds(self, s: u64, v: u64) -> bool {
         match self {
             Cmp::Eq => s == v,
-            Cmp::Geq => s >= v,
+            Cmp::Geq => s.wrapping_sub(v) as i64 >= 0,
             Cmp::And => s & v != 0,
             Cmp::Nor => !(s | v) != 0,
         }

@@ -234,9 +234,10 @@ impl<'g> TaskGraph<'g> {
         )
     }
 
-    /// An on-stream atomic add of `value` to `signal` ([`super::Signal::add`]). The checker counts
-    /// its value: a wait is satisfiable only if the sets and adds not ordered after it can reach
-    /// its value from 0 ([`TaskGraph::check`]). Errors: [`Error::ForeignHandle`].
+    /// An on-stream atomic add of `value` to `signal` ([`super::Signal::add`]; `atom.add.u64`,
+    /// wrapping at 2^64). The checker counts its value: a wait is accepted only if every value
+    /// its producers can leave satisfies it ([`TaskGraph::check`]). Errors:
+    /// [`Error::ForeignHandle`].
     pub fn add(
         &mut self,
         lane: Lane,

@@ -156,9 +156,10 @@ impl<'g> TaskGraph<'g> {
     ///
     /// `streams[i]` is lane `i`, `signals[j]` signal slot `j`; they must not be used by other work
     /// while the run is pending. Errors: [`Error::Cycle`], [`Error::UnmatchedWait`],
-    /// [`Error::LengthMismatch`] for wrong bindings, [`Error::WrongStream`] (before anything is
-    /// queued) for a [`TaskGraph::gemm`] plan or a [`TaskGraph::typed`] view not bound to its
-    /// lane's stream, errors of kernel closures and launches, [`Error::Cuda`].
+    /// [`Error::WaitMayNotFire`], [`Error::LengthMismatch`] for wrong bindings,
+    /// [`Error::BadShape`] for one signal bound to two slots, [`Error::WrongStream`] (before
+    /// anything is queued) for a [`TaskGraph::gemm`] plan or a [`TaskGraph::typed`] view not bound
+    /// to its lane's stream, errors of kernel closures and launches, [`Error::Cuda`].
     pub fn enqueue(
         &self,
         dev: &Device,

@@ -170,12 +170,16 @@ fn foreign(what: &'static str, kind: &str, got: u64, this: u64) -> Error {
 /// Tasks on lanes with explicit dependencies. Build it without a GPU; [`TaskGraph::check`] is pure
 /// CPU code. Signals start every run at 0 (the run resets them), so set/wait values are per run.
 ///
-/// Rules enforced (`docs/safety.md`): the full graph (explicit dependencies, each lane's order,
-/// every signal set/add -> each wait it can help satisfy) must be acyclic ([`Error::Cycle`] names
-/// a cycle); every wait's value must be reachable from 0 by the sets and adds that are not ordered
-/// after it ([`Error::UnmatchedWait`]); tasks are submitted in a topological order of the full
-/// graph, so every signal's producer is enqueued before its waiter and no FIFO merging of streams
-/// that CUDA may choose can close a cycle. Kernels that spin on signals device-side hold SMs: give
+/// Rules enforced (`docs/safety.md`, "Signal and TaskGraph", rule 4): every wait must fire in
+/// every legal execution (any interleaving of the lanes that keeps each lane's order and the
+/// explicit dependencies): every value its producers can leave (sets overwrite, adds wrap at
+/// 2^64, `>=` is the driver's cyclic comparison) must satisfy it, since a value that holds only
+/// for a moment can be missed ([`Error::WaitMayNotFire`]; [`Error::UnmatchedWait`] when no value
+/// ever does). The full graph (explicit dependencies, each lane's order, an edge from each
+/// producer a wait relies on) must be acyclic ([`Error::Cycle`] names a cycle); tasks are
+/// submitted in a topological order of it, so those producers are enqueued before their waiter
+/// and no FIFO merging of streams that CUDA may choose can block them. The check is conservative:
+/// some live graphs are refused, none that can hang is accepted. Kernels that spin on signals device-side hold SMs: give
 /// them an explicit dependency on their producer.
 ///
 /// Lifetime `'g`: what [`TaskGraph::gemm`] tasks borrow (the GEMM operands); the graph and every
@@ -246,7 +250,7 @@ impl<'g> TaskGraph<'g> {
     }
 
     /// Pure-CPU check: builds the full graph and returns the submission order.
-    /// Errors: [`Error::Cycle`], [`Error::UnmatchedWait`].
+    /// Errors: [`Error::Cycle`], [`Error::UnmatchedWait`], [`Error::WaitMayNotFire`].
     pub fn check(&self) -> Result<Plan> {
         let views: Vec<TaskView<'_>> = self
             .tasks
@@ -282,6 +286,23 @@ impl<'g> TaskGraph<'g> {
             return Err(Error::Empty {
                 what: "task graph lanes",
             });
+        }
+        // Issue 19, item 7: the checker treats slots as distinct words; one word in two slots
+        // would let one slot's producers undo the other's.
+        for (j, s) in signals.iter().enumerate() {
+            if let Some(k) = signals[..j]
+                .iter()
+                .position(|t| t.device_ptr() == s.device_ptr())
+            {
+                return Err(Error::BadShape {
+                    what: "task graph bindings",
+                    detail: format!(
+                        "signal slots {k} (`{}`) and {j} (`{}`) are bound to the same signal `{}`; \
+                         allowed: a distinct Signal per slot (the check treats slots as distinct words)",
+                        self.signals[k], self.signals[j], s.label()
+                    ),
+                });
+            }
         }
         Ok(())
     }
