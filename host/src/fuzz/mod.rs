@@ -555,64 +555,71 @@ fn without(p: &Program, from: usize, to: usize) -> Program {
     }
 }
 
-/// Delta debugging on the GPU: drops chunks of ops (halving the chunk size down to single ops)
-/// while a re-run still fails with the same class at an op of the same kind; bounded by
-/// [`MINIMIZE_RUNS`] re-runs and [`MINIMIZE_TIME`]. Stops if a re-run hangs.
+/// Delta debugging: drops chunks of ops (halving the chunk size down to single ops) while
+/// `fails` says the smaller program still fails; `fails` returns `None` to stop (a budget, a
+/// hang). Returns the smallest failing program found and the number of `fails` calls.
+pub fn ddmin(start: &Program, mut fails: impl FnMut(&Program) -> Option<bool>) -> (Program, usize) {
+    let mut cur = start.clone();
+    let mut calls = 0usize;
+    let mut chunk = cur.len().div_ceil(2).max(1);
+    loop {
+        let mut i = 0;
+        while i < cur.len() {
+            let cand = without(&cur, i, i + chunk);
+            calls += 1;
+            match (cand.is_empty(), fails(&cand)) {
+                (_, None) => return (cur, calls),
+                (false, Some(true)) => cur = cand,
+                _ => i += chunk,
+            }
+        }
+        if chunk == 1 {
+            return (cur, calls);
+        }
+        chunk = chunk.div_ceil(2);
+    }
+}
+
+/// Minimises `f` on the GPU with [`ddmin`]: a candidate fails the same way when a re-run has a
+/// failure of the same class at an op of the same kind; bounded by [`MINIMIZE_RUNS`] re-runs and
+/// [`MINIMIZE_TIME`], and stopped by a re-run that hangs.
 fn minimize(sh: &Arc<Shared>, f: &mut Failure, opts: &FuzzOptions) {
     let t0 = Instant::now();
     let (kind, op) = (f.kind, f.op);
     let mut runs = 0usize;
-    let hung = std::cell::Cell::new(false);
-    let same = |p: &Program, runs: &mut usize| -> bool {
-        *runs += 1;
+    let mut stop: Option<&str> = None;
+    let mut same = |p: &Program| -> Option<bool> {
+        if runs >= MINIMIZE_RUNS || t0.elapsed() > MINIMIZE_TIME {
+            stop.get_or_insert("stopped at the minimiser's budget");
+            return None;
+        }
+        runs += 1;
         let r = run_program(sh, p, opts.seed_timeout);
         if r.watchdog.is_some() {
-            hung.set(true);
-            return false;
+            stop = Some("stopped: a re-run hung");
+            return None;
         }
-        r.failures.iter().any(|x| x.3 == kind && x.2 == op)
+        Some(r.failures.iter().any(|x| x.3 == kind && x.2 == op))
     };
-    let mut cur = truncated(&f.program, f.thread, f.index);
-    if !same(&cur, &mut runs) {
-        cur = f.program.clone();
-        if !same(&cur, &mut runs) {
-            f.minimize_note = Some(format!(
-                "the failure did not reproduce in {runs} re-runs (timing-dependent); the full program is listed"
-            ));
+    // The failing thread's ops after the failure never ran.
+    let mut start = truncated(&f.program, f.thread, f.index);
+    if same(&start) != Some(true) {
+        start = f.program.clone();
+        if same(&start) != Some(true) {
+            f.minimize_note = Some(
+                "the failure did not reproduce on a re-run (timing-dependent); the full program is listed"
+                    .into(),
+            );
             return;
         }
     }
-    let mut chunk = cur.len().div_ceil(2).max(1);
-    'outer: loop {
-        let mut i = 0;
-        while i < cur.len() {
-            if runs >= MINIMIZE_RUNS || t0.elapsed() > MINIMIZE_TIME || hung.get() {
-                break 'outer;
-            }
-            let cand = without(&cur, i, i + chunk);
-            if !cand.is_empty() && same(&cand, &mut runs) {
-                cur = cand;
-            } else {
-                i += chunk;
-            }
-        }
-        if chunk == 1 {
-            break;
-        }
-        chunk = chunk.div_ceil(2);
-    }
+    let (cur, _) = ddmin(&start, &mut same);
     let note = format!(
         "{} ops left of {} after {runs} re-runs in {:.1} s{}",
         cur.len(),
         f.program.len(),
         t0.elapsed().as_secs_f64(),
-        if hung.get() {
-            "; stopped: a re-run hung"
-        } else if runs >= MINIMIZE_RUNS || t0.elapsed() > MINIMIZE_TIME {
-            "; stopped at the minimiser's budget"
-        } else {
-            ""
-        }
+        stop.map(|s| format!("; {s}")).unwrap_or_default()
     );
     f.program = cur;
     f.minimized = true;

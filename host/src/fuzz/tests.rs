@@ -524,3 +524,29 @@ fn issue19_fuzz_options_are_checked() {
         assert!(e.contains(flag), "{e}");
     }
 }
+
+/// The minimiser keeps exactly the ops a failure needs, across threads.
+#[test]
+fn issue19_fuzz_ddmin_finds_the_ops_a_failure_needs() {
+    let p = generate(11, 120, 3);
+    let (a, b) = (p.threads[0][17].clone(), p.threads[2][5].clone());
+    let needs = |q: &super::Program| {
+        q.threads[0].contains(&a) && q.threads.get(2).is_some_and(|t| t.contains(&b))
+    };
+    assert!(needs(&p));
+    let (min, calls) = super::ddmin(&p, |q| Some(needs(q)));
+    assert!(needs(&min));
+    assert!(
+        min.len() <= 2 + p.threads[0].iter().filter(|o| **o == a).count(),
+        "{}",
+        min.listing()
+    );
+    assert!(calls < 400, "{calls} calls");
+    // A budget that runs out keeps what was found so far.
+    let mut left = 3;
+    let (partial, _) = super::ddmin(&p, |q| {
+        left -= 1;
+        (left > 0).then(|| needs(q))
+    });
+    assert!(needs(&partial));
+}
