@@ -37,8 +37,8 @@ use super::program::{
 /// ticket): the stream is drained before, so the release drains it at once.
 pub const RELEASE_BOUND: Duration = Duration::from_millis(5);
 
-/// The one-entry PTX that module ops load (tiny: loads in microseconds; any GPU).
-pub const FUZZ_PTX: &str = ".version 7.0\n.target sm_50\n.address_size 64\n\n.visible .entry warpline_fuzz_noop()\n{\n\tret;\n}\n";
+/// The one-entry PTX that module ops load (tiny: loads in a moment; sm_90, like warpline's).
+pub const FUZZ_PTX: &str = ".version 8.0\n.target sm_90\n.address_size 64\n\n.visible .entry warpline_fuzz_noop()\n{\n\tret;\n}\n";
 /// Its entry.
 pub const FUZZ_ENTRY: &str = "warpline_fuzz_noop";
 /// The payload of the panics the fuzzer causes on purpose (the run's panic hook keeps them
@@ -727,17 +727,21 @@ fn exec_inner(st: &mut ThreadState<'_>, op: &Op, step: &Step) -> Result<Obs> {
             bad_pitch,
             fresh,
         } => {
-            let own;
-            let tc = if *fresh {
-                own = TcGemm::new(dev)?;
-                &own
+            let gemm = |tc: &TcGemm<'_>| {
+                tc_gemm_launch(st, tc, (*m, *n, *k), s(*stream), *seed, *bad_pitch)
+            };
+            let launched = if *fresh {
+                // A TcGemm of its own, dropped (its module unloaded) right after the launch is
+                // queued, before the result is waited for (issue 19 item 4).
+                let own = TcGemm::new(dev)?;
+                gemm(&own)?
             } else {
                 match &sh.tc {
-                    Ok(tc) => tc,
+                    Ok(tc) => gemm(tc)?,
                     Err((kind, msg)) => return Ok(Obs::Err(kind.clone(), msg.clone())),
                 }
             };
-            return tc_gemm(st, tc, (*m, *n, *k), s(*stream), *seed, *bad_pitch);
+            return tc_gemm_check(st, launched);
         }
         Op::Trace { install } => {
             if *install {
@@ -904,15 +908,25 @@ fn run_graph(
     Ok(Obs::Ok)
 }
 
-/// The tensor-core GEMM op: inputs uploaded, planned, launched, read back, compared exactly.
-fn tc_gemm(
-    st: &mut ThreadState<'_>,
+/// A queued tensor-core GEMM: its buffers and the exact product to compare with.
+struct GemmLaunched {
+    stream: usize,
+    dims: (usize, usize, usize),
+    _inputs: (DeviceBuffer<bf16>, DeviceBuffer<bf16>),
+    c: DeviceBuffer<f32>,
+    want: Vec<f32>,
+}
+
+/// The tensor-core GEMM op up to the launch: inputs uploaded, planned, launched (the plan is
+/// dropped, the result not waited for).
+fn tc_gemm_launch(
+    st: &ThreadState<'_>,
     tc: &TcGemm<'_>,
     (m, n, k): (u16, u16, u16),
     stream: usize,
     seed: u32,
     bad_pitch: bool,
-) -> Result<Obs> {
+) -> Result<GemmLaunched> {
     let (m, n, k) = (m as usize, n as usize, k as usize);
     let sh = st.sh;
     let on = &st.streams[stream];
@@ -945,17 +959,28 @@ fn tc_gemm(
         )?;
         plan.launch()?;
     }
-    st.wait(on)?;
+    Ok(GemmLaunched {
+        stream,
+        dims: (m, n, k),
+        _inputs: (da, db),
+        c: dc,
+        want: gemm_reference(&a, &b, m, n, k),
+    })
+}
+
+/// Waits for a queued GEMM (bounded), reads C back and compares it exactly.
+fn tc_gemm_check(st: &ThreadState<'_>, g: GemmLaunched) -> Result<Obs> {
+    let (m, n, k) = g.dims;
+    st.wait(&st.streams[g.stream])?;
     let mut hc = vec![0f32; m * n];
-    dc.copy_to_host(&mut hc)?;
-    let want = gemm_reference(&a, &b, m, n, k);
-    if let Some(i) = (0..m * n).find(|&i| hc[i] != want[i]) {
+    g.c.copy_to_host(&mut hc)?;
+    if let Some(i) = (0..m * n).find(|&i| hc[i] != g.want[i]) {
         return Ok(Obs::Wrong(format!(
             "tc_gemm {m}x{n}x{k}: C[{}][{}] is {}, the exact product is {}",
             i / n,
             i % n,
             hc[i],
-            want[i]
+            g.want[i]
         )));
     }
     Ok(Obs::Ok)

@@ -550,3 +550,11 @@ fn issue19_fuzz_ddmin_finds_the_ops_a_failure_needs() {
     });
     assert!(needs(&partial));
 }
+
+/// The module ops' PTX has the one entry they look up (what `Device::load_module` registers).
+#[test]
+fn issue19_fuzz_module_ptx_has_its_entry() {
+    let entries = crate::device::ptx_entries(super::exec::FUZZ_PTX);
+    assert_eq!(entries, [super::exec::FUZZ_ENTRY]);
+    assert!(crate::device::check_ptx_text(super::exec::FUZZ_PTX).is_ok());
+}
