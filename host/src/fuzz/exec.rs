@@ -282,11 +282,18 @@ impl<'s> ThreadState<'s> {
         synchronize_timeout(r, self.sh.bound, OnTimeout::Release)
     }
 
-    /// A wait that must time out and be released.
+    /// A wait that must time out and be released. A release whose drain takes longer than
+    /// [`RELEASE_BOUND`] (a slow machine, a sanitizer) gets the full bound to drain.
     fn released(&self, s: &Stream) -> Obs {
         match synchronize_timeout(s, RELEASE_BOUND, OnTimeout::Release) {
             Ok(()) => Obs::Ok,
             Err(Error::Timeout { released: true, .. }) => Obs::Released,
+            Err(Error::Timeout { pending, .. }) => match self.wait(s) {
+                Ok(()) => Obs::Released,
+                Err(e) => Obs::Hang(format!(
+                    "{e} (after a release of {pending:?} that did not drain)"
+                )),
+            },
             Err(e) => e.into(),
         }
     }

@@ -378,16 +378,21 @@ impl fmt::Display for FuzzReport {
 /// Keeps the fuzzer's intended panics off stderr while it runs (other panics print as before);
 /// the previous hook is restored on drop.
 struct QuietPanics {
-    prev: Option<Arc<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send + 'static>>,
+    prev: Option<Arc<PanicHook>>,
 }
+
+/// A panic hook, as `std::panic::take_hook` returns it.
+type PanicHook = dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send + 'static;
 
 impl QuietPanics {
     fn install() -> Self {
-        let prev: Arc<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send> =
-            Arc::from(std::panic::take_hook());
+        let prev: Arc<PanicHook> = Arc::from(std::panic::take_hook());
         let inner = prev.clone();
         std::panic::set_hook(Box::new(move |info| {
-            if !info.payload_as_str().is_some_and(|p| p.contains(exec::EXPECTED_PANIC)) {
+            if !info
+                .payload_as_str()
+                .is_some_and(|p| p.contains(exec::EXPECTED_PANIC))
+            {
                 inner(info);
             }
         }));
