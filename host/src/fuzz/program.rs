@@ -851,32 +851,21 @@ pub(crate) fn refused_graph(rng: &mut StdRng, class: GraphClass) -> GraphSpec {
             deps.push((base, base + 1));
             deps.push((base + 1, base));
         }
-        GraphClass::Overwritten => {
-            tasks.push(GTask::Set {
-                lane: 0,
-                sig: 0,
-                value: 5,
-            });
-            tasks.push(GTask::Set {
-                lane: 0,
-                sig: 0,
-                value: 0,
-            });
-            tasks.push(wait(Cmp::Geq, 5));
-            deps.push((base + 1, base + 2));
-        }
-        GraphClass::OverwrittenEq => {
-            tasks.push(GTask::Set {
-                lane: 0,
-                sig: 0,
-                value: 5,
-            });
-            tasks.push(GTask::Set {
-                lane: 0,
-                sig: 0,
-                value: 7,
-            });
-            tasks.push(wait(Cmp::Eq, 5));
+        // Two sets on lane 0, then a wait ordered after the second that only the first satisfies.
+        GraphClass::Overwritten | GraphClass::OverwrittenEq => {
+            let (second, cmp) = if class == GraphClass::Overwritten {
+                (0, Cmp::Geq)
+            } else {
+                (7, Cmp::Eq)
+            };
+            for value in [5, second] {
+                tasks.push(GTask::Set {
+                    lane: 0,
+                    sig: 0,
+                    value,
+                });
+            }
+            tasks.push(wait(cmp, 5));
             deps.push((base + 1, base + 2));
         }
         GraphClass::WrappingAdd => {
