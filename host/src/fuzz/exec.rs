@@ -1,5 +1,5 @@
 //! The GPU executor: runs one thread's ops with the safe API and judges each against the
-//! [`ThreadModel`]. Every API call of an op is in [`exec_op`] (one match arm per op), so an API
+//! [`ThreadModel`]. Every API call of an op is in `exec_op` (one match arm per op), so an API
 //! change touches one place.
 //!
 //! Every wait is bounded ([`synchronize_timeout`] with [`OnTimeout::Release`]): a wait that does

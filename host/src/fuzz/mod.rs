@@ -9,7 +9,7 @@
 //! whatever the interleaving; what crosses threads (the fence, the active trace recorder, module
 //! loads refused while another thread's wait is pending) is modelled as such.
 //!
-//! Bounds: every wait is [`crate::synchronize_timeout`] with [`ExecOptions::bound`] and
+//! Bounds: every wait is [`crate::synchronize_timeout`] with [`FuzzOptions::bound`] and
 //! `OnTimeout::Release`; calls that block inside (`copy_to_host`, `BatchPipeline::run`) are
 //! preceded by a bounded wait of their stream, and each seed has a watchdog
 //! ([`FuzzOptions::seed_timeout`]): a seed that does not finish in time is reported as a hang and
