@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, compute-sanitizer, CLI runs and benches from target/gpu-bundle
 # (build it with `cargo xtask gpu-bundle`). Usage on the GPU host, from the repository root:
-#   OUT=<log dir> bash scripts/device-run.sh [tests] [sanitize] [cli] [timeline] [ab] [stress] [bench] [dram] [mgpu]   (default: all but mgpu)
+#   OUT=<log dir> bash scripts/device-run.sh [tests] [sanitize] [cli] [timeline] [ab] [stress] [bench] [dram] [mgpu] [fuzz]   (default: all but mgpu and fuzz)
+# fuzz: `warpline fuzz` over FUZZ_SEEDS seeds (default 2000) x 200 ops on 3 threads from FUZZ_START (default 0), fuzz.log.
 # One log per section under $OUT: tests.log sanitize.log cli.log timeline.log ab.log stress.log bench.log dram.log mgpu.log;
 # timeline also writes the issue-12 pictures and traces (*.png, *.svg, *.json), ab writes ab.json.
 # mgpu needs 2 GPUs (nvidia-h200-x2); NVLS stays off in every process it starts (NCCL_NVLS_ENABLE=0).
@@ -53,6 +54,9 @@ stress)
     ( [ $c = unset ] && unset CUDA_DEVICE_MAX_CONNECTIONS || export CUDA_DEVICE_MAX_CONNECTIONS=$c
       export CUDA_MODULE_LOADING=$l; timeout 300 $B/warpline stress --seed 42 --progress ) 2>&1 | grep -v "^stress:" || failed=1
   done; done > "$OUT/stress.log" 2>&1 ;;
+fuzz)
+  timeout 590 $B/warpline fuzz --seeds "${FUZZ_SEEDS:-2000}" --start-seed "${FUZZ_START:-0}" --ops 200 --threads 3 \
+    --progress > "$OUT/fuzz.log" 2>&1 || failed=1 ;;
 bench)
   for b in $B/benches/*; do echo "== $b"; timeout 300 "$b" --bench 2>&1 | grep -v "^Benchmarking\|^$"; done > "$OUT/bench.log" 2>&1 ;;
 mgpu)

@@ -9,7 +9,9 @@
 # ONLY keeps the runs whose label matches the extended regex. Labels: vector_add, pipeline, pdl,
 # "ordering device_side", "ordering u32_signal", "ordering two_waits", "ordering message_exchange"
 # (the GPU ordering tests, one run each), fence, soundness_ordering, soundness_host, modules,
-# "tc_gemm <variant>", "gemm <kernel>", "pipeline CLI", ordering-demo, saxpy, softmax.
+# "tc_gemm <variant>", "gemm <kernel>", "pipeline CLI", ordering-demo, saxpy, softmax, fuzz
+# (memcheck only: `warpline fuzz` over FUZZ_SEEDS seeds, default 200, x 200 ops on 3 threads;
+# SKIP_FUZZ=1 leaves it out).
 # LIST=1 prints the "tool label" of every run that TOOLS and ONLY select and runs nothing (no GPU
 # needed): check a split with it. RUN_TIMEOUT bounds each run (seconds); a run that reaches it
 # fails (exit 124), like any other failed run.
@@ -17,10 +19,11 @@
 # pairs together select every run once, and each call's outer timeout leaves the script time to
 # print its summary (e.g. `timeout 590 bash scripts/sanitize.sh`, RUN_TIMEOUT=540). A full pass
 # (the whole script with its defaults) is these four calls:
-#   1. TOOLS="memcheck racecheck synccheck"
+#   1. TOOLS="memcheck racecheck synccheck" SKIP_FUZZ=1
 #   2. TOOLS=initcheck ONLY='^(vector_add|pipeline|pdl|fence|soundness_ordering|soundness_host|modules)$'
 #   3. TOOLS=initcheck ONLY='^ordering '
 #   4. TOOLS=initcheck ONLY='^(tc_gemm |gemm |pipeline CLI$|ordering-demo$|saxpy$|softmax$)'
+#   5. TOOLS=memcheck ONLY='^fuzz$' (split by seeds with FUZZ_START/FUZZ_SEEDS if it does not fit)
 # If one still does not fit, split it the same way (e.g. call 1 per tool, or call 3 as
 # ONLY='^ordering (device_side|u32_signal)$' and ONLY='^ordering (two_waits|message_exchange)$').
 # Under the sanitizer the seed scenarios repeat WARPLINE_ORDERING_RUNS times (default here 10,
@@ -91,6 +94,12 @@ for tool in $TOOLS; do
   done
   run $tool "pipeline CLI"     $B/warpline --seed 1 pipeline --streams 3 --batches 6 --batch-elems 65536 --verify --tail-batches 1 --tail-pieces 4
   run $tool "ordering-demo"    $B/warpline --seed 1 ordering-demo --runs 2 --spin-us 100
+  # The safe-API fuzzer (issue 19): memcheck only (it reads never-written buffers on purpose,
+  # which initcheck reports; racecheck and synccheck see its kernels in the runs above).
+  if [ "$tool" = memcheck ] && [ -z "${SKIP_FUZZ:-}" ]; then
+    run $tool fuzz $B/warpline --seed 1 fuzz --seeds "${FUZZ_SEEDS:-200}" --start-seed "${FUZZ_START:-0}" \
+      --ops 200 --threads 3 --no-minimize --progress
+  fi
   if [ -d $B/examples ] || [ -n "$LIST" ]; then
     { [ -x $B/examples/saxpy ] || [ -n "$LIST" ]; } && run $tool saxpy $B/examples/saxpy --n 1048576
     { [ -x $B/examples/softmax ] || [ -n "$LIST" ]; } &&

@@ -16,6 +16,7 @@ mod contract_check;
 pub mod device;
 pub(crate) mod driver;
 pub mod error;
+pub mod fuzz;
 pub mod kernels;
 pub mod launch;
 pub mod memory;

@@ -617,7 +617,7 @@ fn default_pool_attr(dev: &Device, attr: sys::CUmemPool_attribute) -> Result<u64
 }
 
 /// splitmix64: a well-mixed 64-bit value from any input.
-fn mix64(x: u64) -> u64 {
+pub(crate) fn mix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -625,7 +625,7 @@ fn mix64(x: u64) -> u64 {
 }
 
 /// A generator for one part of the run (`part`, `index`), derived from the seed.
-fn rng_for(seed: u64, part: u64, index: u64) -> StdRng {
+pub(crate) fn rng_for(seed: u64, part: u64, index: u64) -> StdRng {
     StdRng::seed_from_u64(mix64(seed ^ mix64(part ^ mix64(index))))
 }
 

@@ -675,3 +675,27 @@ fn issue19_item12_evil_npy_headers_through_the_cli_are_errors_not_panics() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// `warpline fuzz` (issue 19): bad flags are usage errors before the device is opened; without a
+/// GPU it says so (exit 2); with one, a small run passes and prints its summary line.
+#[test]
+fn issue19_fuzz_reports_no_gpu_or_passes_a_small_run() {
+    for (args, flag) in [
+        (&["fuzz", "--threads", "0"][..], "--threads 0"),
+        (&["fuzz", "--seeds", "0"][..], "--seeds 0"),
+        (&["fuzz", "--ops", "0"][..], "--ops 0"),
+    ] {
+        let out = warpline().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(flag), "{stderr}");
+    }
+    let out = warpline()
+        .args(["fuzz", "--seeds", "3", "--ops", "60", "--start-seed", "19"])
+        .output()
+        .unwrap();
+    ran_or_no_gpu(
+        &out,
+        &["warpline fuzz: 3 seeds (19..21) x 60 ops", "failures: 0"],
+    );
+}

@@ -577,7 +577,9 @@ fn sanitize(bundle: Option<PathBuf>) -> Result<()> {
 
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Runs warpline's GPU tests, the CLI and the benches from this folder (no Rust toolchain needed).
-# Usage: ./run.sh [tests|cli|examples|bench|all] ; logs go to $LOGS (default ./logs).
+# Usage: ./run.sh [tests|cli|examples|bench|fuzz|all] ; logs go to $LOGS (default ./logs).
+# fuzz: `warpline fuzz` over $FUZZ_SEEDS seeds (default 2000) x $FUZZ_OPS ops (default 200) on
+# $FUZZ_THREADS threads (default 3) from $FUZZ_START (default 0).
 set -uo pipefail
 cd "$(dirname "$0")"
 export WARPLINE_BIN="$PWD/warpline"
@@ -600,6 +602,10 @@ if [[ $what == cli || $what == all ]]; then
   for d in bf16 fp16; do
     ./warpline gemm --dtype $d --m 4096 --n 4096 --k 4096 --verify 2>&1 | tee -a "$LOGS/cli.log" || rc=1
   done
+fi
+if [[ $what == fuzz || $what == all ]]; then
+  ./warpline fuzz --seeds "${FUZZ_SEEDS:-2000}" --ops "${FUZZ_OPS:-200}" --threads "${FUZZ_THREADS:-3}" \
+    --start-seed "${FUZZ_START:-0}" --progress 2>&1 | tee "$LOGS/fuzz.log" || rc=1
 fi
 if [[ $what == examples || $what == all ]] && [[ -d examples ]]; then
   for x in examples/*; do
