@@ -429,3 +429,55 @@ fn issue19_item01_typed_tasks_capture_with_borrowed_buffers() {
     copied.copy_to_host(&mut got).unwrap();
     assert_eq!(got, src_host, "copied");
 }
+
+// ------------------------------------------- found by `warpline fuzz` on the H100 (issue 19)
+
+/// The fuzzer's first H100 run: after kernels of one module had been launched on more than 8
+/// streams, every capture that launched a kernel of that module (a signal add) failed with
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`: the module's keep-alive (item 4) pruned its events
+/// with `cuEventQuery` from the capturing thread, which invalidates a THREAD_LOCAL capture.
+/// Launches on 12 streams, then a captured graph with adds on two lanes, replayed twice, must
+/// succeed and leave the counted value.
+#[test]
+fn issue19_fuzz_capture_after_launches_on_many_streams_is_not_invalidated() {
+    let Some(dev) = gpu_or_skip("issue 19 capture after many streams") else {
+        return;
+    };
+    let pool = MemPool::new(&dev, 0).unwrap();
+    let many: Vec<Stream> = (0..12).map(|_| dev.new_stream().unwrap()).collect();
+    for s in &many {
+        let n = 1000;
+        let mut a = pool.alloc_async::<f32>(s, n).unwrap();
+        a.fill_async(1.0).unwrap();
+        let mut c = pool.alloc_async::<f32>(s, n).unwrap();
+        vector_add(&dev, s, a.as_view(), a.as_view(), c.as_view_mut()).unwrap();
+    }
+    let sig = Signal::<u64>::new(&dev, "fuzz regression").unwrap();
+    let lanes: Vec<Stream> = (0..2).map(|_| dev.new_stream().unwrap()).collect();
+    let mut g = TaskGraph::new();
+    let (l0, l1) = (g.lane("a"), g.lane("b"));
+    let s = g.signal("s");
+    let a0 = g.add(l0, "add 2", s, 2).unwrap();
+    let a1 = g.add(l1, "add 5", s, 5).unwrap();
+    let w = g.wait(l1, "wait 7", s, Cmp::Geq, 7).unwrap();
+    g.depend(a0, w).unwrap();
+    g.depend(a1, w).unwrap();
+    for round in 0..2 {
+        // Each round launches on fresh streams too, so the keep lets streams go meanwhile.
+        let fresh = dev.new_stream().unwrap();
+        let n = 10;
+        let mut a = pool.alloc_async::<f32>(&fresh, n).unwrap();
+        a.fill_async(1.0).unwrap();
+        let mut c = pool.alloc_async::<f32>(&fresh, n).unwrap();
+        vector_add(&dev, &fresh, a.as_view(), a.as_view(), c.as_view_mut()).unwrap();
+        let mut captured = g
+            .capture(&dev, &lanes, &[&sig])
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        for _ in 0..2 {
+            let run = captured.launch().unwrap();
+            synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+            assert_eq!(sig.read().unwrap(), 7, "round {round}");
+        }
+        fresh.synchronize().unwrap();
+    }
+}

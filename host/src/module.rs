@@ -690,7 +690,10 @@ impl ModuleKeep {
             l.streams.push(s);
             return;
         }
-        if l.streams.len() >= KEEP_STREAMS {
+        // A thread with a capture open must not query events (the capture would be
+        // invalidated), so the oldest stream is let go only outside captures; the list grows by
+        // at most the streams one capture launches on.
+        if l.streams.len() >= KEEP_STREAMS && !crate::driver::graph::thread_is_capturing() {
             let old = l.streams.remove(0);
             l.events.retain(|e| matches!(e.is_complete(), Ok(false)));
             if let Some(e) = marker_after(&old) {

@@ -16,7 +16,23 @@ use crate::error::{CudaCall, Result};
 /// `stream` is a live stream of the current context.
 pub(crate) unsafe fn stream_begin_capture(stream: sys::CUstream) -> Result<()> {
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    sys::cuStreamBeginCapture_v2(stream, mode).call("cuStreamBeginCapture_v2")
+    sys::cuStreamBeginCapture_v2(stream, mode).call("cuStreamBeginCapture_v2")?;
+    CAPTURES_OPEN.with(|n| n.set(n.get() + 1));
+    Ok(())
+}
+
+thread_local! {
+    /// Captures this thread has begun and not yet ended ([`stream_begin_capture`],
+    /// [`stream_end_capture`]).
+    static CAPTURES_OPEN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// True while this thread has a stream capture open. Such a thread must not query events or
+/// streams (`cuEventQuery`, `cuStreamQuery`): in `THREAD_LOCAL` capture mode those calls are
+/// prohibited and invalidate the capture (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`; found by
+/// `warpline fuzz` on the H100, issue 19).
+pub(crate) fn thread_is_capturing() -> bool {
+    CAPTURES_OPEN.with(|n| n.get() > 0)
 }
 
 /// `cuStreamEndCapture`: ends the capture begun on `stream` and returns the captured graph
@@ -27,6 +43,7 @@ pub(crate) unsafe fn stream_begin_capture(stream: sys::CUstream) -> Result<()> {
 pub(crate) unsafe fn stream_end_capture(stream: sys::CUstream) -> (sys::CUgraph, Result<()>) {
     let mut graph: sys::CUgraph = null_mut();
     let r = sys::cuStreamEndCapture(stream, &mut graph).call("cuStreamEndCapture");
+    CAPTURES_OPEN.with(|n| n.set(n.get().saturating_sub(1)));
     (graph, r)
 }
 

@@ -324,7 +324,8 @@ impl<'s> ThreadState<'s> {
 
 /// Runs `ops` on a fresh [`ThreadState`], judging each against a fresh model; stops at the
 /// first failure.
-pub fn run_thread(sh: &Shared, ops: &[Op]) -> ThreadReport {
+/// `at` is set to each op's index as it starts (the watchdog reports it).
+pub fn run_thread(sh: &Shared, ops: &[Op], at: &std::sync::atomic::AtomicUsize) -> ThreadReport {
     let mut rep = ThreadReport::default();
     let mut st = match ThreadState::new(sh) {
         Ok(s) => s,
@@ -340,12 +341,12 @@ pub fn run_thread(sh: &Shared, ops: &[Op]) -> ThreadReport {
     };
     let mut model = ThreadModel::new(sh.caps);
     for (i, op) in ops.iter().enumerate() {
+        at.store(i, std::sync::atomic::Ordering::Relaxed);
         let step = model.step(op);
         let obs = if step.expect == Expect::Skip {
             Obs::Skipped
         } else {
-            catch_unwind(AssertUnwindSafe(|| exec_op(&mut st, op, &step)))
-                .unwrap_or_else(|p| Obs::Panic(panic_message(&p)))
+            caught(|| exec_op(&mut st, op, &step))
         };
         if obs == Obs::Skipped {
             rep.skipped += 1;
@@ -362,8 +363,8 @@ pub fn run_thread(sh: &Shared, ops: &[Op]) -> ThreadReport {
             }
         }
     }
-    let fin = catch_unwind(AssertUnwindSafe(|| st.finish()))
-        .unwrap_or_else(|p| Obs::Panic(panic_message(&p)));
+    at.store(ops.len(), std::sync::atomic::Ordering::Relaxed);
+    let fin = caught(|| st.finish());
     if rep.failure.is_none() && fin != Obs::Ok {
         let (kind, what) = match fin {
             Obs::Panic(p) => (FailKind::Panic, p),
@@ -373,6 +374,13 @@ pub fn run_thread(sh: &Shared, ops: &[Op]) -> ThreadReport {
         rep.failure = Some((ops.len(), "clean-up", kind, what));
     }
     rep
+}
+
+/// Runs `f`, turning a panic into [`Obs::Panic`] with its message.
+pub fn caught(f: impl FnOnce() -> Obs) -> Obs {
+    // `&*p`: the payload inside the box (`&p` would make the Box itself the `Any`, and every
+    // message "non-string"; seen on the fuzzer's first H100 run).
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Obs::Panic(panic_message(&*p)))
 }
 
 /// The message of a caught panic.

@@ -25,6 +25,7 @@ pub mod program;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -174,6 +175,8 @@ pub struct SeedResult {
     pub failures: Vec<(usize, usize, &'static str, FailKind, String)>,
     /// The watchdog fired: these threads never reported.
     pub watchdog: Option<Vec<usize>>,
+    /// When the watchdog fired: `(thread, op index)` each unfinished thread was in.
+    pub stuck_at: Vec<(usize, usize)>,
 }
 
 impl SeedResult {
@@ -189,12 +192,18 @@ pub fn run_program(sh: &Arc<Shared>, program: &Program, timeout: Duration) -> Se
     let (tx, rx) = mpsc::channel();
     let mut res = SeedResult::default();
     let mut waiting: Vec<usize> = Vec::new();
+    // The op each thread is in, for the watchdog's report.
+    let at: Arc<Vec<AtomicUsize>> = Arc::new(
+        (0..program.threads.len())
+            .map(|_| AtomicUsize::new(0))
+            .collect(),
+    );
     for (t, ops) in program.threads.iter().enumerate() {
-        let (sh, ops, tx) = (sh.clone(), ops.clone(), tx.clone());
+        let (sh, ops, tx, at) = (sh.clone(), ops.clone(), tx.clone(), at.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("warpline-fuzz-{t}"))
             .spawn(move || {
-                let rep = exec::run_thread(&sh, &ops);
+                let rep = exec::run_thread(&sh, &ops, &at[t]);
                 let _ = tx.send((t, rep));
             });
         match spawned {
@@ -225,6 +234,10 @@ pub fn run_program(sh: &Arc<Shared>, program: &Program, timeout: Duration) -> Se
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
+                res.stuck_at = waiting
+                    .iter()
+                    .map(|&t| (t, at[t].load(AtomicOrdering::Relaxed)))
+                    .collect();
                 res.watchdog = Some(waiting.clone());
                 break;
             }
@@ -486,8 +499,8 @@ pub fn run_shared(sh: &Arc<Shared>, opts: &FuzzOptions) -> FuzzReport {
                 op: "seed",
                 kind: FailKind::Hang,
                 detail: format!(
-                    "the seed's watchdog ({:?}) fired: threads {threads:?} never finished (a call blocked outside the bounded waits); the run stops",
-                    opts.seed_timeout
+                    "the seed's watchdog ({:?}) fired: threads {threads:?} never finished (a call blocked outside the bounded waits; (thread, op) each was in: {:?}); the run stops",
+                    opts.seed_timeout, res.stuck_at
                 ),
                 program: program.clone(),
                 minimized: false,
