@@ -135,6 +135,21 @@ unsafe fn load_block<const U: usize>(
 ) -> [[u32; 4]; 8] {
     let mut w = [[0u32; 4]; 8];
     let base = block * (U * K_STEP) as u32 + 8 * t;
+    // Fast path (every k-block but the last, every row tile but the last): whole vectors only.
+    if ok[0] && ok[1] && (block + 1) * (U * K_STEP) as u32 <= p.k {
+        let p0 = p.b.wrapping_add(rows[0] as usize * p.ldb as usize + base as usize);
+        let p1 = p.b.wrapping_add(rows[1] as usize * p.ldb as usize + base as usize);
+        unroll!(J in [0, 1, 2, 3] {
+            if J < U {
+                // SAFETY: rows < n and columns [base + 32 J, base + 32 J + 8) < k are within
+                // B (launch contract); 16-byte aligned (base, ldb multiples of 8).
+                w[2 * J] = unsafe { ld_global_stream_v4(p0.add(J * K_STEP) as *const u32) };
+                // SAFETY: as above.
+                w[2 * J + 1] = unsafe { ld_global_stream_v4(p1.add(J * K_STEP) as *const u32) };
+            }
+        });
+        return w;
+    }
     unroll!(J in [0, 1, 2, 3] {
         if J < U {
             let k0 = base + (J * K_STEP) as u32;
