@@ -161,6 +161,15 @@ pub struct DecodeGemmOptions {
 }
 
 impl DecodeGemmOptions {
+    /// Options with `config` and `pdl` (weights read after `griddepcontrol.wait`).
+    pub fn new(config: DecodeConfig, pdl: bool) -> Self {
+        Self {
+            config,
+            pdl,
+            weights_early: false,
+        }
+    }
+
     /// The same options, but the kernel loads its first k-block of weights (B) *before*
     /// `griddepcontrol.wait`, overlapping the weight stream with the predecessor's tail (what
     /// a PDL decode chain gains from; ../shared/docs/pdl-prefetch.md).

@@ -21,6 +21,9 @@ pub use gemm::{
     gemm_cluster_grid, gemm_cluster_sizes_that_fit, gemm_max_active_clusters, tile_gemm,
     tile_gemm_with_grid, CublasSgemm,
 };
+pub use decode_gemm::{
+    DecodeConfig, DecodeGemm, DecodeGemmOptions, DecodePlan, GemmConfig,
+};
 pub use tc_gemm::{
     BLayout, CublasGemmEx, GemmShape, Matrix, MatrixMut, Raster, TcGemm, TcGemmOptions, TcGemmPlan,
 };
