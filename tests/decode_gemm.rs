@@ -15,9 +15,7 @@
 //! The GPU tests skip without a driver (`WARPLINE_REQUIRE_GPU=1` makes a skip fail).
 
 use rand::{Rng, SeedableRng};
-use warpline::kernels::decode_gemm::{
-    DecodeConfig, DecodeGemm, DecodeGemmOptions, GemmConfig,
-};
+use warpline::kernels::decode_gemm::{DecodeConfig, DecodeGemm, DecodeGemmOptions, GemmConfig};
 use warpline::kernels::tc_gemm::{
     reference_entry, tolerance, BLayout, HostB, Matrix, MatrixMut, TcGemm, TcGemmOptions, TcInput,
     TcOutput,
@@ -141,29 +139,47 @@ fn run_case<T: TcInput, O: TcOutput<T>>(
             decode: case.cfg,
             ..Default::default()
         };
-        tc.plan(&stream, a, b, BLayout::ColMajor, c, case.alpha, case.beta, &opts)
-            .and_then(|p| {
-                assert_eq!(p.gemm_config(), GemmConfig::Decode, "{case:?}");
-                p.launch()
-            })
+        tc.plan(
+            &stream,
+            a,
+            b,
+            BLayout::ColMajor,
+            c,
+            case.alpha,
+            case.beta,
+            &opts,
+        )
+        .and_then(|p| {
+            assert_eq!(p.gemm_config(), GemmConfig::Decode, "{case:?}");
+            p.launch()
+        })
     } else {
         let mut opts = DecodeGemmOptions::new(case.cfg, case.pdl_early);
         if case.pdl_early {
             // SAFETY: no kernel on this fresh stream writes B (it was written by a copy).
             opts = unsafe { opts.with_weights_before_wait() };
         }
-        dg.plan(&stream, a, b, BLayout::ColMajor, c, case.alpha, case.beta, &opts)
-            .and_then(|p| {
-                p.launch()?;
-                if case.pdl_early {
-                    // Back to back with PDL: the second launch's early weight reads overlap
-                    // the first; both compute the same C only when beta == 0.
-                    if case.beta == 0.0 {
-                        p.launch()?;
-                    }
+        dg.plan(
+            &stream,
+            a,
+            b,
+            BLayout::ColMajor,
+            c,
+            case.alpha,
+            case.beta,
+            &opts,
+        )
+        .and_then(|p| {
+            p.launch()?;
+            if case.pdl_early {
+                // Back to back with PDL: the second launch's early weight reads overlap
+                // the first; both compute the same C only when beta == 0.
+                if case.beta == 0.0 {
+                    p.launch()?;
                 }
-                Ok(())
-            })
+            }
+            Ok(())
+        })
     };
     match result {
         Ok(()) => {}

@@ -137,8 +137,10 @@ unsafe fn load_block<const U: usize>(
     let base = block * (U * K_STEP) as u32 + 8 * t;
     // Fast path (every k-block but the last, every row tile but the last): whole vectors only.
     if ok[0] && ok[1] && (block + 1) * (U * K_STEP) as u32 <= p.k {
-        let p0 = p.b.wrapping_add(rows[0] as usize * p.ldb as usize + base as usize);
-        let p1 = p.b.wrapping_add(rows[1] as usize * p.ldb as usize + base as usize);
+        let p0 =
+            p.b.wrapping_add(rows[0] as usize * p.ldb as usize + base as usize);
+        let p1 =
+            p.b.wrapping_add(rows[1] as usize * p.ldb as usize + base as usize);
         unroll!(J in [0, 1, 2, 3] {
             if J < U {
                 // SAFETY: rows < n and columns [base + 32 J, base + 32 J + 8) < k are within
@@ -270,7 +272,9 @@ unsafe fn decode<const BF16: bool, const T: usize, const U: usize>(p: Params) {
 
     // Split-K exchange: [warp][q][i][lane] f32, conflict-free.
     let smem = Shared::<f32>::at(dynamic_smem_base());
-    let slot = |w: u32, q: usize, i: usize| smem.add(((w * T as u32 + q as u32) * 4 + i as u32) * 32 + lane);
+    let slot = |w: u32, q: usize, i: usize| {
+        smem.add(((w * T as u32 + q as u32) * 4 + i as u32) * 32 + lane)
+    };
     if ks != 0 {
         unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
             if Q < T {

@@ -283,7 +283,10 @@ pub fn launch_shape(
         .find(|v| v.bf16 == bf16 && v.token_tiles == tiles && v.unroll == cfg.unroll as usize)
         .ok_or_else(|| Error::BadShape {
             what: "decode gemm variant",
-            detail: format!("no entry for bf16 = {bf16}, {tiles} token tiles, unroll {}", cfg.unroll),
+            detail: format!(
+                "no entry for bf16 = {bf16}, {tiles} token tiles, unroll {}",
+                cfg.unroll
+            ),
         })?;
     let row_tiles = shape.n.div_ceil(contract::ROWS) as u64;
     let per_cta = (cfg.warps / ksplit) as u64;
@@ -339,17 +342,18 @@ pub fn check_module_entries(ptx: &str) -> Result<()> {
     let entries = crate::module::ptx_signatures(ptx);
     let rust = rust_params();
     for v in contract::VARIANTS {
-        let e = entries
-            .iter()
-            .find(|e| e.name == v.kernel)
-            .ok_or_else(|| Error::MissingKernel {
-                kernel: v.kernel.to_string(),
-                entries: entries
-                    .iter()
-                    .map(|e| e.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
+        let e =
+            entries
+                .iter()
+                .find(|e| e.name == v.kernel)
+                .ok_or_else(|| Error::MissingKernel {
+                    kernel: v.kernel.to_string(),
+                    entries: entries
+                        .iter()
+                        .map(|e| e.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })?;
         check_signature(e, &rust)?;
     }
     Ok(())
@@ -660,7 +664,12 @@ mod tests {
         }
         // Row-major B, or cooperative knobs: never decode under Auto.
         assert_eq!(
-            select_config(GemmConfig::Auto, shape(1, 4096, 4096), BLayout::RowMajor, false),
+            select_config(
+                GemmConfig::Auto,
+                shape(1, 4096, 4096),
+                BLayout::RowMajor,
+                false
+            ),
             GemmConfig::Cooperative128x256
         );
         assert_eq!(
@@ -686,7 +695,16 @@ mod tests {
     fn issue20_decode_token_tiles_and_variants() {
         assert_eq!(token_tiles(0), None);
         assert_eq!(token_tiles(65), None);
-        for (m, t) in [(1, 1), (8, 1), (9, 2), (16, 2), (17, 4), (32, 4), (33, 8), (64, 8)] {
+        for (m, t) in [
+            (1, 1),
+            (8, 1),
+            (9, 2),
+            (16, 2),
+            (17, 4),
+            (32, 4),
+            (33, 8),
+            (64, 8),
+        ] {
             assert_eq!(token_tiles(m), Some(t), "M = {m}");
         }
         // Every (type, tiles, unroll) the launcher can ask for has an entry, named as such.

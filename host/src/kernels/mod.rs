@@ -16,13 +16,11 @@ pub use vector_add::{
     vector_add_with_grid, Variant as VectorAddVariant, MAX_ELEMS as VECTOR_ADD_MAX_ELEMS,
 };
 
+pub use decode_gemm::{DecodeConfig, DecodeGemm, DecodeGemmOptions, DecodePlan, GemmConfig};
 pub use gemm::{
     check_gemm_cluster_size, check_gemm_shapes, cluster_tile_gemm, cluster_tile_gemm_with_grid,
     gemm_cluster_grid, gemm_cluster_sizes_that_fit, gemm_max_active_clusters, tile_gemm,
     tile_gemm_with_grid, CublasSgemm,
-};
-pub use decode_gemm::{
-    DecodeConfig, DecodeGemm, DecodeGemmOptions, DecodePlan, GemmConfig,
 };
 pub use tc_gemm::{
     BLayout, CublasGemmEx, GemmShape, Matrix, MatrixMut, Raster, TcGemm, TcGemmOptions, TcGemmPlan,

@@ -897,9 +897,11 @@ impl<'d> TcGemm<'d> {
             let decode = match &self.decode {
                 Some(d) => d,
                 // Explicitly asked for: report why the launcher is missing.
-                None => return Err(DecodeGemm::new(self.dev).err().unwrap_or(Error::Empty {
-                    what: "decode gemm launcher",
-                })),
+                None => {
+                    return Err(DecodeGemm::new(self.dev).err().unwrap_or(Error::Empty {
+                        what: "decode gemm launcher",
+                    }))
+                }
             };
             let l = decode.prepare(
                 stream,
