@@ -894,6 +894,12 @@ impl<'d> TcGemm<'d> {
             &c.dims(size_of::<O>()),
         )?;
         if self.select(shape, layout, opts) == GemmConfig::Decode {
+            if opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some() {
+                return Err(Error::BadShape {
+                    what: "tc_gemm config decode",
+                    detail: "ping-pong, cluster and clusters are options of the cooperative kernel; allowed with GemmConfig::Decode: none of them".into(),
+                });
+            }
             let decode = match &self.decode {
                 Some(d) => d,
                 // Explicitly asked for: report why the launcher is missing.
