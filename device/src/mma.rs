@@ -1,9 +1,10 @@
 //! Warp-level tensor-core MMA (`mma.sync`, sm_80+, so usable in the sm_90 module) and the
 //! 16-byte read-only global loads the memory-bound decode GEMM streams its weights with.
 //!
-//! PTX ISA 8.0 references: §9.7.13.4.7 "Matrix fragments for `mma.m16n8k16` with floating point
-//! type" (fragment layouts below), §9.7.13.4.14 `mma` (the instruction), §9.7.9.8 `ld` with the
-//! `.nc` (non-coherent, read-only) state qualifier and the `.L1::no_allocate` eviction priority.
+//! PTX ISA 8.0 references: §9.7.13.4.8 "Matrix Fragments for `mma.m16n8k16` with floating point
+//! type" (the fragment layouts below; §9.7.14.5.8 in later ISA versions), §9.7.13.4 `mma` (the
+//! instruction), §9.7.9.8 `ld` with the `.nc` (non-coherent, read-only) qualifier and the
+//! `.L1::no_allocate` eviction priority.
 //!
 //! Fragment layout of `mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32` for lane
 //! `l`, with `g = l / 4` (groupID) and `t = l % 4` (thread in group); each `u32` holds two 16-bit

@@ -15,7 +15,7 @@
 //!
 //! In MMA #1, logical k `2t, 2t+1` is physical `k0, k0+1` and logical `2t+8, 2t+9` is `k0+2,
 //! k0+3`; MMA #2 takes `k0+4 .. k0+8` the same way. The A fragment (weights) and the B fragment
-//! (tokens) of each lane use the same logical-to-physical map (PTX ISA 8.0 §9.7.13.4.7: lane
+//! (tokens) of each lane use the same logical-to-physical map (PTX ISA 8.0 §9.7.13.4.8: lane
 //! `(g, t)` holds A rows `g`, `g+8` and B column `g` at logical k `2t, 2t+1, 2t+8, 2t+9`), so
 //! each MMA sums over 16 physical k exactly once and the pair covers the 32 of the k-step.
 //! Accumulator `d[i]` of token tile `q` is output column (weight row) `g + 8 (i / 2)` of the
@@ -91,7 +91,8 @@ unsafe fn load8<const STREAM: bool>(
         return [0; 4];
     }
     let off = row as usize * ld as usize + k0 as usize;
-    // SAFETY (both branches): row_ok and k0 < k, so the row is readable up to column k.
+    // SAFETY: row_ok and k0 < k, so element `off` lies within the readable row (caller's
+    // contract).
     let p = unsafe { base.add(off) };
     if k - k0 >= 8 {
         // 16-byte aligned: base, ld * 2 and k0 * 2 are multiples of 16.
@@ -213,10 +214,10 @@ unsafe fn decode<const BF16: bool, const T: usize, const U: usize>(p: Params) {
     let tid = thread_idx_x();
     let threads = block_dim_x();
     let warps = threads / 32;
-    if threads % 32 != 0
+    if !threads.is_multiple_of(32)
         || warps == 0
         || p.ksplit == 0
-        || warps % p.ksplit != 0
+        || !warps.is_multiple_of(p.ksplit)
         || (dynamic_smem_size() as usize) < smem_bytes(warps, T)
     {
         trap();
