@@ -797,4 +797,72 @@ mod tests {
             }
         }
     }
+
+    /// CPU model of one warp's k-step of `decode_gemm_*` (gpu/src/kernels/decode_gemm.rs,
+    /// `load_block` + `mma_block`): lane `(g, t)` loads `w0 = W[g][8t..8t+8]`, `w1 =
+    /// W[g+8][8t..8t+8]` (weights, 16 rows) and `x = X[g][8t..8t+8]` (8 tokens), and feeds MMA
+    /// `j` (0, 1) the A registers `[w0 pair 2j, w1 pair 2j, w0 pair 2j+1, w1 pair 2j+1]` and the
+    /// B registers `[x pair 2j, x pair 2j+1]`. The MMA is modelled from the PTX ISA fragment
+    /// tables of `mma.m16n8k16` (A: element `a_i` of lane `(g, t)` at row `g + 8 ((i / 2) % 2)`,
+    /// column `2t + (i & 1) + 8 (i / 4)`; B: `b_i` at row `2t + (i & 1) + 8 (i / 2)`, column `g`;
+    /// D: `d_i` at row `g + 8 (i / 2)`, column `2t + (i & 1)`). Checks that each MMA's logical A
+    /// and B are fully and singly covered, that A's rows are the rows each lane loaded, and that
+    /// the two MMAs give `D = W X^T` over all 32 k of the step (integer data: exact).
+    #[test]
+    fn issue20_decode_swap_ab_fragment_mapping_computes_w_times_x() {
+        let w: Vec<Vec<i64>> = (0..16)
+            .map(|r| (0..32).map(|k| ((r * 37 + k * 11) % 17) as i64 - 8).collect())
+            .collect();
+        let x: Vec<Vec<i64>> = (0..8)
+            .map(|c| (0..32).map(|k| ((c * 13 + k * 7) % 19) as i64 - 9).collect())
+            .collect();
+        let mut d = [[0i64; 8]; 16];
+        for j in 0..2 {
+            let mut a = [[None::<i64>; 16]; 16];
+            let mut b = [[None::<i64>; 8]; 16];
+            for lane in 0..32usize {
+                let (g, t) = (lane / 4, lane % 4);
+                // Physical k of element e (0..8) of this lane's 16-byte vectors.
+                let k = |e: usize| 8 * t + e;
+                // A registers: (loaded row, first element of the pair).
+                let a_regs = [(g, 4 * j), (g + 8, 4 * j), (g, 4 * j + 2), (g + 8, 4 * j + 2)];
+                for (r, &(row, e0)) in a_regs.iter().enumerate() {
+                    for e in 0..2 {
+                        let i = 2 * r + e;
+                        let lrow = g + 8 * ((i / 2) % 2);
+                        let lcol = 2 * t + (i & 1) + 8 * (i / 4);
+                        assert_eq!(lrow, row, "a{i} of lane {lane}: row");
+                        assert!(a[lrow][lcol].is_none(), "A[{lrow}][{lcol}] twice");
+                        // Logical column lcol of MMA j carries physical k(e0 + e).
+                        a[lrow][lcol] = Some(w[row][k(e0 + e)]);
+                    }
+                }
+                let b_regs = [4 * j, 4 * j + 2];
+                for (r, &e0) in b_regs.iter().enumerate() {
+                    for e in 0..2 {
+                        let i = 2 * r + e;
+                        let lrow = 2 * t + (i & 1) + 8 * (i / 2);
+                        assert!(b[lrow][g].is_none(), "B[{lrow}][{g}] twice");
+                        b[lrow][g] = Some(x[g][k(e0 + e)]);
+                    }
+                }
+            }
+            for row in 0..16 {
+                for col in 0..8 {
+                    let s: i64 = (0..16)
+                        .map(|kk| a[row][kk].expect("A covered") * b[kk][col].expect("B covered"))
+                        .sum();
+                    d[row][col] += s;
+                }
+            }
+        }
+        for lane in 0..32usize {
+            let (g, t) = (lane / 4, lane % 4);
+            for i in 0..4 {
+                let (row, tok) = (g + 8 * (i / 2), 2 * t + (i & 1));
+                let want: i64 = (0..32).map(|k| w[row][k] * x[tok][k]).sum();
+                assert_eq!(d[row][tok], want, "lane {lane} d{i}: C[{tok}][{row}]");
+            }
+        }
+    }
 }
