@@ -1,15 +1,15 @@
 //! The memory-bound decode GEMM (issue 20; `DecodeGemm`, kernels `decode_gemm_*`) side by side
 //! with cuBLAS `cublasGemmEx` (BF16 in, `CUBLAS_COMPUTE_32F`, f32 out, same layouts) in the same
-//! run, at the decode shapes: M (tokens) in {1, 2, 8, 16, 32, 64} x weights (N, K) in {(4096,
+//! run, at the decode shapes: M (tokens) in {1, 2, 7, 8, 16, 32, 64} x weights (N, K) in {(4096,
 //! 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 4096)}.
 //!
 //! Every launch, ours and cuBLAS's, reads the next of several weight buffers in turn (together at
 //! least 3 x the 50 MB L2), so the weights come from DRAM as in a real decode step. Per shape:
 //! cuBLAS, our default configuration, the same with PDL and the weights loaded before
 //! `griddepcontrol.wait` (back-to-back launches), then every tunable combination
-//! (`DecodeConfig::sweep()`: warps per CTA, warps splitting K, k-steps per k-block). Each row:
-//! median microseconds of `REPS` rounds of `BATCH` launches (CUDA events), TB/s of weight reads
-//! (`N * K * 2` bytes / time), the ratio to cuBLAS of the same rounds (> 1: faster) and the
+//! (`DecodeConfig::sweep()`: warps per CTA, warps splitting K, k-steps per k-block, L2
+//! prefetch). Each row: median microseconds of `REPS` rounds of `BATCH` launches (CUDA
+//! events), TB/s of weight reads (`N * K * 2` bytes / time), the ratio to cuBLAS of the same rounds (> 1: faster) and the
 //! fraction of the device-copy bandwidth measured at the start of the run. The best row of each
 //! shape is marked `*`; a summary table follows, with the max relative difference between the
 //! best configuration's C and cuBLAS's.
@@ -111,7 +111,7 @@ fn run(dev: &Device) -> warpline::Result<()> {
         let weights = (0..nbuf)
             .map(|_| random_buffer(&pool, &stream, &mut rng, n * k))
             .collect::<warpline::Result<Vec<_>>>()?;
-        for m in [1usize, 2, 8, 16, 32, 64] {
+        for m in [1usize, 2, 7, 8, 16, 32, 64] {
             let shape = format!("{m}x{n}x{k}");
             if let Some(only) = &only {
                 if !only.contains(&shape) {

@@ -355,6 +355,7 @@ fn issue20_decode_gemm_is_deterministic() {
             warps: 16,
             ksplit: Some(16),
             unroll: 2,
+            l2_prefetch: true,
         };
         dg.plan(
             &stream,
@@ -435,6 +436,7 @@ fn issue20_decode_gemm_refuses_bad_input() {
             warps: 8,
             ksplit: Some(3),
             unroll: 4,
+            l2_prefetch: false,
         },
         false,
     );

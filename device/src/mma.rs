@@ -106,3 +106,23 @@ pub unsafe fn ld_global_nc_u16(p: *const u16) -> u16 {
     };
     v
 }
+
+/// `ld.global.nc.L1::no_allocate.L2::256B.v4.b32`: as [`ld_global_stream_v4`], with the hint that
+/// L2 fetch the whole 256-byte aligned block holding the address (PTX ISA 8.0 §9.7.9.8,
+/// `.level::prefetch_size`): a streamed weight row is then read from DRAM in 256-byte pieces
+/// even when one instruction asks for 64 bytes of it. The hint never faults and never changes
+/// the loaded value.
+///
+/// # Safety
+/// As [`ld_global_stream_v4`].
+#[inline(always)]
+pub unsafe fn ld_global_stream_v4_l2_256(p: *const u32) -> [u32; 4] {
+    let (x, y, z, w): (u32, u32, u32, u32);
+    // SAFETY: the caller's contract (aligned, readable, read-only for the kernel).
+    unsafe {
+        asm!("ld.global.nc.L1::no_allocate.L2::256B.v4.b32 {{{x}, {y}, {z}, {w}}}, [{p}];",
+            x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w,
+            p = in(reg64) p, options(nostack, readonly))
+    };
+    [x, y, z, w]
+}

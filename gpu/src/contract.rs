@@ -573,13 +573,15 @@ pub mod tc_gemm {
 /// accumulators meet in shared memory and warp 0 of the row tile adds them in the fixed order `1,
 /// 2, ..., ksplit - 1` (deterministic), then applies `alpha`/`beta` and stores.
 ///
-/// PDL: with `weights_early = 1` the first k-block's weights are loaded *before*
+/// PDL: with [`decode_gemm::FLAG_WEIGHTS_EARLY`] the first k-block's weights are loaded *before*
 /// `griddepcontrol.wait` (they must not be written by the preceding kernel); A and C are read
 /// only after it; `launch_dependents` follows the warp's last weight load.
 ///
 /// Kernel parameters, in order (all entries):
 /// `(a: u64, b: u64, c: u64, m: u32, n: u32, k: u32, lda: u32, ldb: u32, ldc: u32, alpha: f32,
-///   beta: f32, out_f32: u32, ksplit: u32, weights_early: u32)`; pointers are device addresses,
+///   beta: f32, out_f32: u32, ksplit: u32, flags: u32)`; `flags` is a bit set of
+/// [`decode_gemm::FLAG_WEIGHTS_EARLY`] and [`decode_gemm::FLAG_L2_PREFETCH_256`]; pointers are
+/// device addresses,
 /// 16-byte aligned for A and B, pitches in elements with `lda`, `ldb` multiples of 8 (16 bytes).
 /// Block: `32 * W` threads with `W` in [`WARPS`] and `ksplit` dividing `W`; dynamic shared memory
 /// at least [`smem_bytes`]`(W, TOKEN_TILES)`; grid `ceil(ceil(N / 16) / (W / ksplit))` CTAs.
@@ -597,6 +599,10 @@ pub mod decode_gemm {
     pub const WARPS: [u32; 3] = [4, 8, 16];
     /// Bytes of one input element.
     pub const IN_BYTES: usize = 2;
+    /// `flags` bit: load the first k-block of weights before `griddepcontrol.wait`.
+    pub const FLAG_WEIGHTS_EARLY: u32 = 1;
+    /// `flags` bit: stream the weights with the `.L2::256B` prefetch-size hint.
+    pub const FLAG_L2_PREFETCH_256: u32 = 2;
 
     /// One compiled entry: input type, token tiles (`M <= 8 * token_tiles`), k-steps per k-block.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]

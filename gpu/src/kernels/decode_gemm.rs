@@ -28,8 +28,8 @@
 use crate::contract::decode_gemm::*;
 use crate::device::math::{pack_bf16x2, pack_f16x2};
 use crate::device::mma::{
-    ld_global_nc_u16, ld_global_nc_v4, ld_global_stream_v4, mma_m16n8k16_f32_bf16,
-    mma_m16n8k16_f32_f16,
+    ld_global_nc_u16, ld_global_nc_v4, ld_global_stream_v4, ld_global_stream_v4_l2_256,
+    mma_m16n8k16_f32_bf16, mma_m16n8k16_f32_f16,
 };
 use crate::device::pdl;
 use crate::device::smem::{dynamic_smem_base, dynamic_smem_size, Shared};
@@ -67,6 +67,7 @@ struct Params {
     out_f32: bool,
     ksplit: u32,
     weights_early: bool,
+    l2_prefetch: bool,
 }
 
 /// 8 elements of row `row` of a row-major matrix (`base`, pitch `ld` elements) from column
@@ -142,6 +143,18 @@ unsafe fn load_block<const U: usize>(
             p.b.wrapping_add(rows[0] as usize * p.ldb as usize + base as usize);
         let p1 =
             p.b.wrapping_add(rows[1] as usize * p.ldb as usize + base as usize);
+        if p.l2_prefetch {
+            unroll!(J in [0, 1, 2, 3] {
+                if J < U {
+                    // SAFETY: as the loads below.
+                    w[2 * J] = unsafe { ld_global_stream_v4_l2_256(p0.add(J * K_STEP) as *const u32) };
+                    // SAFETY: as the loads below.
+                    w[2 * J + 1] =
+                        unsafe { ld_global_stream_v4_l2_256(p1.add(J * K_STEP) as *const u32) };
+                }
+            });
+            return w;
+        }
         unroll!(J in [0, 1, 2, 3] {
             if J < U {
                 // SAFETY: rows < n and columns [base + 32 J, base + 32 J + 8) < k are within
@@ -356,8 +369,8 @@ macro_rules! entry {
         /// # Safety
         /// The launch contract of [`crate::contract::decode_gemm`]: `a` is `m x k` (pitch `lda`),
         /// `b` is `n x k` (pitch `ldb`), both 16-byte aligned with pitches multiple of 8
-        /// elements and not written during the kernel (nor, when `weights_early != 0`, by the
-        /// preceding kernel); `c` is `m x n` (pitch `ldc`) of f32 (`out_f32 != 0`) or the input
+        /// elements and not written during the kernel (nor, with `FLAG_WEIGHTS_EARLY` in
+        /// `flags`, by the preceding kernel); `c` is `m x n` (pitch `ldc`) of f32 (`out_f32 != 0`) or the input
         /// type, aliasing neither; `m <= 8 * token tiles`.
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
@@ -375,7 +388,7 @@ macro_rules! entry {
             beta: f32,
             out_f32: u32,
             ksplit: u32,
-            weights_early: u32,
+            flags: u32,
         ) {
             if m as usize > $t * TOKENS_PER_TILE {
                 trap();
@@ -394,7 +407,8 @@ macro_rules! entry {
                 beta,
                 out_f32: out_f32 != 0,
                 ksplit,
-                weights_early: weights_early != 0,
+                weights_early: flags & FLAG_WEIGHTS_EARLY != 0,
+                l2_prefetch: flags & FLAG_L2_PREFETCH_256 != 0,
             };
             // SAFETY: the caller's launch contract.
             unsafe { decode::<$bf16, $t, $u>(p) }

@@ -106,6 +106,9 @@ pub struct DecodeConfig {
     /// k-steps of 32 per k-block (loads in flight per lane: `2 * unroll` 16-byte vectors, twice
     /// that with the double buffer): 2 or 4.
     pub unroll: u32,
+    /// Stream the weights with the `.L2::256B` prefetch-size hint (`ld.global.nc.L1::no_allocate
+    /// .L2::256B`): L2 fetches 256-byte blocks of a weight row from DRAM.
+    pub l2_prefetch: bool,
 }
 
 impl Default for DecodeConfig {
@@ -114,24 +117,28 @@ impl Default for DecodeConfig {
             warps: 8,
             ksplit: None,
             unroll: 4,
+            l2_prefetch: true,
         }
     }
 }
 
 impl DecodeConfig {
     /// Every combination the bench sweeps: warps {4, 8, 16} x ksplit {1, 2, 4, 8, 16 dividing
-    /// warps} x unroll {2, 4}.
+    /// warps} x unroll {2, 4} x L2 prefetch {on, off}.
     pub fn sweep() -> Vec<Self> {
         let mut v = Vec::new();
         for warps in contract::WARPS {
             for ks in [1u32, 2, 4, 8, 16] {
                 if ks <= warps && warps.is_multiple_of(ks) {
                     for unroll in [2u32, 4] {
-                        v.push(Self {
-                            warps,
-                            ksplit: Some(ks),
-                            unroll,
-                        });
+                        for l2_prefetch in [true, false] {
+                            v.push(Self {
+                                warps,
+                                ksplit: Some(ks),
+                                unroll,
+                                l2_prefetch,
+                            });
+                        }
                     }
                 }
             }
@@ -139,12 +146,11 @@ impl DecodeConfig {
         v
     }
 
-    /// `w{warps}_ks{ksplit|auto}_u{unroll}`, for tables.
+    /// `w{warps}_ks{ksplit|auto}_u{unroll}` plus `_pf` with the L2 prefetch, for tables.
     pub fn label(&self) -> String {
-        match self.ksplit {
-            Some(k) => format!("w{}_ks{}_u{}", self.warps, k, self.unroll),
-            None => format!("w{}_ksauto_u{}", self.warps, self.unroll),
-        }
+        let ks = self.ksplit.map_or("auto".to_string(), |k| k.to_string());
+        let pf = if self.l2_prefetch { "_pf" } else { "" };
+        format!("w{}_ks{ks}_u{}{pf}", self.warps, self.unroll)
     }
 }
 
@@ -331,7 +337,7 @@ fn rust_params() -> Vec<RustParam> {
         p("beta: f32", 4, Float),
         p("out_f32: u32", 4, Int),
         p("ksplit: u32", 4, Int),
-        p("weights_early: u32", 4, Int),
+        p("flags: u32", 4, Int),
     ]
 }
 
@@ -502,7 +508,17 @@ impl<'d> DecodeGemm<'d> {
                 ParamValue::new(beta),
                 ParamValue::new(O::IS_F32 as u32),
                 ParamValue::new(ls.ksplit),
-                ParamValue::new(opts.weights_early as u32),
+                ParamValue::new(
+                    if opts.weights_early {
+                        contract::FLAG_WEIGHTS_EARLY
+                    } else {
+                        0
+                    } | if opts.config.l2_prefetch {
+                        contract::FLAG_L2_PREFETCH_256
+                    } else {
+                        0
+                    },
+                ),
             ],
         })
     }
@@ -564,7 +580,9 @@ impl DecodeLaunch {
         // < k) and writes (C rows < m, columns < n) stay inside them; C is an exclusive view,
         // aliasing neither A nor B; m <= 8 * token tiles of the entry; the block is 32 * warps
         // threads with ksplit dividing warps and the entry's smem_bytes of dynamic shared
-        // memory (the kernel traps otherwise); with weights_early the caller vouched (unsafe
+        // memory (the kernel traps otherwise); the L2 prefetch-size hint never reads outside
+        // the 256-byte block of an address the kernel loads and never faults; with
+        // FLAG_WEIGHTS_EARLY the caller vouched (unsafe
         // DecodeGemmOptions::with_weights_before_wait) that no running kernel writes B. The
         // views stay borrowed by the plan (caller's contract), bound to `stream`.
         unsafe { launch_raw(dev, &self.kernel, stream, &self.cfg, &self.params) }
@@ -715,6 +733,7 @@ mod tests {
                         warps: 8,
                         ksplit: Some(4),
                         unroll,
+                        ..Default::default()
                     };
                     let ls = launch_shape(shape(m, 1003, 2056), bf16, &cfg, 132).unwrap();
                     let ty = if bf16 { "bf16" } else { "f16" };
@@ -811,10 +830,18 @@ mod tests {
     #[test]
     fn issue20_decode_swap_ab_fragment_mapping_computes_w_times_x() {
         let w: Vec<Vec<i64>> = (0..16)
-            .map(|r| (0..32).map(|k| ((r * 37 + k * 11) % 17) as i64 - 8).collect())
+            .map(|r| {
+                (0..32)
+                    .map(|k| ((r * 37 + k * 11) % 17) as i64 - 8)
+                    .collect()
+            })
             .collect();
         let x: Vec<Vec<i64>> = (0..8)
-            .map(|c| (0..32).map(|k| ((c * 13 + k * 7) % 19) as i64 - 9).collect())
+            .map(|c| {
+                (0..32)
+                    .map(|k| ((c * 13 + k * 7) % 19) as i64 - 9)
+                    .collect()
+            })
             .collect();
         let mut d = [[0i64; 8]; 16];
         for j in 0..2 {
@@ -825,7 +852,12 @@ mod tests {
                 // Physical k of element e (0..8) of this lane's 16-byte vectors.
                 let k = |e: usize| 8 * t + e;
                 // A registers: (loaded row, first element of the pair).
-                let a_regs = [(g, 4 * j), (g + 8, 4 * j), (g, 4 * j + 2), (g + 8, 4 * j + 2)];
+                let a_regs = [
+                    (g, 4 * j),
+                    (g + 8, 4 * j),
+                    (g, 4 * j + 2),
+                    (g + 8, 4 * j + 2),
+                ];
                 for (r, &(row, e0)) in a_regs.iter().enumerate() {
                     for e in 0..2 {
                         let i = 2 * r + e;
