@@ -897,4 +897,40 @@ mod tests {
             }
         }
     }
+
+    proptest::proptest! {
+        /// Any accepted launch shape covers every output column exactly with its grid, uses an
+        /// entry that holds M tokens, a ksplit dividing the warps, and at most the shared memory
+        /// the launcher raised the entries to.
+        #[test]
+        fn issue20_decode_launch_shape_covers_n(
+            m in 1usize..=64,
+            n in 1usize..(1 << 20),
+            k in 1usize..(1 << 16),
+            warps_i in 0usize..3,
+            ks_log in proptest::option::of(0u32..5),
+            unroll in proptest::sample::select(vec![2u32, 4]),
+            sms in 1u32..200,
+        ) {
+            let warps = contract::WARPS[warps_i];
+            let ksplit = ks_log.map(|l| 1u32 << l);
+            let cfg = DecodeConfig { warps, ksplit, unroll, l2_prefetch: true };
+            match launch_shape(shape(m, n, k), true, &cfg, sms) {
+                Ok(ls) => {
+                    proptest::prop_assert!(ls.token_tiles * 8 >= m);
+                    proptest::prop_assert!(warps.is_multiple_of(ls.ksplit));
+                    let per_cta = (warps / ls.ksplit) as usize;
+                    proptest::prop_assert!(ls.grid as usize * per_cta * 16 >= n);
+                    proptest::prop_assert!((ls.grid as usize - 1) * per_cta * 16 < n);
+                    proptest::prop_assert!(ls.smem_bytes as usize <= contract::MAX_SMEM_BYTES);
+                }
+                Err(e) => {
+                    // Only an explicit ksplit that does not divide the warps is refused here.
+                    let bad_shape = matches!(e, Error::BadShape { .. });
+                    proptest::prop_assert!(bad_shape, "{}", e);
+                    proptest::prop_assert!(ksplit.is_some_and(|ks| ks > warps));
+                }
+            }
+        }
+    }
 }
