@@ -216,3 +216,47 @@ fn sm90a_module_assembles_without_c75xx_warnings_or_spills() {
         );
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Issue 20: the decode GEMM entries (sm_90 module) stream the weights with 16-byte L1-bypassing
+// read-only loads into warp MMAs, read the tokens (A) and C only after griddepcontrol.wait, and
+// may read the weights (B) before it (the PDL prefetch, under `weights_early`).
+// ------------------------------------------------------------------------------------------------
+
+#[test]
+fn issue20_decode_gemm_entries_use_mma_and_read_a_and_c_after_the_wait() {
+    for v in warpline_gpu::contract::decode_gemm::VARIANTS {
+        let body = entry_body(v.kernel);
+        let mma = if v.bf16 {
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+        } else {
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+        };
+        assert!(body.contains(mma), "{}: no {mma}", v.kernel);
+        assert!(
+            body.contains("ld.global.nc.L1::no_allocate.v4.b32"),
+            "{}: weights not streamed with 16-byte no-allocate loads",
+            v.kernel
+        );
+        assert!(
+            body.contains("griddepcontrol.launch_dependents"),
+            "{}",
+            v.kernel
+        );
+        for p in ["param_0", "param_2"] {
+            let param = format!("{}_{p}", v.kernel);
+            let early = param_loads_before(body, &param, "griddepcontrol.wait");
+            assert!(
+                early.is_empty(),
+                "{} reads {param} before the wait: {early:?}",
+                v.kernel
+            );
+        }
+        let b = format!("{}_param_1", v.kernel);
+        assert!(
+            !param_loads_before(body, &b, "griddepcontrol.wait").is_empty(),
+            "{}: no weight load before the wait (the weights_early path)",
+            v.kernel
+        );
+    }
+}

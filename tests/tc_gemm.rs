@@ -158,6 +158,9 @@ fn run_case<T: TcInput, O: TcOutput<T>>(tc: &TcGemm<'_>, case: Case) {
         raster: case.raster,
         pingpong: case.pingpong,
         group: case.group.unwrap_or(defaults.group),
+        // These cases test the cooperative / ping-pong kernels (tests/decode_gemm.rs tests the
+        // decode configuration that Auto would pick for M <= 64).
+        config: warpline::kernels::GemmConfig::Cooperative128x256,
         ..defaults
     };
     tc.gemm(

@@ -44,6 +44,8 @@ pub mod math;
 #[cfg(any(target_arch = "nvptx64", doc))]
 pub mod mbarrier;
 #[cfg(any(target_arch = "nvptx64", doc))]
+pub mod mma;
+#[cfg(any(target_arch = "nvptx64", doc))]
 pub mod pdl;
 #[cfg(any(target_arch = "nvptx64", doc))]
 pub mod pipeline;

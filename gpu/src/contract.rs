@@ -552,3 +552,113 @@ pub mod tc_gemm {
         );
     };
 }
+
+/// Memory-bound GEMM for small M (LLM decode; issue 20), sm_90 module,
+/// `gpu/src/kernels/decode_gemm.rs`: `C[M,N] = alpha * A[M,K] * B[K,N] + beta * C` with `M <=
+/// MAX_M` tokens, B column-major (the weights, stored `N x K` row-major like a PyTorch `Linear`
+/// weight), BF16 or FP16 inputs, FP32 accumulation, FP32 or 16-bit (the input type) output.
+///
+/// Structure ("swap-AB" on `mma.sync.m16n8k16`): the weights are the MMA's A operand (16 weight
+/// rows = 16 output columns `n` per *row tile*), the tokens its B operand (8 tokens per MMA;
+/// `TOKEN_TILES` MMAs per k-step cover `8 * TOKEN_TILES` tokens). Each lane loads its weight
+/// fragments straight from global memory with 16-byte `ld.global.nc.L1::no_allocate` loads
+/// (8 consecutive k of one row; the k order inside a 32-wide k-step is permuted identically for
+/// the weights and the tokens, so the sum is the same), `UNROLL` k-steps per *k-block*, the next
+/// k-block's loads issued before the current one's MMAs (register double buffering). The tokens
+/// are read with 16-byte `ld.global.nc` (cached in L1: every warp of the SM reads them). Each
+/// weight byte is read from DRAM exactly once.
+///
+/// Split-K inside the CTA: the CTA's `W = blockDim.x / 32` warps form `W / ksplit` row tiles of
+/// `ksplit` warps; warp `s` of a row tile takes k-blocks `s, s + ksplit, ...`; the partial
+/// accumulators meet in shared memory and warp 0 of the row tile adds them in the fixed order `1,
+/// 2, ..., ksplit - 1` (deterministic), then applies `alpha`/`beta` and stores.
+///
+/// PDL: with [`decode_gemm::FLAG_WEIGHTS_EARLY`] the first k-block's weights are loaded *before*
+/// `griddepcontrol.wait` (they must not be written by the preceding kernel); A and C are read
+/// only after it; `launch_dependents` follows the warp's last weight load.
+///
+/// Kernel parameters, in order (all entries):
+/// `(a: u64, b: u64, c: u64, m: u32, n: u32, k: u32, lda: u32, ldb: u32, ldc: u32, alpha: f32,
+///   beta: f32, out_f32: u32, ksplit: u32, flags: u32)`; `flags` is a bit set of
+/// [`decode_gemm::FLAG_WEIGHTS_EARLY`] and [`decode_gemm::FLAG_L2_PREFETCH_256`]; pointers are
+/// device addresses,
+/// 16-byte aligned for A and B, pitches in elements with `lda`, `ldb` multiples of 8 (16 bytes).
+/// Block: `32 * W` threads with `W` in [`WARPS`] and `ksplit` dividing `W`; dynamic shared memory
+/// at least [`smem_bytes`]`(W, TOKEN_TILES)`; grid `ceil(ceil(N / 16) / (W / ksplit))` CTAs.
+/// The kernel traps on a block shape, `ksplit` or shared-memory size outside that contract.
+pub mod decode_gemm {
+    /// Output columns (weight rows) per row tile: the M of `mma.m16n8k16`.
+    pub const ROWS: usize = 16;
+    /// Tokens per MMA: the N of `mma.m16n8k16`.
+    pub const TOKENS_PER_TILE: usize = 8;
+    /// K per k-step: two `m16n8k16` MMAs fed by one 16-byte load per lane and row.
+    pub const K_STEP: usize = 32;
+    /// Largest M (tokens) of any entry.
+    pub const MAX_M: usize = 64;
+    /// Warps per CTA the launcher may use.
+    pub const WARPS: [u32; 3] = [4, 8, 16];
+    /// Bytes of one input element.
+    pub const IN_BYTES: usize = 2;
+    /// `flags` bit: load the first k-block of weights before `griddepcontrol.wait`.
+    pub const FLAG_WEIGHTS_EARLY: u32 = 1;
+    /// `flags` bit: stream the weights with the `.L2::256B` prefetch-size hint.
+    pub const FLAG_L2_PREFETCH_256: u32 = 2;
+
+    /// One compiled entry: input type, token tiles (`M <= 8 * token_tiles`), k-steps per k-block.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Variant {
+        /// Entry point in the sm_90 module.
+        pub kernel: &'static str,
+        /// BF16 inputs (else FP16).
+        pub bf16: bool,
+        /// Token tiles of 8: the entry serves `M <= 8 * token_tiles`.
+        pub token_tiles: usize,
+        /// k-steps (of [`K_STEP`]) per k-block: loads in flight per lane per k-block are
+        /// `2 * unroll` 16-byte vectors.
+        pub unroll: usize,
+    }
+
+    const fn v(kernel: &'static str, bf16: bool, token_tiles: usize, unroll: usize) -> Variant {
+        Variant {
+            kernel,
+            bf16,
+            token_tiles,
+            unroll,
+        }
+    }
+
+    /// Every entry of the module, in the order the kernel file instantiates them.
+    pub const VARIANTS: [Variant; 16] = [
+        v("decode_gemm_bf16_t1_u2", true, 1, 2),
+        v("decode_gemm_bf16_t1_u4", true, 1, 4),
+        v("decode_gemm_bf16_t2_u2", true, 2, 2),
+        v("decode_gemm_bf16_t2_u4", true, 2, 4),
+        v("decode_gemm_bf16_t4_u2", true, 4, 2),
+        v("decode_gemm_bf16_t4_u4", true, 4, 4),
+        v("decode_gemm_bf16_t8_u2", true, 8, 2),
+        v("decode_gemm_bf16_t8_u4", true, 8, 4),
+        v("decode_gemm_f16_t1_u2", false, 1, 2),
+        v("decode_gemm_f16_t1_u4", false, 1, 4),
+        v("decode_gemm_f16_t2_u2", false, 2, 2),
+        v("decode_gemm_f16_t2_u4", false, 2, 4),
+        v("decode_gemm_f16_t4_u2", false, 4, 2),
+        v("decode_gemm_f16_t4_u4", false, 4, 4),
+        v("decode_gemm_f16_t8_u2", false, 8, 2),
+        v("decode_gemm_f16_t8_u4", false, 8, 4),
+    ];
+
+    /// Dynamic shared memory a CTA of `warps` warps needs for `token_tiles` (the split-K
+    /// exchange: per warp, `token_tiles x 4` f32 per lane).
+    pub const fn smem_bytes(warps: u32, token_tiles: usize) -> usize {
+        warps as usize * token_tiles * 4 * 32 * 4
+    }
+
+    /// The most any launch asks for (16 warps, 8 token tiles): 64 KiB.
+    pub const MAX_SMEM_BYTES: usize = smem_bytes(16, 8);
+
+    const _: () = {
+        assert!(MAX_M == 8 * TOKENS_PER_TILE);
+        assert!(K_STEP == 4 * 8);
+        assert!(MAX_SMEM_BYTES <= 227 * 1024);
+    };
+}

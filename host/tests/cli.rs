@@ -430,6 +430,22 @@ fn tc_gemm_reports_no_gpu_or_runs_verified() {
     }
 }
 
+/// Issue 20: `--config auto` at a decode shape picks the decode kernel and says so; the run is
+/// verified against the f64 reference.
+#[test]
+fn issue20_gemm_config_auto_picks_decode_and_prints_it() {
+    for config in ["auto", "decode"] {
+        let out = warpline()
+            .args([
+                "gemm", "--dtype", "bf16", "--m", "7", "--n", "1003", "--k", "2056", "--config",
+                config, "--reps", "2", "--verify",
+            ])
+            .output()
+            .unwrap();
+        ran_or_no_gpu(&out, &["config decode", "verified tc_gemm", "x cuBLAS"]);
+    }
+}
+
 #[test]
 fn tc_gemm_bad_arguments_are_refused_before_the_device() {
     for (args, flag) in [
@@ -464,6 +480,13 @@ fn tc_gemm_bad_arguments_are_refused_before_the_device() {
                 "gemm", "--dtype", "bf16", "--m", "8", "--n", "8", "--k", "8", "--reps", "0",
             ][..],
             "--reps 0",
+        ),
+        (
+            &[
+                "gemm", "--dtype", "bf16", "--m", "8", "--n", "8", "--k", "8", "--config",
+                "fastest",
+            ][..],
+            "--config",
         ),
     ] {
         let (code, stderr) = run(args);

@@ -6,6 +6,8 @@
 //! the tensor-core ones) and with it (sm_90a: only `tc_gemm`, which needs wgmma and setmaxnreg).
 
 #[cfg(not(feature = "sm90a"))]
+mod decode_gemm;
+#[cfg(not(feature = "sm90a"))]
 mod gemm;
 #[cfg(not(feature = "sm90a"))]
 mod pdl;

@@ -1107,6 +1107,11 @@ struct GemmArgs {
     /// cooperative ones.
     #[arg(long)]
     pingpong: bool,
+    /// bf16/fp16: kernel configuration (issue 20): auto (decode for M <= 64 with a column-major
+    /// B and no --pingpong/--cluster; else coop128x256), coop128x256, or decode. The chosen one
+    /// is printed.
+    #[arg(long, default_value = "auto")]
+    config: String,
     /// bf16/fp16: check sampled rows and columns against the f64 CPU reference.
     #[arg(long)]
     verify: bool,
@@ -1591,6 +1596,13 @@ fn tc_gemm_cmd<T: warpline::kernels::tc_gemm::TcInput>(
         TcGemm, TcGemmOptions,
     };
     let ((m, n, k), files) = check_tc_gemm_args(args)?;
+    let gemm_config = warpline::kernels::GemmConfig::parse(&args.config).map_err(|_| {
+        usage(format!(
+            "--config {:?}: allowed: {}",
+            args.config,
+            warpline::kernels::GemmConfig::NAMES.join(", ")
+        ))
+    })?;
     let layout = match args.b_layout {
         BLayoutArg::Col => BLayout::ColMajor,
         BLayoutArg::Row => BLayout::RowMajor,
@@ -1638,6 +1650,7 @@ fn tc_gemm_cmd<T: warpline::kernels::tc_gemm::TcInput>(
             RasterArg::N => Raster::AlongN,
         },
         pingpong: args.pingpong,
+        config: gemm_config,
         ..Default::default()
     };
     let flop = 2.0 * m as f64 * n as f64 * k as f64;
@@ -1672,7 +1685,14 @@ fn tc_gemm_cmd<T: warpline::kernels::tc_gemm::TcInput>(
             0.0,
             &opts,
         )?;
-        let config = plan.configs()[0].describe();
+        let config = format!(
+            "config {} (--config {}): {} {}",
+            plan.gemm_config().name(),
+            gemm_config.name(),
+            plan.kernel_names().join(", "),
+            plan.configs()[0].describe()
+        );
+        say!("{config}");
         (time(&mut || plan.launch())?, config)
     };
     let cublas_ms = {

@@ -1,6 +1,8 @@
 //! Typed launchers, one module per kernel family. Each validates its arguments (lengths, zero
 //! sizes, alignment, streams, sizes the kernel can index) before anything is launched.
 
+/// The memory-bound decode GEMM (sm_90; M <= 64 tokens, BF16/FP16 weights; issue 20).
+pub mod decode_gemm;
 mod gemm;
 pub mod pdl;
 /// Signal kernels and ordering probes (raw device addresses; `unsafe`).
@@ -14,6 +16,7 @@ pub use vector_add::{
     vector_add_with_grid, Variant as VectorAddVariant, MAX_ELEMS as VECTOR_ADD_MAX_ELEMS,
 };
 
+pub use decode_gemm::{DecodeConfig, DecodeGemm, DecodeGemmOptions, DecodePlan, GemmConfig};
 pub use gemm::{
     check_gemm_cluster_size, check_gemm_shapes, cluster_tile_gemm, cluster_tile_gemm_with_grid,
     gemm_cluster_grid, gemm_cluster_sizes_that_fit, gemm_max_active_clusters, tile_gemm,

@@ -41,6 +41,9 @@ use half::{bf16, f16};
 use warpline_gpu::contract::tc_gemm as contract;
 
 use super::check_stream;
+use super::decode_gemm::{
+    select_config, DecodeConfig, DecodeGemm, DecodeGemmOptions, DecodeLaunch, GemmConfig,
+};
 use crate::device::{Device, Kernel};
 use crate::error::{Error, Result};
 use crate::launch::{launch_raw, LaunchConfig, LaunchLimits, ParamValue};
@@ -509,6 +512,13 @@ pub struct TcGemmOptions {
     /// whole 64 x 256 tiles in turn) instead of cooperative ones (both split each 128 x 256
     /// tile). BF16 with a column-major B only; otherwise [`Error::BadShape`].
     pub pingpong: bool,
+    /// Kernel configuration (issue 20): [`GemmConfig::Auto`] follows
+    /// [`select_config`](super::decode_gemm::select_config) (the decode kernel for `M <= 64`
+    /// with a column-major B and none of `pingpong`, `cluster`, `clusters` set; else the
+    /// cooperative kernel). [`TcGemm::plan_chain2`] always uses the cooperative kernel.
+    pub config: GemmConfig,
+    /// Tunables of the decode configuration.
+    pub decode: DecodeConfig,
 }
 
 impl Default for TcGemmOptions {
@@ -521,6 +531,8 @@ impl Default for TcGemmOptions {
             pdl: false,
             clusters: None,
             pingpong: false,
+            config: GemmConfig::Auto,
+            decode: DecodeConfig::default(),
         }
     }
 }
@@ -587,6 +599,8 @@ pub fn check_module_entries(ptx: &str) -> Result<()> {
 pub struct TcGemm<'d> {
     dev: &'d Device,
     module: Module,
+    /// The decode configuration's launcher, when the device's sm_90 module has its entries.
+    decode: Option<DecodeGemm<'d>>,
     pool: MemPool,
     /// `cuOccupancyMaxActiveClusters` per (entry, cluster size).
     resident: Mutex<HashMap<(&'static str, u32), u32>>,
@@ -664,6 +678,7 @@ impl<'d> TcGemm<'d> {
         Ok(Self {
             dev,
             module,
+            decode: DecodeGemm::new(dev).ok(),
             pool,
             resident: Mutex::new(HashMap::new()),
         })
@@ -891,9 +906,64 @@ impl<'d> TcGemm<'d> {
         beta: f32,
         opts: &TcGemmOptions,
     ) -> Result<TcGemmPlan<'a>> {
+        let shape = check_shapes(
+            &a.dims(size_of::<T>()),
+            &b.dims(size_of::<T>()),
+            layout,
+            &c.dims(size_of::<O>()),
+        )?;
+        if self.select(shape, layout, opts) == GemmConfig::Decode {
+            if opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some() {
+                return Err(Error::BadShape {
+                    what: "tc_gemm config decode",
+                    detail: "ping-pong, cluster and clusters are options of the cooperative kernel; allowed with GemmConfig::Decode: none of them".into(),
+                });
+            }
+            let decode = match &self.decode {
+                Some(d) => d,
+                // Explicitly asked for: report why the launcher is missing.
+                None => {
+                    return Err(DecodeGemm::new(self.dev).err().unwrap_or(Error::Empty {
+                        what: "decode gemm launcher",
+                    }))
+                }
+            };
+            let l = decode.prepare(
+                stream,
+                &a,
+                &b,
+                layout,
+                &c,
+                alpha,
+                beta,
+                &DecodeGemmOptions::new(opts.decode, opts.pdl),
+            )?;
+            return Ok(TcGemmPlan {
+                dev: self.dev,
+                stream: stream.clone(),
+                table: None,
+                launches: Vec::new(),
+                decode: vec![l],
+                shapes: vec![shape],
+            });
+        }
         let (p, shape, maps) =
             self.prepare(stream, &a, &b, layout, &c, alpha, beta, opts, opts.pdl)?;
         self.finish(stream, vec![(p, maps)], vec![shape])
+    }
+
+    /// The configuration a [`TcGemm::plan`] of `shape` with `opts` uses: `opts.config`, with
+    /// [`GemmConfig::Auto`] resolved by
+    /// [`select_config`](super::decode_gemm::select_config) (and to the cooperative kernel when
+    /// this device's module lacks the decode entries).
+    pub fn select(&self, shape: GemmShape, layout: BLayout, opts: &TcGemmOptions) -> GemmConfig {
+        let knobs = opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some();
+        match select_config(opts.config, shape, layout, knobs) {
+            GemmConfig::Decode if opts.config == GemmConfig::Auto && self.decode.is_none() => {
+                GemmConfig::Cooperative128x256
+            }
+            c => c,
+        }
     }
 
     /// Two dependent GEMMs, `C1 = A * B1` then `C2 = C1 * B2` (alpha 1, beta 0), as one plan:
@@ -945,8 +1015,9 @@ impl<'d> TcGemm<'d> {
         Ok(TcGemmPlan {
             dev: self.dev,
             stream: stream.clone(),
-            table,
+            table: Some(table),
             launches,
+            decode: Vec::new(),
             shapes,
         })
     }
@@ -1021,8 +1092,11 @@ struct Prepared {
 pub struct TcGemmPlan<'a> {
     dev: &'a Device,
     stream: Stream,
-    table: TensorMapTable<'a>,
+    /// The tensor maps of the cooperative launches (none for a decode plan).
+    table: Option<TensorMapTable<'a>>,
     launches: Vec<Prepared>,
+    /// Decode-configuration launches (issue 20), queued after `launches`.
+    decode: Vec<DecodeLaunch>,
     shapes: Vec<GemmShape>,
 }
 
@@ -1036,6 +1110,11 @@ impl std::fmt::Debug for TcGemmPlan<'_> {
                     .launches
                     .iter()
                     .map(|p| format!("{} {}", p.kernel.name(), p.cfg.describe()))
+                    .chain(
+                        self.decode
+                            .iter()
+                            .map(|d| format!("{} {}", d.kernel_name(), d.cfg.describe())),
+                    )
                     .collect::<Vec<_>>(),
             )
             .field("table", &self.table)
@@ -1092,7 +1171,31 @@ impl TcGemmPlan<'_> {
                 launch_raw(self.dev, &p.kernel, stream, &p.cfg, &params)?;
             }
         }
+        for d in &self.decode {
+            // SAFETY: prepared by DecodeGemm::prepare from views this plan borrows for 'a (A,
+            // B shared, C exclusively), bound to this stream.
+            unsafe { d.launch(self.dev, &self.stream)? };
+        }
         Ok(())
+    }
+
+    /// The configuration the plan runs ([`GemmConfig::Decode`] or
+    /// [`GemmConfig::Cooperative128x256`]; never `Auto`).
+    pub fn gemm_config(&self) -> GemmConfig {
+        if self.decode.is_empty() {
+            GemmConfig::Cooperative128x256
+        } else {
+            GemmConfig::Decode
+        }
+    }
+
+    /// Entry names of the plan's launches, in launch order.
+    pub fn kernel_names(&self) -> Vec<String> {
+        self.launches
+            .iter()
+            .map(|p| p.kernel.name().to_string())
+            .chain(self.decode.iter().map(|d| d.kernel_name().to_string()))
+            .collect()
     }
 
     /// Problem size of each launch.
@@ -1102,7 +1205,11 @@ impl TcGemmPlan<'_> {
 
     /// Launch configuration of each launch (grid, block, shared memory, cluster, PDL).
     pub fn configs(&self) -> Vec<LaunchConfig> {
-        self.launches.iter().map(|p| p.cfg).collect()
+        self.launches
+            .iter()
+            .map(|p| p.cfg)
+            .chain(self.decode.iter().map(|d| d.cfg))
+            .collect()
     }
 
     /// Floating-point operations of one [`TcGemmPlan::launch`].

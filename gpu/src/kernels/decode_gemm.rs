@@ -1,0 +1,434 @@
+//! `decode_gemm_*`: the memory-bound GEMM of LLM decoding, `C = alpha * A * B + beta * C` with
+//! few tokens (`M <= 64`) and a column-major B (weights stored `N x K`, K contiguous). Launch
+//! contract and design: [`crate::contract::decode_gemm`].
+//!
+//! One warp, one k-block (`U` k-steps of 32):
+//!
+//! ```text
+//!   lane (g = lane / 4, t = lane % 4) loads, for each k-step j (k0 = 32 j + 8 t):
+//!     w[2j]   = B[row g    ][k0 .. k0 + 8]   (16 bytes, streamed)
+//!     w[2j+1] = B[row g + 8][k0 .. k0 + 8]
+//!   and for token tile q: x = A[token 8 q + g][k0 .. k0 + 8]   (16 bytes, L1)
+//!   mma #1: A-frag {w[2j][0], w[2j+1][0], w[2j][1], w[2j+1][1]}, B-frag {x[0], x[1]}
+//!   mma #2: A-frag {w[2j][2], w[2j+1][2], w[2j][3], w[2j+1][3]}, B-frag {x[2], x[3]}
+//! ```
+//!
+//! In MMA #1, logical k `2t, 2t+1` is physical `k0, k0+1` and logical `2t+8, 2t+9` is `k0+2,
+//! k0+3`; MMA #2 takes `k0+4 .. k0+8` the same way. The A fragment (weights) and the B fragment
+//! (tokens) of each lane use the same logical-to-physical map (PTX ISA 8.0 §9.7.13.4.8: lane
+//! `(g, t)` holds A rows `g`, `g+8` and B column `g` at logical k `2t, 2t+1, 2t+8, 2t+9`), so
+//! each MMA sums over 16 physical k exactly once and the pair covers the 32 of the k-step.
+//! Accumulator `d[i]` of token tile `q` is output column (weight row) `g + 8 (i / 2)` of the
+//! row tile and token `8 q + 2 t + i % 2`.
+//!
+//! Tails: rows `>= N` and tokens `>= M` load zeros and store nothing; a 16-byte vector that
+//! crosses K is loaded element by element (elements `>= K` are zero, in both operands, so
+//! padding or NaN beyond K never enters the sum).
+
+use crate::contract::decode_gemm::*;
+use crate::device::math::{pack_bf16x2, pack_f16x2};
+use crate::device::mma::{
+    ld_global_nc_u16, ld_global_nc_v4, ld_global_stream_v4, ld_global_stream_v4_l2_256,
+    mma_m16n8k16_f32_bf16, mma_m16n8k16_f32_f16,
+};
+use crate::device::pdl;
+use crate::device::smem::{dynamic_smem_base, dynamic_smem_size, Shared};
+use crate::device::thread::{block_dim_x, block_idx_x, sync_threads, thread_idx_x};
+
+/// `$body` once for each `$i` in the list, as a constant (so arrays indexed by `$i` stay in
+/// registers: no loop for LLVM to keep rolled).
+macro_rules! unroll {
+    ($i:ident in [$($v:literal),*] $body:block) => {
+        $( { const $i: usize = $v; $body } )*
+    };
+}
+
+/// Aborts the kernel (launch contract violated).
+#[inline(always)]
+fn trap() -> ! {
+    // SAFETY: `trap` aborts the kernel; no preconditions.
+    unsafe { core::arch::nvptx::trap() }
+}
+
+/// The kernel's parameters.
+#[derive(Clone, Copy)]
+struct Params {
+    a: *const u16,
+    b: *const u16,
+    c: *mut u8,
+    m: u32,
+    n: u32,
+    k: u32,
+    lda: u32,
+    ldb: u32,
+    ldc: u32,
+    alpha: f32,
+    beta: f32,
+    out_f32: bool,
+    ksplit: u32,
+    weights_early: bool,
+    l2_prefetch: bool,
+}
+
+/// 8 elements of row `row` of a row-major matrix (`base`, pitch `ld` elements) from column
+/// `k0`, as 4 words (two elements each, lower column in the low half): one 16-byte load when
+/// the 8 lie within the `k` columns, element-wise loads with zeros beyond `k`, zeros when
+/// `!row_ok` or `k0 >= k`.
+///
+/// # Safety
+/// `base` is 16-byte aligned, `ld` a multiple of 8, and when `row_ok` the elements
+/// `[row * ld, row * ld + k)` are readable and not written during the kernel; `k0` is a multiple
+/// of 8.
+#[inline(always)]
+unsafe fn load8<const STREAM: bool>(
+    base: *const u16,
+    ld: u32,
+    row: u32,
+    row_ok: bool,
+    k0: u32,
+    k: u32,
+) -> [u32; 4] {
+    if !row_ok || k0 >= k {
+        return [0; 4];
+    }
+    let off = row as usize * ld as usize + k0 as usize;
+    // SAFETY: row_ok and k0 < k, so element `off` lies within the readable row (caller's
+    // contract).
+    let p = unsafe { base.add(off) };
+    if k - k0 >= 8 {
+        // 16-byte aligned: base, ld * 2 and k0 * 2 are multiples of 16.
+        if STREAM {
+            // SAFETY: [k0, k0 + 8) within the row's k columns (caller's contract).
+            unsafe { ld_global_stream_v4(p as *const u32) }
+        } else {
+            // SAFETY: as above.
+            unsafe { ld_global_nc_v4(p as *const u32) }
+        }
+    } else {
+        let mut h = [0u32; 8];
+        let mut e = 0;
+        while e < 8 {
+            if k0 + (e as u32) < k {
+                // SAFETY: column k0 + e < k of a readable row.
+                h[e] = unsafe { ld_global_nc_u16(p.add(e)) } as u32;
+            }
+            e += 1;
+        }
+        [
+            h[0] | h[1] << 16,
+            h[2] | h[3] << 16,
+            h[4] | h[5] << 16,
+            h[6] | h[7] << 16,
+        ]
+    }
+}
+
+/// The weights of one k-block for this lane: `2 * U` vectors (rows `g` and `g + 8`).
+///
+/// # Safety
+/// The launch contract (B readable for rows `< n`, columns `< k`).
+#[inline(always)]
+unsafe fn load_block<const U: usize>(
+    p: &Params,
+    block: u32,
+    rows: [u32; 2],
+    ok: [bool; 2],
+    t: u32,
+) -> [[u32; 4]; 8] {
+    let mut w = [[0u32; 4]; 8];
+    let base = block * (U * K_STEP) as u32 + 8 * t;
+    // Fast path (every k-block but the last, every row tile but the last): whole vectors only.
+    if ok[0] && ok[1] && (block + 1) * (U * K_STEP) as u32 <= p.k {
+        let p0 =
+            p.b.wrapping_add(rows[0] as usize * p.ldb as usize + base as usize);
+        let p1 =
+            p.b.wrapping_add(rows[1] as usize * p.ldb as usize + base as usize);
+        if p.l2_prefetch {
+            unroll!(J in [0, 1, 2, 3] {
+                if J < U {
+                    // SAFETY: as the loads below.
+                    w[2 * J] = unsafe { ld_global_stream_v4_l2_256(p0.add(J * K_STEP) as *const u32) };
+                    // SAFETY: as the loads below.
+                    w[2 * J + 1] =
+                        unsafe { ld_global_stream_v4_l2_256(p1.add(J * K_STEP) as *const u32) };
+                }
+            });
+            return w;
+        }
+        unroll!(J in [0, 1, 2, 3] {
+            if J < U {
+                // SAFETY: rows < n and columns [base + 32 J, base + 32 J + 8) < k are within
+                // B (launch contract); 16-byte aligned (base, ldb multiples of 8).
+                w[2 * J] = unsafe { ld_global_stream_v4(p0.add(J * K_STEP) as *const u32) };
+                // SAFETY: as above.
+                w[2 * J + 1] = unsafe { ld_global_stream_v4(p1.add(J * K_STEP) as *const u32) };
+            }
+        });
+        return w;
+    }
+    unroll!(J in [0, 1, 2, 3] {
+        if J < U {
+            let k0 = base + (J * K_STEP) as u32;
+            // SAFETY: the launch contract.
+            w[2 * J] = unsafe { load8::<true>(p.b, p.ldb, rows[0], ok[0], k0, p.k) };
+            // SAFETY: as above.
+            w[2 * J + 1] = unsafe { load8::<true>(p.b, p.ldb, rows[1], ok[1], k0, p.k) };
+        }
+    });
+    w
+}
+
+/// The MMAs of one k-block: `acc[q] += W(block) * X(block, token tile q)`.
+///
+/// # Safety
+/// The launch contract (A readable for rows `< m`, columns `< k`); called by all 32 lanes of
+/// the warp together (warp-uniform control flow).
+#[inline(always)]
+unsafe fn mma_block<const BF16: bool, const T: usize, const U: usize>(
+    p: &Params,
+    block: u32,
+    w: &[[u32; 4]; 8],
+    acc: &mut [[f32; 4]; 8],
+    g: u32,
+    t: u32,
+) {
+    let base = block * (U * K_STEP) as u32 + 8 * t;
+    unroll!(J in [0, 1, 2, 3] {
+        if J < U {
+            let k0 = base + (J * K_STEP) as u32;
+            let (w0, w1) = (w[2 * J], w[2 * J + 1]);
+            let a1 = [w0[0], w1[0], w0[1], w1[1]];
+            let a2 = [w0[2], w1[2], w0[3], w1[3]];
+            unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if Q < T {
+                    let tok = (Q * TOKENS_PER_TILE) as u32 + g;
+                    // SAFETY: the launch contract.
+                    let x = unsafe { load8::<false>(p.a, p.lda, tok, tok < p.m, k0, p.k) };
+                    if BF16 {
+                        acc[Q] = mma_m16n8k16_f32_bf16(a1, [x[0], x[1]], acc[Q]);
+                        acc[Q] = mma_m16n8k16_f32_bf16(a2, [x[2], x[3]], acc[Q]);
+                    } else {
+                        acc[Q] = mma_m16n8k16_f32_f16(a1, [x[0], x[1]], acc[Q]);
+                        acc[Q] = mma_m16n8k16_f32_f16(a2, [x[2], x[3]], acc[Q]);
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// The kernel body of entry `decode_gemm_{bf16|f16}_t{T}_u{U}`.
+///
+/// # Safety
+/// The launch contract of [`crate::contract::decode_gemm`]; every thread of the CTA calls it.
+#[inline(always)]
+unsafe fn decode<const BF16: bool, const T: usize, const U: usize>(p: Params) {
+    const { assert!(T >= 1 && T <= 8 && U >= 1 && U <= 4) };
+    let tid = thread_idx_x();
+    let threads = block_dim_x();
+    let warps = threads / 32;
+    if !threads.is_multiple_of(32)
+        || warps == 0
+        || p.ksplit == 0
+        || !warps.is_multiple_of(p.ksplit)
+        || (dynamic_smem_size() as usize) < smem_bytes(warps, T)
+    {
+        trap();
+    }
+    let (warp, lane) = (tid / 32, tid % 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let tiles_per_cta = warps / p.ksplit;
+    let tile = block_idx_x() as u64 * tiles_per_cta as u64 + (warp / p.ksplit) as u64;
+    let ks = warp % p.ksplit;
+    // Rows (output columns) of this lane; u64 first so a last CTA past N cannot wrap.
+    let r0 = tile * ROWS as u64 + g as u64;
+    let ok = [r0 < p.n as u64, r0 + 8 < p.n as u64];
+    let rows = [
+        if ok[0] { r0 as u32 } else { 0 },
+        if ok[1] { (r0 + 8) as u32 } else { 0 },
+    ];
+    let kblock = (U * K_STEP) as u32;
+    let nblk = p.k.div_ceil(kblock);
+
+    let mut acc = [[0.0f32; 4]; 8];
+    let mut b = ks;
+    let mut cur = [[0u32; 4]; 8];
+    if p.weights_early && b < nblk {
+        // SAFETY: the launch contract; weights_early promises B is not written by the
+        // preceding kernel, so it may be read before griddepcontrol.wait.
+        cur = unsafe { load_block::<U>(&p, b, rows, ok, t) };
+    }
+    pdl::wait();
+    if !p.weights_early && b < nblk {
+        // SAFETY: the launch contract.
+        cur = unsafe { load_block::<U>(&p, b, rows, ok, t) };
+    }
+    let mut signalled = false;
+    while b < nblk {
+        let nb = b + p.ksplit;
+        let mut nxt = [[0u32; 4]; 8];
+        if nb < nblk {
+            // SAFETY: the launch contract.
+            nxt = unsafe { load_block::<U>(&p, nb, rows, ok, t) };
+        } else {
+            pdl::launch_dependents();
+            signalled = true;
+        }
+        // SAFETY: the launch contract; b, ks and nblk are warp-uniform, so all 32 lanes run
+        // the MMAs together.
+        unsafe { mma_block::<BF16, T, U>(&p, b, &cur, &mut acc, g, t) };
+        cur = nxt;
+        b = nb;
+    }
+    if !signalled {
+        pdl::launch_dependents();
+    }
+
+    // Split-K exchange: [warp][q][i][lane] f32, conflict-free.
+    let smem = Shared::<f32>::at(dynamic_smem_base());
+    let slot = |w: u32, q: usize, i: usize| {
+        smem.add(((w * T as u32 + q as u32) * 4 + i as u32) * 32 + lane)
+    };
+    if ks != 0 {
+        unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if Q < T {
+                unroll!(I in [0, 1, 2, 3] {
+                    // SAFETY: slot < warps * T * 4 * 32 floats <= dynamic_smem_size (checked
+                    // above); each thread writes only its own lane's slots.
+                    unsafe { slot(warp, Q, I).store(acc[Q][I]) };
+                });
+            }
+        });
+    }
+    // SAFETY: every thread of the CTA reaches this barrier once (no early return above).
+    unsafe { sync_threads() };
+    if ks != 0 {
+        return;
+    }
+    let mut s = 1;
+    while s < p.ksplit {
+        unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if Q < T {
+                unroll!(I in [0, 1, 2, 3] {
+                    // SAFETY: written before the barrier by warp `warp + s` of this row tile.
+                    acc[Q][I] += unsafe { slot(warp + s, Q, I).load() };
+                });
+            }
+        });
+        s += 1;
+    }
+
+    // Epilogue: C[token][row] = alpha * acc + beta * C.
+    unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
+        unroll!(I in [0, 1, 2, 3] {
+            let row = r0 + 8 * (I as u64 / 2);
+            let tok = (Q * TOKENS_PER_TILE) as u32 + 2 * t + (I as u32 % 2);
+            if Q < T && row < p.n as u64 && tok < p.m {
+                let idx = tok as usize * p.ldc as usize + row as usize;
+                let mut v = p.alpha * acc[Q][I];
+                if p.out_f32 {
+                    // SAFETY: C holds m rows of pitch ldc >= n f32 (launch contract).
+                    let cp = unsafe { (p.c as *mut f32).add(idx) };
+                    if p.beta != 0.0 {
+                        // SAFETY: as above; this thread is the only one touching C[tok][row].
+                        v += p.beta * unsafe { cp.read_volatile() };
+                    }
+                    // SAFETY: as above.
+                    unsafe { cp.write_volatile(v) };
+                } else {
+                    // SAFETY: C holds m rows of pitch ldc >= n 16-bit elements.
+                    let cp = unsafe { (p.c as *mut u16).add(idx) };
+                    if p.beta != 0.0 {
+                        // SAFETY: as above.
+                        let old = unsafe { cp.read_volatile() };
+                        let old = if BF16 {
+                            f32::from_bits((old as u32) << 16)
+                        } else {
+                            crate::device::math::f16_to_f32(old)
+                        };
+                        v += p.beta * old;
+                    }
+                    let bits = if BF16 {
+                        pack_bf16x2(v, 0.0)
+                    } else {
+                        pack_f16x2(v, 0.0)
+                    } & 0xffff;
+                    // SAFETY: as above.
+                    unsafe { cp.write_volatile(bits as u16) };
+                }
+            }
+        });
+    });
+}
+
+macro_rules! entry {
+    ($name:ident, $bf16:literal, $t:literal, $u:literal) => {
+        /// Entry of [`crate::contract::decode_gemm`] (input type, token tiles, unroll in the
+        /// name; see `contract::decode_gemm::VARIANTS`).
+        ///
+        /// # Safety
+        /// The launch contract of [`crate::contract::decode_gemm`]: `a` is `m x k` (pitch `lda`),
+        /// `b` is `n x k` (pitch `ldb`), both 16-byte aligned with pitches multiple of 8
+        /// elements and not written during the kernel (nor, with `FLAG_WEIGHTS_EARLY` in
+        /// `flags`, by the preceding kernel); `c` is `m x n` (pitch `ldc`) of f32 (`out_f32 != 0`) or the input
+        /// type, aliasing neither; `m <= 8 * token tiles`.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            a: *const u16,
+            b: *const u16,
+            c: *mut u8,
+            m: u32,
+            n: u32,
+            k: u32,
+            lda: u32,
+            ldb: u32,
+            ldc: u32,
+            alpha: f32,
+            beta: f32,
+            out_f32: u32,
+            ksplit: u32,
+            flags: u32,
+        ) {
+            if m as usize > $t * TOKENS_PER_TILE {
+                trap();
+            }
+            let p = Params {
+                a,
+                b,
+                c,
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldc,
+                alpha,
+                beta,
+                out_f32: out_f32 != 0,
+                ksplit,
+                weights_early: flags & FLAG_WEIGHTS_EARLY != 0,
+                l2_prefetch: flags & FLAG_L2_PREFETCH_256 != 0,
+            };
+            // SAFETY: the caller's launch contract.
+            unsafe { decode::<$bf16, $t, $u>(p) }
+        }
+    };
+}
+
+entry!(decode_gemm_bf16_t1_u2, true, 1, 2);
+entry!(decode_gemm_bf16_t1_u4, true, 1, 4);
+entry!(decode_gemm_bf16_t2_u2, true, 2, 2);
+entry!(decode_gemm_bf16_t2_u4, true, 2, 4);
+entry!(decode_gemm_bf16_t4_u2, true, 4, 2);
+entry!(decode_gemm_bf16_t4_u4, true, 4, 4);
+entry!(decode_gemm_bf16_t8_u2, true, 8, 2);
+entry!(decode_gemm_bf16_t8_u4, true, 8, 4);
+entry!(decode_gemm_f16_t1_u2, false, 1, 2);
+entry!(decode_gemm_f16_t1_u4, false, 1, 4);
+entry!(decode_gemm_f16_t2_u2, false, 2, 2);
+entry!(decode_gemm_f16_t2_u4, false, 2, 4);
+entry!(decode_gemm_f16_t4_u2, false, 4, 2);
+entry!(decode_gemm_f16_t4_u4, false, 4, 4);
+entry!(decode_gemm_f16_t8_u2, false, 8, 2);
+entry!(decode_gemm_f16_t8_u4, false, 8, 4);
