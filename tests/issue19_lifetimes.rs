@@ -182,6 +182,52 @@ fn issue19_item08_gate_keeps_the_wait_of_a_dropped_stream_handle() {
     }
 }
 
+/// Item 8 (review): the signal waits of a replayed `CapturedGraph` are `cuStreamWaitValue` nodes,
+/// on-stream waits like any other; a launch used to leave them out of the reaper's gate, so a
+/// blocking free (or a module load) could run behind a pending replay. Now, while a replay with
+/// a wait is held up (a host callback before it blocks until the test lets it go),
+/// `load_module` is refused with `WaitPending`, and allowed once the replay completed.
+#[test]
+fn issue19_review_item08_captured_replay_waits_hold_the_gate() {
+    let Some(dev) = gpu_or_skip("issue19 review item 8 (captured waits)") else {
+        return;
+    };
+    let go = Arc::new(AtomicBool::new(false));
+    let mut g = warpline::TaskGraph::new();
+    let lane = g.lane("only");
+    let sig = g.signal("s");
+    let hold = go.clone();
+    g.host(lane, "held", move || {
+        let t0 = Instant::now();
+        while !hold.load(Ordering::Acquire) && t0.elapsed() < BOUND {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+    .unwrap();
+    g.set(lane, "set", sig, 1).unwrap();
+    g.wait(lane, "wait", sig, Cmp::Geq, 1).unwrap();
+    let signal = Signal::<u64>::new(&dev, "review item 8").unwrap();
+    let s = dev.new_stream().unwrap();
+    let mut captured = g
+        .capture(&dev, std::slice::from_ref(&s), &[&signal])
+        .unwrap();
+    let run = captured.launch().unwrap();
+    let e = dev.load_module(SAXPY_PTX).unwrap_err();
+    assert!(matches!(e, Error::WaitPending { .. }), "{e}");
+    go.store(true, Ordering::Release);
+    synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+    let t0 = Instant::now();
+    loop {
+        match dev.load_module(SAXPY_PTX) {
+            Ok(_) => break,
+            Err(Error::WaitPending { .. }) if t0.elapsed() < BOUND => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("the replay completed, yet: {e}"),
+        }
+    }
+}
+
 // --------------------------------------------------------------------------------- item 10
 
 /// Item 10: a `TensorMapTable` dropped while its upload is still queued (behind a 2 s kernel)

@@ -88,6 +88,9 @@ pub struct CapturedGraph<'g> {
     waits: Vec<(String, Release)>,
     panics: PanicLog,
     tasks: usize,
+    /// The graph has signal waits (`cuStreamWaitValue` nodes): each launch registers them for the
+    /// reaper's gate (issue 19, item 8).
+    gated: bool,
     /// The GEMM plans the nodes replay (their map tables); dropped with the captured graph.
     _plans: Vec<Arc<TcGemmPlan<'g>>>,
     _not_sync: PhantomData<Cell<()>>,
@@ -274,6 +277,7 @@ impl<'g> TaskGraph<'g> {
                 .collect(),
             panics,
             tasks: self.tasks.len(),
+            gated: self.has_signal_waits(),
             _plans: plans,
             _not_sync: PhantomData,
         })
@@ -288,6 +292,12 @@ impl<'g> TaskGraph<'g> {
         signals: &[&Signal<u64>],
     ) -> Result<GraphRun> {
         self.capture(dev, streams, signals)?.launch()
+    }
+
+    /// True when some task is a signal wait: a replay then holds on-stream waits
+    /// (`cuStreamWaitValue` nodes) that the reaper's gate must see (issue 19, item 8).
+    fn has_signal_waits(&self) -> bool {
+        self.tasks.iter().any(|t| matches!(t.op, Op::Wait { .. }))
     }
 
     /// [`TaskGraph::capture_unchecked`] then one [`CapturedGraph::launch`].
@@ -330,12 +340,23 @@ impl CapturedGraph<'_> {
         for s in &inner.signals {
             s.order_after_init(origin)?;
         }
+        // A replay's signal waits are on-stream waits: no blocking free may run behind them
+        // (the driver-lock hang the reaper's gate prevents). Enter the gate before the launch
+        // and register a marker after it, as a direct run does for each wait (issue 19, item 8).
+        let entry = self.gated.then(crate::memory::reaper::enter_wait);
         {
             let exec = inner.exec.lock().unwrap_or_else(|e| e.into_inner());
             // SAFETY: a live stream of the graph's context; `Keep` holds everything the nodes
             // use until the host callback queued below has run.
             unsafe { exec.launch(origin.raw()) }?;
         }
+        if entry.is_some() {
+            // The graph launch completes as a whole on `origin`: a marker there follows every
+            // wait node of every lane.
+            let marker = Arc::new(origin.record_marker()?);
+            crate::ordering::registry::register_gate_wait(marker);
+        }
+        drop(entry);
         let data = Arc::into_raw(self.keep.clone()) as *mut c_void;
         // On error the driver did not take `data` and the launch may still run: the reference
         // is leaked so the graph's contents are never freed under it.
@@ -384,5 +405,27 @@ impl CapturedGraph<'_> {
             )
         }?;
         Ok(count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ordering::Cmp;
+
+    /// Issue 19 item 8 (review): a captured graph registers its replays' waits for the reaper's
+    /// gate exactly when it has signal waits; sets, adds and host callbacks are not waits.
+    #[test]
+    fn issue19_review_item08_replays_gate_exactly_the_graphs_with_waits() {
+        let mut g = TaskGraph::new();
+        let (a, b) = (g.lane("a"), g.lane("b"));
+        let s = g.signal("s");
+        g.set(a, "set", s, 1).unwrap();
+        g.add(a, "add", s, 1).unwrap();
+        g.host(b, "host", || {}).unwrap();
+        assert!(!g.has_signal_waits());
+        g.wait(b, "wait", s, Cmp::Geq, 2).unwrap();
+        assert!(g.has_signal_waits());
+        assert!(!TaskGraph::new().has_signal_waits());
     }
 }
