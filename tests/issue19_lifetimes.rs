@@ -150,6 +150,85 @@ fn issue19_item04_device_drop_keeps_its_module_for_queued_launches() {
     }
 }
 
+/// Item 4 (review): a chain's direct runs and graph replays launch the device's own kernels
+/// without `launch_raw`, and used not to note their stream on the module's keep: dropping the
+/// chain and the `Device` while they were queued (here behind a host callback, which launches
+/// nothing) unloaded the module under them. Now the module stays loaded until they completed,
+/// and they compute the right result.
+#[test]
+fn issue19_review_item04_chain_launches_keep_the_module_after_device_drop() {
+    let Some(dev) = gpu_or_skip("issue19 review item 4 (chain)") else {
+        return;
+    };
+    let s = dev.new_stream().unwrap();
+    let pool = MemPool::new(&dev, 0).unwrap();
+    let n = 1 << 12;
+    let x0: Vec<u32> = random_f32(n).iter().map(|v| v.to_bits()).collect();
+    let mut x = pool.alloc_async::<u32>(&s, n).unwrap();
+    x.copy_from_host(&x0).unwrap();
+    let go = Arc::new(AtomicBool::new(false));
+    let hold = go.clone();
+    let mut g = warpline::TaskGraph::new();
+    let lane = g.lane("hold");
+    g.host(lane, "held", move || {
+        let t0 = Instant::now();
+        while !hold.load(Ordering::Acquire) && t0.elapsed() < BOUND {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+    .unwrap();
+    let run = g.enqueue(&dev, std::slice::from_ref(&s), &[]).unwrap();
+    {
+        let mut chain = warpline::Chain::new(&dev, &s, false).unwrap();
+        chain.push_chain_steps(x.as_view_mut(), 3, 4).unwrap();
+        chain.run().unwrap();
+        let graph = chain.capture().unwrap();
+        graph.launch().unwrap();
+    }
+    assert!(
+        within(BOUND, move || drop(dev)).is_some(),
+        "Device drop blocked"
+    );
+    // Time for the reaper to unload the module if nothing kept it.
+    std::thread::sleep(Duration::from_millis(100));
+    go.store(true, Ordering::Release);
+    synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+    synchronize_timeout(&s, BOUND, OnTimeout::Abandon).unwrap();
+    let mut out = vec![0u32; n];
+    x.copy_to_host(&mut out).unwrap();
+    for i in 0..n {
+        assert_eq!(out[i], x0[i].wrapping_add(6), "element {i}");
+    }
+}
+
+/// Item 4 (review): a captured task graph's signal adds are kernel nodes of the device's own
+/// module, which the captured graph did not keep: replaying it after the `Device` was dropped
+/// ran a kernel of an unloaded module. Now the captured graph keeps that module loaded.
+#[test]
+fn issue19_review_item04_captured_graph_keeps_the_device_module() {
+    let Some(dev) = gpu_or_skip("issue19 review item 4 (captured add)") else {
+        return;
+    };
+    let s = dev.new_stream().unwrap();
+    let signal = Signal::<u64>::new(&dev, "review item 4").unwrap();
+    let mut g = warpline::TaskGraph::new();
+    let lane = g.lane("only");
+    let sig = g.signal("s");
+    g.add(lane, "add 5", sig, 5).unwrap();
+    g.add(lane, "add 7", sig, 7).unwrap();
+    g.wait(lane, "wait 12", sig, Cmp::Geq, 12).unwrap();
+    let mut captured = g
+        .capture(&dev, std::slice::from_ref(&s), &[&signal])
+        .unwrap();
+    drop(dev);
+    std::thread::sleep(Duration::from_millis(100));
+    for _ in 0..3 {
+        let run = captured.launch().unwrap();
+        synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+        assert_eq!(signal.read().unwrap(), 12);
+    }
+}
+
 // ---------------------------------------------------------------------------------- item 8
 
 /// Item 8: a registered wait on a stream whose last handle was dropped is still pending on the

@@ -783,6 +783,13 @@ impl ModuleInner {
         })
     }
 
+    /// Notes a launch of this module's kernels on `stream` that did not go through
+    /// [`crate::launch::launch_raw`] (a chain's steps, a replay of a graph of its kernels), so the
+    /// module stays loaded until it completed (issue 19, item 4).
+    pub(crate) fn launched_on(&self, stream: &Stream) {
+        self._keep.launched_on(stream);
+    }
+
     pub(crate) fn kernel(&self, name: &str) -> Result<&Kernel> {
         self.kernels.get(name).ok_or_else(|| Error::MissingKernel {
             kernel: name.to_string(),

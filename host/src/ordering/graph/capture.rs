@@ -240,8 +240,11 @@ impl<'g> TaskGraph<'g> {
                 _ => None,
             })
             .collect();
-        // The modules of the GEMM and typed tasks stay loaded until the last launch completed.
+        // The modules of the GEMM and typed tasks stay loaded until the last launch completed,
+        // and so does the device's own (signal adds are its `ws_signal_add` kernel nodes), even
+        // if the device is dropped before the captured graph (issue 19, item 4).
         let mut keep_alive = self.keep.clone();
+        keep_alive.push(Arc::new(dev.module().clone()));
         for t in &self.tasks {
             match &t.op {
                 Op::Gemm(p) => keep_alive.extend(
