@@ -56,8 +56,10 @@ impl Stream {
     /// The stream's context has cudarc's event tracking disabled (see
     /// [`crate::Device::cudarc_context`]); cudarc's safe `CudaSlice` API relies on it and races
     /// without it. The caller must not allocate or use `CudaSlice`s (or other tracking-dependent
-    /// cudarc APIs) through this stream, and must not re-enable tracking. Raw handle for
-    /// driver-API interop: [`Stream::raw`].
+    /// cudarc APIs) through this stream, and must not re-enable tracking. It must not begin a
+    /// stream capture on it (cudarc's `begin_capture` is safe): warpline's safe API assumes the
+    /// streams it is handed are not capturing (issue 19, item 2). Raw handle for driver-API
+    /// interop: [`Stream::raw`].
     ///
     /// ```compile_fail,E0133
     /// // finding 10: handing out the tracking-disabled cudarc stream needs `unsafe`.

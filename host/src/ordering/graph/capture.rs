@@ -183,7 +183,11 @@ impl<'g> TaskGraph<'g> {
     ///   whose memory a closure's work reads is dropped before that last launch completed;
     /// - `ctx.stream` (the private capture stream) and events recorded on it do not leave the
     ///   closure, and no other thread enqueues on it while the capture runs;
-    /// - every other access to that memory is ordered with the replays (on the lane streams).
+    /// - every other access to that memory is ordered with the replays (on the lane streams);
+    /// - the modules of the kernels the closures launch stay loaded until that last launch
+    ///   completed (the device's own module is kept by the captured graph; for a module of your
+    ///   own, let the closure own a [`crate::device::Kernel`] clone of it or hand one to
+    ///   [`TaskGraph::keep_alive`]).
     ///
     /// Capturing a closure is not possible from safe code (issue 19, item 1):
     ///
