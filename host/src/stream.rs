@@ -17,6 +17,18 @@ pub struct Stream {
     inner: Arc<CudaStream>,
 }
 
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // Inside a task graph host callback no CUDA call may be made (issue 19, item 9), and the
+        // last handle's drop destroys the stream (`cuStreamDestroy`): the reaper thread drops a
+        // handle of its own instead, so this one is never the last.
+        if crate::device::in_host_callback() {
+            let s = self.inner.clone();
+            crate::memory::reaper::defer_after(Vec::new(), false, move || drop(s));
+        }
+    }
+}
+
 impl PartialEq for Stream {
     fn eq(&self, other: &Self) -> bool {
         self.raw() == other.raw()
