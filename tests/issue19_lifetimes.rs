@@ -69,6 +69,31 @@ fn within<T: Send + 'static>(bound: Duration, f: impl FnOnce() -> T + Send + 'st
     rx.recv_timeout(bound).ok()
 }
 
+/// `dev.load_module` until no registered wait is pending any more (at most `BOUND`); `why` says
+/// why none should be.
+fn load_module_once_no_wait_pending(dev: &Device, why: &str) {
+    let t0 = Instant::now();
+    loop {
+        match dev.load_module(SAXPY_PTX) {
+            Ok(_) => break,
+            Err(Error::WaitPending { .. }) if t0.elapsed() < BOUND => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("{why}, yet: {e}"),
+        }
+    }
+}
+
+/// A host callback that returns once `go` is set (at most `BOUND`), holding its lane meanwhile.
+fn held_until(go: Arc<AtomicBool>) -> impl FnMut() + Send + 'static {
+    move || {
+        let t0 = Instant::now();
+        while !go.load(Ordering::Acquire) && t0.elapsed() < BOUND {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------- item 4
 
 /// Item 4: dropping the last handle of a module while a launch of it is still queued (here
@@ -170,13 +195,7 @@ fn issue19_review_item04_chain_launches_keep_the_module_after_device_drop() {
     let hold = go.clone();
     let mut g = warpline::TaskGraph::new();
     let lane = g.lane("hold");
-    g.host(lane, "held", move || {
-        let t0 = Instant::now();
-        while !hold.load(Ordering::Acquire) && t0.elapsed() < BOUND {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    })
-    .unwrap();
+    g.host(lane, "held", held_until(hold)).unwrap();
     let run = g.enqueue(&dev, std::slice::from_ref(&s), &[]).unwrap();
     {
         let mut chain = warpline::Chain::new(&dev, &s, false).unwrap();
@@ -249,16 +268,7 @@ fn issue19_item08_gate_keeps_the_wait_of_a_dropped_stream_handle() {
     let user = dev.new_stream().unwrap();
     gate.set(&user, 1).unwrap();
     user.synchronize().unwrap();
-    let t0 = Instant::now();
-    loop {
-        match dev.load_module(SAXPY_PTX) {
-            Ok(_) => break,
-            Err(Error::WaitPending { .. }) if t0.elapsed() < BOUND => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("the wait fired, yet: {e}"),
-        }
-    }
+    load_module_once_no_wait_pending(&dev, "the wait fired");
 }
 
 /// Item 8 (review): the signal waits of a replayed `CapturedGraph` are `cuStreamWaitValue` nodes,
@@ -276,13 +286,7 @@ fn issue19_review_item08_captured_replay_waits_hold_the_gate() {
     let lane = g.lane("only");
     let sig = g.signal("s");
     let hold = go.clone();
-    g.host(lane, "held", move || {
-        let t0 = Instant::now();
-        while !hold.load(Ordering::Acquire) && t0.elapsed() < BOUND {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    })
-    .unwrap();
+    g.host(lane, "held", held_until(hold)).unwrap();
     g.set(lane, "set", sig, 1).unwrap();
     g.wait(lane, "wait", sig, Cmp::Geq, 1).unwrap();
     let signal = Signal::<u64>::new(&dev, "review item 8").unwrap();
@@ -295,16 +299,7 @@ fn issue19_review_item08_captured_replay_waits_hold_the_gate() {
     assert!(matches!(e, Error::WaitPending { .. }), "{e}");
     go.store(true, Ordering::Release);
     synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
-    let t0 = Instant::now();
-    loop {
-        match dev.load_module(SAXPY_PTX) {
-            Ok(_) => break,
-            Err(Error::WaitPending { .. }) if t0.elapsed() < BOUND => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("the replay completed, yet: {e}"),
-        }
-    }
+    load_module_once_no_wait_pending(&dev, "the replay completed");
 }
 
 // --------------------------------------------------------------------------------- item 10
