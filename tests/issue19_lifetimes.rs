@@ -313,30 +313,58 @@ fn issue19_item10_deferred_table_free_does_not_hold_the_wait_gate() {
     let Some(dev) = gpu_or_skip("issue19 item 10") else {
         return;
     };
-    let pool = MemPool::new(&dev, 0).unwrap();
+    wait_gate_stays_open_behind_a_busy_stream(&dev, "the deferred table free", |pool, s| {
+        let m = pool.alloc_async::<f32>(s, 64 * 64).unwrap();
+        let view = m.as_view();
+        let map = TensorMap::matrix(&view, 64, 64, 64, [32, 32], TmaSwizzle::None).unwrap();
+        let table = TensorMapTable::upload(pool, s, &[map]).unwrap();
+        drop(table);
+    });
+}
+
+/// Item 10 (review): a `Signal` dropped while its last use is still queued (behind a 2 s kernel)
+/// had the reaper synchronise on that use's event with the wait gate closed, as the tensor-map
+/// table did. Now the event is polled, and a wait is enqueued at once meanwhile.
+#[test]
+fn issue19_review_item10_signal_drop_does_not_hold_the_wait_gate() {
+    let Some(dev) = gpu_or_skip("issue19 review item 10 (signal)") else {
+        return;
+    };
+    wait_gate_stays_open_behind_a_busy_stream(&dev, "the deferred signal free", |_, s| {
+        let sig = Signal::<u64>::new(&dev, "dropped behind a busy kernel").unwrap();
+        sig.set(s, 1).unwrap();
+        drop(sig);
+    });
+}
+
+/// Queues a 2 s kernel on a new stream `s`, runs `drop_behind(pool, s)` (which queues work on
+/// `s` and drops its owner, handing a deferred free to the reaper), then checks that a
+/// `Signal::wait_until` on another stream is enqueued at once (under 500 ms) meanwhile.
+fn wait_gate_stays_open_behind_a_busy_stream(
+    dev: &Device,
+    what: &str,
+    drop_behind: impl FnOnce(&MemPool, &warpline::Stream),
+) {
+    let pool = MemPool::new(dev, 0).unwrap();
     let s = dev.new_stream().unwrap();
     let busy = pool.alloc_async::<u32>(&s, 32).unwrap();
-    let m = pool.alloc_async::<f32>(&s, 64 * 64).unwrap();
     s.synchronize().unwrap();
     // SAFETY: `busy` holds 32 u32 on `s`, used by nothing else.
     unsafe {
-        warpline::kernels::signal::busy_fill(&dev, &s, busy.device_ptr(), 32, 1, 2_000_000_000)
+        warpline::kernels::signal::busy_fill(dev, &s, busy.device_ptr(), 32, 1, 2_000_000_000)
     }
     .unwrap();
-    let view = m.as_view();
-    let map = TensorMap::matrix(&view, 64, 64, 64, [32, 32], TmaSwizzle::None).unwrap();
-    let table = TensorMapTable::upload(&pool, &s, &[map]).unwrap();
-    drop(table);
+    drop_behind(&pool, &s);
     // Give the reaper time to take the job.
     std::thread::sleep(Duration::from_millis(200));
     let other = dev.new_stream().unwrap();
-    let sig = Signal::<u64>::new(&dev, "item 10").unwrap();
+    let sig = Signal::<u64>::new(dev, "item 10").unwrap();
     let t0 = Instant::now();
     sig.wait_until(&other, Cmp::Geq, 0).unwrap();
     let took = t0.elapsed();
     assert!(
         took < Duration::from_millis(500),
-        "Signal::wait_until took {took:?} behind the deferred table free"
+        "Signal::wait_until took {took:?} behind {what}"
     );
     synchronize_timeout(&s, BOUND, OnTimeout::Abandon).unwrap();
     synchronize_timeout(&other, BOUND, OnTimeout::Abandon).unwrap();

@@ -24,7 +24,7 @@ impl Drop for Stream {
         // handle of its own instead, so this one is never the last.
         if crate::device::in_host_callback() {
             let s = self.inner.clone();
-            crate::memory::reaper::defer_after(Vec::new(), false, move || drop(s));
+            crate::memory::reaper::defer_after(Vec::<Event>::new(), false, move || drop(s));
         }
     }
 }
