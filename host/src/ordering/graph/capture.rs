@@ -493,7 +493,7 @@ mod tests {
         prop_oneof![
             Just(Call::Lane),
             Just(Call::Signal),
-            (i.clone(), i.clone(), v.clone(), f.clone()).prop_map(|(lane, sig, value, foreign)| {
+            (i.clone(), i.clone(), v.clone(), f).prop_map(|(lane, sig, value, foreign)| {
                 Call::Set {
                     lane,
                     sig,
@@ -501,7 +501,7 @@ mod tests {
                     foreign,
                 }
             }),
-            (i.clone(), i.clone(), v.clone(), f.clone()).prop_map(|(lane, sig, value, foreign)| {
+            (i.clone(), i.clone(), v.clone(), f).prop_map(|(lane, sig, value, foreign)| {
                 Call::Add {
                     lane,
                     sig,
@@ -509,17 +509,17 @@ mod tests {
                     foreign,
                 }
             }),
-            (i.clone(), i.clone(), 0u8..4, v, f.clone()).prop_map(
-                |(lane, sig, cmp, value, foreign)| Call::Wait {
+            (i.clone(), i.clone(), 0u8..4, v, f).prop_map(|(lane, sig, cmp, value, foreign)| {
+                Call::Wait {
                     lane,
                     sig,
                     cmp,
                     value,
-                    foreign
+                    foreign,
                 }
-            ),
-            (i.clone(), f.clone()).prop_map(|(lane, foreign)| Call::Host { lane, foreign }),
-            (0usize..24, 0usize..24, f.clone()).prop_map(|(before, after, foreign)| Call::Depend {
+            }),
+            (i.clone(), f).prop_map(|(lane, foreign)| Call::Host { lane, foreign }),
+            (0usize..24, 0usize..24, f).prop_map(|(before, after, foreign)| Call::Depend {
                 before,
                 after,
                 foreign
