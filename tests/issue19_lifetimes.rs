@@ -142,6 +142,63 @@ fn issue19_item04_module_outlives_its_queued_launches() {
     dev.check_healthy().unwrap();
 }
 
+/// Item 4 (review): the last handles of a module dropped inside a host callback could record no
+/// event there, so the unload did not wait for a launch of it still queued on another stream
+/// (behind a held host callback here). Now the reaper drops the keep-alive, recording the events
+/// itself, and the queued launch computes the right result.
+#[test]
+fn issue19_review_item04_module_dropped_in_a_host_callback_outlives_its_launches() {
+    let Some(dev) = gpu_or_skip("issue19 review item 4 (callback)") else {
+        return;
+    };
+    let module = dev.load_module(SAXPY_PTX).unwrap();
+    let saxpy: TypedKernel<SaxpySig> = module.kernel("saxpy").unwrap();
+    let pool = MemPool::new(&dev, 0).unwrap();
+    let s2 = dev.new_stream().unwrap();
+    let n = 1 << 16;
+    let (xs, ys) = (random_f32(n), random_f32(n));
+    let mut x = pool.alloc_async::<f32>(&s2, n).unwrap();
+    let mut y = pool.alloc_async::<f32>(&s2, n).unwrap();
+    x.copy_from_host(&xs).unwrap();
+    y.copy_from_host(&ys).unwrap();
+    let go = Arc::new(AtomicBool::new(false));
+    let mut hold = warpline::TaskGraph::new();
+    let lane = hold.lane("held");
+    hold.host(lane, "held", held_until(go.clone())).unwrap();
+    let held = hold.enqueue(&dev, std::slice::from_ref(&s2), &[]).unwrap();
+    let cfg = LaunchConfig::linear((n as u32).div_ceil(256), 256, 0);
+    // SAFETY: saxpy reads x[i] and writes y[i] for i < n only; both hold n elements on `s2`.
+    unsafe { saxpy.launch(&s2, &cfg, (x.as_view(), y.as_view_mut(), 3.0, n as u32)) }.unwrap();
+    let handles = Arc::new(std::sync::Mutex::new(Some((module, saxpy))));
+    let in_callback = handles.clone();
+    let mut g = warpline::TaskGraph::new();
+    let l = g.lane("drops");
+    g.host(l, "drops the module", move || {
+        drop(in_callback.lock().unwrap().take());
+    })
+    .unwrap();
+    let s = dev.new_stream().unwrap();
+    let run = g.enqueue(&dev, std::slice::from_ref(&s), &[]).unwrap();
+    synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+    assert!(
+        handles.lock().unwrap().is_none(),
+        "the callback did not run"
+    );
+    // Time for the reaper to unload the module if nothing kept it.
+    std::thread::sleep(Duration::from_millis(100));
+    go.store(true, Ordering::Release);
+    synchronize_timeout(&held, BOUND, OnTimeout::Abandon).unwrap();
+    synchronize_timeout(&s2, BOUND, OnTimeout::Abandon).unwrap();
+    let mut out = vec![0f32; n];
+    y.copy_to_host(&mut out).unwrap();
+    for i in 0..n {
+        assert_eq!(out[i], 3.0f32.mul_add(xs[i], ys[i]), "element {i}");
+    }
+    warpline::memory::reaper::flush();
+    assert!(dev.take_deferred_errors().is_empty());
+    dev.check_healthy().unwrap();
+}
+
 /// Item 4: the same for a `Device` dropped while its streams and buffers live on and a launch
 /// of its module is queued.
 #[test]
