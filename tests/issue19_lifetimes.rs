@@ -60,6 +60,44 @@ $L__done:
 
 type SaxpySig = (View<f32>, ViewMut<f32>, f32, u32);
 
+/// Random `x` and `y` of `n` floats on one stream, with their host copies, for `y = 3x + y`.
+struct SaxpyData {
+    x: warpline::DeviceBuffer<f32>,
+    y: warpline::DeviceBuffer<f32>,
+    xs: Vec<f32>,
+    ys: Vec<f32>,
+}
+
+impl SaxpyData {
+    fn new(dev: &Device, s: &warpline::Stream) -> Self {
+        let pool = MemPool::new(dev, 0).unwrap();
+        let n = 1 << 16;
+        let (xs, ys) = (random_f32(n), random_f32(n));
+        let mut x = pool.alloc_async::<f32>(s, n).unwrap();
+        let mut y = pool.alloc_async::<f32>(s, n).unwrap();
+        x.copy_from_host(&xs).unwrap();
+        y.copy_from_host(&ys).unwrap();
+        Self { x, y, xs, ys }
+    }
+
+    /// Queues `y = 3x + y` on `s` (the buffers' stream).
+    fn queue(&mut self, saxpy: &TypedKernel<SaxpySig>, s: &warpline::Stream) {
+        let n = self.xs.len() as u32;
+        let cfg = LaunchConfig::linear(n.div_ceil(256), 256, 0);
+        // SAFETY: saxpy reads x[i] and writes y[i] for i < n only; both hold n elements on `s`.
+        unsafe { saxpy.launch(s, &cfg, (self.x.as_view(), self.y.as_view_mut(), 3.0, n)) }.unwrap();
+    }
+
+    /// Checks every element of `y` against `3x + y` (after the stream drained).
+    fn check(&self) {
+        let mut out = vec![0f32; self.xs.len()];
+        self.y.copy_to_host(&mut out).unwrap();
+        for (i, o) in out.iter().enumerate() {
+            assert_eq!(*o, 3.0f32.mul_add(self.xs[i], self.ys[i]), "element {i}");
+        }
+    }
+}
+
 /// Runs `f` on a thread of its own; `None` if it did not return within `bound`.
 fn within<T: Send + 'static>(bound: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     let (tx, rx) = mpsc::channel();
@@ -107,19 +145,11 @@ fn issue19_item04_module_outlives_its_queued_launches() {
     };
     let module = dev.load_module(SAXPY_PTX).unwrap();
     let saxpy: TypedKernel<SaxpySig> = module.kernel("saxpy").unwrap();
-    let pool = MemPool::new(&dev, 0).unwrap();
     let s = dev.new_stream().unwrap();
-    let n = 1 << 16;
-    let (xs, ys) = (random_f32(n), random_f32(n));
-    let mut x = pool.alloc_async::<f32>(&s, n).unwrap();
-    let mut y = pool.alloc_async::<f32>(&s, n).unwrap();
-    x.copy_from_host(&xs).unwrap();
-    y.copy_from_host(&ys).unwrap();
+    let mut data = SaxpyData::new(&dev, &s);
     let gate = Signal::<u64>::new(&dev, "item 4 gate").unwrap();
     gate.wait_until(&s, Cmp::Geq, 1).unwrap();
-    let cfg = LaunchConfig::linear((n as u32).div_ceil(256), 256, 0);
-    // SAFETY: saxpy reads x[i] and writes y[i] for i < n only; both hold n elements on `s`.
-    unsafe { saxpy.launch(&s, &cfg, (x.as_view(), y.as_view_mut(), 3.0, n as u32)) }.unwrap();
+    data.queue(&saxpy, &s);
     // The launch is queued behind the wait: drop every handle of the module now.
     let dropped = within(BOUND, move || {
         drop(saxpy);
@@ -132,11 +162,7 @@ fn issue19_item04_module_outlives_its_queued_launches() {
         "dropping the module blocked behind its queued launch"
     );
     synchronize_timeout(&s, BOUND, OnTimeout::Abandon).unwrap();
-    let mut out = vec![0f32; n];
-    y.copy_to_host(&mut out).unwrap();
-    for i in 0..n {
-        assert_eq!(out[i], 3.0f32.mul_add(xs[i], ys[i]), "element {i}");
-    }
+    data.check();
     warpline::memory::reaper::flush();
     assert!(dev.take_deferred_errors().is_empty());
     dev.check_healthy().unwrap();
@@ -153,22 +179,14 @@ fn issue19_review_item04_module_dropped_in_a_host_callback_outlives_its_launches
     };
     let module = dev.load_module(SAXPY_PTX).unwrap();
     let saxpy: TypedKernel<SaxpySig> = module.kernel("saxpy").unwrap();
-    let pool = MemPool::new(&dev, 0).unwrap();
     let s2 = dev.new_stream().unwrap();
-    let n = 1 << 16;
-    let (xs, ys) = (random_f32(n), random_f32(n));
-    let mut x = pool.alloc_async::<f32>(&s2, n).unwrap();
-    let mut y = pool.alloc_async::<f32>(&s2, n).unwrap();
-    x.copy_from_host(&xs).unwrap();
-    y.copy_from_host(&ys).unwrap();
+    let mut data = SaxpyData::new(&dev, &s2);
     let go = Arc::new(AtomicBool::new(false));
     let mut hold = warpline::TaskGraph::new();
     let lane = hold.lane("held");
     hold.host(lane, "held", held_until(go.clone())).unwrap();
     let held = hold.enqueue(&dev, std::slice::from_ref(&s2), &[]).unwrap();
-    let cfg = LaunchConfig::linear((n as u32).div_ceil(256), 256, 0);
-    // SAFETY: saxpy reads x[i] and writes y[i] for i < n only; both hold n elements on `s2`.
-    unsafe { saxpy.launch(&s2, &cfg, (x.as_view(), y.as_view_mut(), 3.0, n as u32)) }.unwrap();
+    data.queue(&saxpy, &s2);
     let handles = Arc::new(std::sync::Mutex::new(Some((module, saxpy))));
     let in_callback = handles.clone();
     let mut g = warpline::TaskGraph::new();
@@ -189,11 +207,7 @@ fn issue19_review_item04_module_dropped_in_a_host_callback_outlives_its_launches
     go.store(true, Ordering::Release);
     synchronize_timeout(&held, BOUND, OnTimeout::Abandon).unwrap();
     synchronize_timeout(&s2, BOUND, OnTimeout::Abandon).unwrap();
-    let mut out = vec![0f32; n];
-    y.copy_to_host(&mut out).unwrap();
-    for i in 0..n {
-        assert_eq!(out[i], 3.0f32.mul_add(xs[i], ys[i]), "element {i}");
-    }
+    data.check();
     warpline::memory::reaper::flush();
     assert!(dev.take_deferred_errors().is_empty());
     dev.check_healthy().unwrap();
