@@ -9,6 +9,7 @@
 # ONLY keeps the runs whose label matches the extended regex. Labels: vector_add, pipeline, pdl,
 # "ordering device_side", "ordering u32_signal", "ordering two_waits", "ordering message_exchange"
 # (the GPU ordering tests, one run each), fence, soundness_ordering, soundness_host, modules,
+# soundness_graphs, issue19_lifetimes (those two: memcheck, racecheck and synccheck only),
 # "tc_gemm <variant>", decode_gemm, "gemm <kernel>", "pipeline CLI", ordering-demo, saxpy, softmax, fuzz
 # (memcheck only: `warpline fuzz` over FUZZ_SEEDS seeds, default 200, x 200 ops on 3 threads;
 # SKIP_FUZZ=1 leaves it out).
@@ -80,6 +81,13 @@ for tool in $TOOLS; do
   # finding_19 makes two deliberate API errors (an invalid launch, an out-of-memory allocation).
   run $tool soundness_host     $B/tests/soundness_host --test-threads=1 --skip finding_19
   run $tool modules            $B/tests/modules --test-threads=1
+  # Issue 19's GPU regression tests (captures, replays, module keeps, the reaper's gate), under
+  # memcheck, racecheck and synccheck; the item 10 tests time a wait (500 ms) behind a 2 s kernel,
+  # which the sanitizer's slowdown makes meaningless.
+  if [ "$tool" != initcheck ]; then
+    run $tool soundness_graphs   $B/tests/soundness_graphs --test-threads=1
+    run $tool issue19_lifetimes  $B/tests/issue19_lifetimes --test-threads=1 --skip item10
+  fi
   # The tensor-core GEMM at small sizes (its tests' 4097 x 257 x 4099 case is too slow under
   # racecheck): both B layouts and dtypes, clusters 1 and 2, ping-pong, the
   # ragged-N direct-store chunk (N = 302: 1208-byte f32 rows end inside a 16-byte piece).

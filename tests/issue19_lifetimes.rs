@@ -60,6 +60,44 @@ $L__done:
 
 type SaxpySig = (View<f32>, ViewMut<f32>, f32, u32);
 
+/// Random `x` and `y` of `n` floats on one stream, with their host copies, for `y = 3x + y`.
+struct SaxpyData {
+    x: warpline::DeviceBuffer<f32>,
+    y: warpline::DeviceBuffer<f32>,
+    xs: Vec<f32>,
+    ys: Vec<f32>,
+}
+
+impl SaxpyData {
+    fn new(dev: &Device, s: &warpline::Stream) -> Self {
+        let pool = MemPool::new(dev, 0).unwrap();
+        let n = 1 << 16;
+        let (xs, ys) = (random_f32(n), random_f32(n));
+        let mut x = pool.alloc_async::<f32>(s, n).unwrap();
+        let mut y = pool.alloc_async::<f32>(s, n).unwrap();
+        x.copy_from_host(&xs).unwrap();
+        y.copy_from_host(&ys).unwrap();
+        Self { x, y, xs, ys }
+    }
+
+    /// Queues `y = 3x + y` on `s` (the buffers' stream).
+    fn queue(&mut self, saxpy: &TypedKernel<SaxpySig>, s: &warpline::Stream) {
+        let n = self.xs.len() as u32;
+        let cfg = LaunchConfig::linear(n.div_ceil(256), 256, 0);
+        // SAFETY: saxpy reads x[i] and writes y[i] for i < n only; both hold n elements on `s`.
+        unsafe { saxpy.launch(s, &cfg, (self.x.as_view(), self.y.as_view_mut(), 3.0, n)) }.unwrap();
+    }
+
+    /// Checks every element of `y` against `3x + y` (after the stream drained).
+    fn check(&self) {
+        let mut out = vec![0f32; self.xs.len()];
+        self.y.copy_to_host(&mut out).unwrap();
+        for (i, o) in out.iter().enumerate() {
+            assert_eq!(*o, 3.0f32.mul_add(self.xs[i], self.ys[i]), "element {i}");
+        }
+    }
+}
+
 /// Runs `f` on a thread of its own; `None` if it did not return within `bound`.
 fn within<T: Send + 'static>(bound: Duration, f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     let (tx, rx) = mpsc::channel();
@@ -67,6 +105,31 @@ fn within<T: Send + 'static>(bound: Duration, f: impl FnOnce() -> T + Send + 'st
         let _ = tx.send(f());
     });
     rx.recv_timeout(bound).ok()
+}
+
+/// `dev.load_module` until no registered wait is pending any more (at most `BOUND`); `why` says
+/// why none should be.
+fn load_module_once_no_wait_pending(dev: &Device, why: &str) {
+    let t0 = Instant::now();
+    loop {
+        match dev.load_module(SAXPY_PTX) {
+            Ok(_) => break,
+            Err(Error::WaitPending { .. }) if t0.elapsed() < BOUND => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("{why}, yet: {e}"),
+        }
+    }
+}
+
+/// A host callback that returns once `go` is set (at most `BOUND`), holding its lane meanwhile.
+fn held_until(go: Arc<AtomicBool>) -> impl FnMut() + Send + 'static {
+    move || {
+        let t0 = Instant::now();
+        while !go.load(Ordering::Acquire) && t0.elapsed() < BOUND {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------- item 4
@@ -82,19 +145,11 @@ fn issue19_item04_module_outlives_its_queued_launches() {
     };
     let module = dev.load_module(SAXPY_PTX).unwrap();
     let saxpy: TypedKernel<SaxpySig> = module.kernel("saxpy").unwrap();
-    let pool = MemPool::new(&dev, 0).unwrap();
     let s = dev.new_stream().unwrap();
-    let n = 1 << 16;
-    let (xs, ys) = (random_f32(n), random_f32(n));
-    let mut x = pool.alloc_async::<f32>(&s, n).unwrap();
-    let mut y = pool.alloc_async::<f32>(&s, n).unwrap();
-    x.copy_from_host(&xs).unwrap();
-    y.copy_from_host(&ys).unwrap();
+    let mut data = SaxpyData::new(&dev, &s);
     let gate = Signal::<u64>::new(&dev, "item 4 gate").unwrap();
     gate.wait_until(&s, Cmp::Geq, 1).unwrap();
-    let cfg = LaunchConfig::linear((n as u32).div_ceil(256), 256, 0);
-    // SAFETY: saxpy reads x[i] and writes y[i] for i < n only; both hold n elements on `s`.
-    unsafe { saxpy.launch(&s, &cfg, (x.as_view(), y.as_view_mut(), 3.0, n as u32)) }.unwrap();
+    data.queue(&saxpy, &s);
     // The launch is queued behind the wait: drop every handle of the module now.
     let dropped = within(BOUND, move || {
         drop(saxpy);
@@ -107,11 +162,52 @@ fn issue19_item04_module_outlives_its_queued_launches() {
         "dropping the module blocked behind its queued launch"
     );
     synchronize_timeout(&s, BOUND, OnTimeout::Abandon).unwrap();
-    let mut out = vec![0f32; n];
-    y.copy_to_host(&mut out).unwrap();
-    for i in 0..n {
-        assert_eq!(out[i], 3.0f32.mul_add(xs[i], ys[i]), "element {i}");
-    }
+    data.check();
+    warpline::memory::reaper::flush();
+    assert!(dev.take_deferred_errors().is_empty());
+    dev.check_healthy().unwrap();
+}
+
+/// Item 4 (review): the last handles of a module dropped inside a host callback could record no
+/// event there, so the unload did not wait for a launch of it still queued on another stream
+/// (behind a held host callback here). Now the reaper drops the keep-alive, recording the events
+/// itself, and the queued launch computes the right result.
+#[test]
+fn issue19_review_item04_module_dropped_in_a_host_callback_outlives_its_launches() {
+    let Some(dev) = gpu_or_skip("issue19 review item 4 (callback)") else {
+        return;
+    };
+    let module = dev.load_module(SAXPY_PTX).unwrap();
+    let saxpy: TypedKernel<SaxpySig> = module.kernel("saxpy").unwrap();
+    let s2 = dev.new_stream().unwrap();
+    let mut data = SaxpyData::new(&dev, &s2);
+    let go = Arc::new(AtomicBool::new(false));
+    let mut hold = warpline::TaskGraph::new();
+    let lane = hold.lane("held");
+    hold.host(lane, "held", held_until(go.clone())).unwrap();
+    let held = hold.enqueue(&dev, std::slice::from_ref(&s2), &[]).unwrap();
+    data.queue(&saxpy, &s2);
+    let handles = Arc::new(std::sync::Mutex::new(Some((module, saxpy))));
+    let in_callback = handles.clone();
+    let mut g = warpline::TaskGraph::new();
+    let l = g.lane("drops");
+    g.host(l, "drops the module", move || {
+        drop(in_callback.lock().unwrap().take());
+    })
+    .unwrap();
+    let s = dev.new_stream().unwrap();
+    let run = g.enqueue(&dev, std::slice::from_ref(&s), &[]).unwrap();
+    synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+    assert!(
+        handles.lock().unwrap().is_none(),
+        "the callback did not run"
+    );
+    // Time for the reaper to unload the module if nothing kept it.
+    std::thread::sleep(Duration::from_millis(100));
+    go.store(true, Ordering::Release);
+    synchronize_timeout(&held, BOUND, OnTimeout::Abandon).unwrap();
+    synchronize_timeout(&s2, BOUND, OnTimeout::Abandon).unwrap();
+    data.check();
     warpline::memory::reaper::flush();
     assert!(dev.take_deferred_errors().is_empty());
     dev.check_healthy().unwrap();
@@ -150,6 +246,79 @@ fn issue19_item04_device_drop_keeps_its_module_for_queued_launches() {
     }
 }
 
+/// Item 4 (review): a chain's direct runs and graph replays launch the device's own kernels
+/// without `launch_raw`, and used not to note their stream on the module's keep: dropping the
+/// chain and the `Device` while they were queued (here behind a host callback, which launches
+/// nothing) unloaded the module under them. Now the module stays loaded until they completed,
+/// and they compute the right result.
+#[test]
+fn issue19_review_item04_chain_launches_keep_the_module_after_device_drop() {
+    let Some(dev) = gpu_or_skip("issue19 review item 4 (chain)") else {
+        return;
+    };
+    let s = dev.new_stream().unwrap();
+    let pool = MemPool::new(&dev, 0).unwrap();
+    let n = 1 << 12;
+    let x0: Vec<u32> = random_f32(n).iter().map(|v| v.to_bits()).collect();
+    let mut x = pool.alloc_async::<u32>(&s, n).unwrap();
+    x.copy_from_host(&x0).unwrap();
+    let go = Arc::new(AtomicBool::new(false));
+    let hold = go.clone();
+    let mut g = warpline::TaskGraph::new();
+    let lane = g.lane("hold");
+    g.host(lane, "held", held_until(hold)).unwrap();
+    let run = g.enqueue(&dev, std::slice::from_ref(&s), &[]).unwrap();
+    {
+        let mut chain = warpline::Chain::new(&dev, &s, false).unwrap();
+        chain.push_chain_steps(x.as_view_mut(), 3, 4).unwrap();
+        chain.run().unwrap();
+        let graph = chain.capture().unwrap();
+        graph.launch().unwrap();
+    }
+    assert!(
+        within(BOUND, move || drop(dev)).is_some(),
+        "Device drop blocked"
+    );
+    // Time for the reaper to unload the module if nothing kept it.
+    std::thread::sleep(Duration::from_millis(100));
+    go.store(true, Ordering::Release);
+    synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+    synchronize_timeout(&s, BOUND, OnTimeout::Abandon).unwrap();
+    let mut out = vec![0u32; n];
+    x.copy_to_host(&mut out).unwrap();
+    for i in 0..n {
+        assert_eq!(out[i], x0[i].wrapping_add(6), "element {i}");
+    }
+}
+
+/// Item 4 (review): a captured task graph's signal adds are kernel nodes of the device's own
+/// module, which the captured graph did not keep: replaying it after the `Device` was dropped
+/// ran a kernel of an unloaded module. Now the captured graph keeps that module loaded.
+#[test]
+fn issue19_review_item04_captured_graph_keeps_the_device_module() {
+    let Some(dev) = gpu_or_skip("issue19 review item 4 (captured add)") else {
+        return;
+    };
+    let s = dev.new_stream().unwrap();
+    let signal = Signal::<u64>::new(&dev, "review item 4").unwrap();
+    let mut g = warpline::TaskGraph::new();
+    let lane = g.lane("only");
+    let sig = g.signal("s");
+    g.add(lane, "add 5", sig, 5).unwrap();
+    g.add(lane, "add 7", sig, 7).unwrap();
+    g.wait(lane, "wait 12", sig, Cmp::Geq, 12).unwrap();
+    let mut captured = g
+        .capture(&dev, std::slice::from_ref(&s), &[&signal])
+        .unwrap();
+    drop(dev);
+    std::thread::sleep(Duration::from_millis(100));
+    for _ in 0..3 {
+        let run = captured.launch().unwrap();
+        synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+        assert_eq!(signal.read().unwrap(), 12);
+    }
+}
+
 // ---------------------------------------------------------------------------------- item 8
 
 /// Item 8: a registered wait on a stream whose last handle was dropped is still pending on the
@@ -170,16 +339,38 @@ fn issue19_item08_gate_keeps_the_wait_of_a_dropped_stream_handle() {
     let user = dev.new_stream().unwrap();
     gate.set(&user, 1).unwrap();
     user.synchronize().unwrap();
-    let t0 = Instant::now();
-    loop {
-        match dev.load_module(SAXPY_PTX) {
-            Ok(_) => break,
-            Err(Error::WaitPending { .. }) if t0.elapsed() < BOUND => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("the wait fired, yet: {e}"),
-        }
-    }
+    load_module_once_no_wait_pending(&dev, "the wait fired");
+}
+
+/// Item 8 (review): the signal waits of a replayed `CapturedGraph` are `cuStreamWaitValue` nodes,
+/// on-stream waits like any other; a launch used to leave them out of the reaper's gate, so a
+/// blocking free (or a module load) could run behind a pending replay. Now, while a replay with
+/// a wait is held up (a host callback before it blocks until the test lets it go),
+/// `load_module` is refused with `WaitPending`, and allowed once the replay completed.
+#[test]
+fn issue19_review_item08_captured_replay_waits_hold_the_gate() {
+    let Some(dev) = gpu_or_skip("issue19 review item 8 (captured waits)") else {
+        return;
+    };
+    let go = Arc::new(AtomicBool::new(false));
+    let mut g = warpline::TaskGraph::new();
+    let lane = g.lane("only");
+    let sig = g.signal("s");
+    let hold = go.clone();
+    g.host(lane, "held", held_until(hold)).unwrap();
+    g.set(lane, "set", sig, 1).unwrap();
+    g.wait(lane, "wait", sig, Cmp::Geq, 1).unwrap();
+    let signal = Signal::<u64>::new(&dev, "review item 8").unwrap();
+    let s = dev.new_stream().unwrap();
+    let mut captured = g
+        .capture(&dev, std::slice::from_ref(&s), &[&signal])
+        .unwrap();
+    let run = captured.launch().unwrap();
+    let e = dev.load_module(SAXPY_PTX).unwrap_err();
+    assert!(matches!(e, Error::WaitPending { .. }), "{e}");
+    go.store(true, Ordering::Release);
+    synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+    load_module_once_no_wait_pending(&dev, "the replay completed");
 }
 
 // --------------------------------------------------------------------------------- item 10
@@ -193,30 +384,58 @@ fn issue19_item10_deferred_table_free_does_not_hold_the_wait_gate() {
     let Some(dev) = gpu_or_skip("issue19 item 10") else {
         return;
     };
-    let pool = MemPool::new(&dev, 0).unwrap();
+    wait_gate_stays_open_behind_a_busy_stream(&dev, "the deferred table free", |pool, s| {
+        let m = pool.alloc_async::<f32>(s, 64 * 64).unwrap();
+        let view = m.as_view();
+        let map = TensorMap::matrix(&view, 64, 64, 64, [32, 32], TmaSwizzle::None).unwrap();
+        let table = TensorMapTable::upload(pool, s, &[map]).unwrap();
+        drop(table);
+    });
+}
+
+/// Item 10 (review): a `Signal` dropped while its last use is still queued (behind a 2 s kernel)
+/// had the reaper synchronise on that use's event with the wait gate closed, as the tensor-map
+/// table did. Now the event is polled, and a wait is enqueued at once meanwhile.
+#[test]
+fn issue19_review_item10_signal_drop_does_not_hold_the_wait_gate() {
+    let Some(dev) = gpu_or_skip("issue19 review item 10 (signal)") else {
+        return;
+    };
+    wait_gate_stays_open_behind_a_busy_stream(&dev, "the deferred signal free", |_, s| {
+        let sig = Signal::<u64>::new(&dev, "dropped behind a busy kernel").unwrap();
+        sig.set(s, 1).unwrap();
+        drop(sig);
+    });
+}
+
+/// Queues a 2 s kernel on a new stream `s`, runs `drop_behind(pool, s)` (which queues work on
+/// `s` and drops its owner, handing a deferred free to the reaper), then checks that a
+/// `Signal::wait_until` on another stream is enqueued at once (under 500 ms) meanwhile.
+fn wait_gate_stays_open_behind_a_busy_stream(
+    dev: &Device,
+    what: &str,
+    drop_behind: impl FnOnce(&MemPool, &warpline::Stream),
+) {
+    let pool = MemPool::new(dev, 0).unwrap();
     let s = dev.new_stream().unwrap();
     let busy = pool.alloc_async::<u32>(&s, 32).unwrap();
-    let m = pool.alloc_async::<f32>(&s, 64 * 64).unwrap();
     s.synchronize().unwrap();
     // SAFETY: `busy` holds 32 u32 on `s`, used by nothing else.
     unsafe {
-        warpline::kernels::signal::busy_fill(&dev, &s, busy.device_ptr(), 32, 1, 2_000_000_000)
+        warpline::kernels::signal::busy_fill(dev, &s, busy.device_ptr(), 32, 1, 2_000_000_000)
     }
     .unwrap();
-    let view = m.as_view();
-    let map = TensorMap::matrix(&view, 64, 64, 64, [32, 32], TmaSwizzle::None).unwrap();
-    let table = TensorMapTable::upload(&pool, &s, &[map]).unwrap();
-    drop(table);
+    drop_behind(&pool, &s);
     // Give the reaper time to take the job.
     std::thread::sleep(Duration::from_millis(200));
     let other = dev.new_stream().unwrap();
-    let sig = Signal::<u64>::new(&dev, "item 10").unwrap();
+    let sig = Signal::<u64>::new(dev, "item 10").unwrap();
     let t0 = Instant::now();
     sig.wait_until(&other, Cmp::Geq, 0).unwrap();
     let took = t0.elapsed();
     assert!(
         took < Duration::from_millis(500),
-        "Signal::wait_until took {took:?} behind the deferred table free"
+        "Signal::wait_until took {took:?} behind {what}"
     );
     synchronize_timeout(&s, BOUND, OnTimeout::Abandon).unwrap();
     synchronize_timeout(&other, BOUND, OnTimeout::Abandon).unwrap();

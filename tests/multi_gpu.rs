@@ -368,3 +368,40 @@ fn init_rank_times_out_and_aborts_when_the_other_rank_never_joins() {
         Err(Error::BadShape { .. })
     ));
 }
+
+/// Issue 19 item 9 (review): a `Communicator` dropped inside a task graph host callback used to
+/// drain its stream and call `ncclCommAbort` on the driver's callback thread, where CUDA calls
+/// are forbidden. Now the drop runs on a thread of its own: the run completes, and the
+/// communicator's GPU stays healthy with no driver error left behind.
+#[test]
+fn issue19_review_item09_communicator_dropped_in_a_host_callback() {
+    let test = "issue19_review_item09_communicator_dropped_in_a_host_callback";
+    let Some(dev) = warpline_suite::support::gpu_or_skip(test) else {
+        return;
+    };
+    drop(dev);
+    let set = DeviceSet::open(&[warpline_suite::support::device_ordinal()]).unwrap();
+    let Some(mut comms) = comms_or_skip(test, &set) else {
+        return;
+    };
+    let held = std::sync::Arc::new(std::sync::Mutex::new(comms.pop()));
+    let in_callback = held.clone();
+    let mut g = warpline::TaskGraph::new();
+    let l = g.lane("l");
+    g.host(l, "drops the communicator", move || {
+        drop(in_callback.lock().unwrap().take());
+    })
+    .unwrap();
+    let dev = set.get(0).unwrap();
+    let s = dev.new_stream().unwrap();
+    let run = g.enqueue(dev, std::slice::from_ref(&s), &[]).unwrap();
+    let bound = Duration::from_secs(30);
+    warpline::ordering::synchronize_timeout(&run, bound, warpline::OnTimeout::Abandon).unwrap();
+    assert!(held.lock().unwrap().is_none(), "the callback did not run");
+    // Time for the drop's thread to drain the communicator's (idle) stream and abort it.
+    std::thread::sleep(Duration::from_millis(200));
+    s.synchronize().unwrap();
+    warpline::memory::reaper::flush();
+    assert!(dev.take_deferred_errors().is_empty());
+    dev.check_healthy().unwrap();
+}

@@ -333,6 +333,69 @@ fn issue19_item09_warpline_calls_inside_a_host_callback_are_refused() {
     assert_eq!(sig.read().unwrap(), 1);
 }
 
+/// Item 9 (review): dropping the last handle of a `Stream` inside a host callback used to
+/// destroy the stream there (cudarc: `cuStreamDestroy` on the driver's callback thread, where
+/// CUDA calls are forbidden). Now the reaper thread drops the last handle: the run completes,
+/// and no driver error is left behind.
+#[test]
+fn issue19_review_item09_last_stream_handle_dropped_in_a_host_callback() {
+    let Some(dev) = gpu_or_skip("issue 19 review item 9 (stream drop)") else {
+        return;
+    };
+    let streams: Vec<Stream> = vec![dev.new_stream().unwrap()];
+    let extra = Arc::new(Mutex::new(Some(dev.new_stream().unwrap())));
+    let held = extra.clone();
+    let mut g = TaskGraph::new();
+    let l = g.lane("l");
+    g.host(l, "drops the last stream handle", move || {
+        drop(held.lock().unwrap().take());
+    })
+    .unwrap();
+    let run = g.enqueue(&dev, &streams, &[]).unwrap();
+    synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+    assert!(extra.lock().unwrap().is_none(), "the callback did not run");
+    warpline::memory::reaper::flush();
+    streams[0].synchronize().unwrap();
+    assert!(dev.take_deferred_errors().is_empty());
+    dev.check_healthy().unwrap();
+}
+
+/// Item 9 (review): a chain's captured `Graph` dropped inside a host callback used to call
+/// `cuGraphExecDestroy` and `cuGraphDestroy` on the driver's callback thread. Now both are left
+/// alone there (leaked): the run completes and the device stays healthy.
+#[test]
+fn issue19_review_item09_chain_graph_dropped_in_a_host_callback() {
+    let Some(dev) = gpu_or_skip("issue 19 review item 9 (graph drop)") else {
+        return;
+    };
+    // 'static borrows, so that the graph can move into the callback.
+    let dev: &'static warpline::Device = Box::leak(Box::new(dev));
+    let streams: Vec<Stream> = vec![dev.new_stream().unwrap()];
+    let pool = MemPool::new(dev, 0).unwrap();
+    let x: &'static mut DeviceBuffer<u32> =
+        Box::leak(Box::new(pool.alloc_async::<u32>(&streams[0], 256).unwrap()));
+    x.copy_from_host(&[0u32; 256]).unwrap();
+    let mut chain = Chain::new(dev, &streams[0], false).unwrap();
+    chain.push_chain_steps(x.as_view_mut(), 2, 1).unwrap();
+    let chain: &'static Chain<'static> = Box::leak(Box::new(chain));
+    let graph = chain.capture().unwrap();
+    graph.launch().unwrap();
+    let held = Arc::new(Mutex::new(Some(graph)));
+    let in_callback = held.clone();
+    let mut g = TaskGraph::new();
+    let l = g.lane("l");
+    g.host(l, "drops the chain graph", move || {
+        drop(in_callback.lock().unwrap().take());
+    })
+    .unwrap();
+    let run = g.enqueue(dev, &streams, &[]).unwrap();
+    synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+    assert!(held.lock().unwrap().is_none(), "the callback did not run");
+    streams[0].synchronize().unwrap();
+    assert!(dev.take_deferred_errors().is_empty());
+    dev.check_healthy().unwrap();
+}
+
 // ---------------------------------------------------------------- item 1: typed tasks (GPU)
 
 type CopySig = (View<u32>, ViewMut<u32>, u32);

@@ -239,10 +239,14 @@ impl<'a> Chain<'a> {
         // Trace hook (issue 12): one span per run; events between PDL launches would serialise them.
         let name = || format!("chain: {} launches, pdl {}", self.steps.len(), self.pdl);
         let tr = crate::trace::active();
-        crate::trace::traced(tr.as_ref(), &self.stream, Stage::Launch, name, || {
+        let r = crate::trace::traced(tr.as_ref(), &self.stream, Stage::Launch, name, || {
             // SAFETY: the chain's own stream.
             unsafe { self.launch_all(&self.stream) }
-        })
+        });
+        // Every step is a kernel of the device's module: it stays loaded until they completed,
+        // even if the device is dropped first (issue 19, item 4).
+        self.dev.module().inner.launched_on(&self.stream);
+        r
     }
 
     /// Captures the chain into a CUDA graph and instantiates it; [`Graph::launch`] replays it on
@@ -297,11 +301,15 @@ impl Graph<'_> {
         self.dev.bind()?;
         let name = || format!("chain graph replay: {} kernel nodes", self.nodes);
         let tr = crate::trace::active();
-        crate::trace::traced(tr.as_ref(), &self.stream, Stage::Launch, name, || {
+        let r = crate::trace::traced(tr.as_ref(), &self.stream, Stage::Launch, name, || {
             // SAFETY: a valid executable graph; its kernels' buffers outlive `self` (borrow of
             // the chain, which borrows them).
             unsafe { self.exec.launch(self.stream.raw()) }
-        })
+        });
+        // The nodes are kernels of the device's module: it stays loaded until the replay
+        // completed, even if the graph and the device are dropped first (issue 19, item 4).
+        self.dev.module().inner.launched_on(&self.stream);
+        r
     }
 
     /// Kernel nodes captured (one per chain step).

@@ -317,6 +317,11 @@ pub(crate) fn refuse_in_host_callback(call: &'static str) -> Result<()> {
     Ok(())
 }
 
+/// True while this thread runs a task graph host callback (issue 19, item 9).
+pub(crate) fn in_host_callback() -> bool {
+    IN_HOST_CALLBACK.with(|f| f.get())
+}
+
 /// Marks this thread as running a host callback until dropped (set by the callback
 /// trampolines around the user's closure; nesting restores the previous value).
 pub(crate) struct HostCallbackScope {

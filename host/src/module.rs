@@ -728,6 +728,21 @@ impl Drop for ModuleKeep {
             return;
         };
         let l = std::mem::take(self.launched.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if crate::device::in_host_callback() {
+            // No event can be recorded inside a host callback (issue 19, item 9), and without
+            // them the unload would not wait for the queued launches: the reaper thread drops
+            // the keep-alive instead, recording the events there.
+            let keep = ModuleKeep {
+                module: Some(module),
+                launched: Mutex::new(l),
+            };
+            crate::memory::reaper::defer_after(
+                Vec::<crate::stream::Event>::new(),
+                false,
+                move || drop(keep),
+            );
+            return;
+        }
         let mut after = l.events;
         // An event after everything queued on each stream so far, the module's launches
         // included.
@@ -784,6 +799,13 @@ impl ModuleInner {
             entries,
             _keep: keep,
         })
+    }
+
+    /// Notes a launch of this module's kernels on `stream` that did not go through
+    /// [`crate::launch::launch_raw`] (a chain's steps, a replay of a graph of its kernels), so the
+    /// module stays loaded until it completed (issue 19, item 4).
+    pub(crate) fn launched_on(&self, stream: &Stream) {
+        self._keep.launched_on(stream);
     }
 
     pub(crate) fn kernel(&self, name: &str) -> Result<&Kernel> {

@@ -461,7 +461,7 @@ impl<'d> BatchPipeline<'d> {
         let origin = self.streams[0].record()?;
         let mut in_flight: VecDeque<Enqueued> = VecDeque::with_capacity(cap);
         let mut spare: Vec<Events> = Vec::with_capacity(cap);
-        let mut batches = Vec::with_capacity(total);
+        let mut batches = Vec::with_capacity(report_capacity(total));
         let mut span_ms = 0f64;
         for (i, range) in ranges.into_iter().enumerate() {
             if in_flight.len() == cap {
@@ -745,9 +745,29 @@ pub fn cxx_pattern_vector_add(
     })
 }
 
+/// Batch timings reserved up front: at most [`REPORT_RESERVE`], so that a tiny batch size over a
+/// large input (up to one batch per element) never asks the allocator for many times the input's
+/// size before any work runs (an allocation failure aborts the process); the report grows as
+/// batches complete.
+fn report_capacity(total: usize) -> usize {
+    total.min(REPORT_RESERVE)
+}
+
+/// See [`report_capacity`].
+const REPORT_RESERVE: usize = 4096;
+
 #[cfg(test)]
 mod schedule_tests {
     use super::*;
+
+    /// Review of issue 19 (hostile input): `batch_elems = 1` over 2^30 pinned elements reserved
+    /// 2^30 batch timings (tens of GiB) up front, an allocation failure that aborts.
+    #[test]
+    fn issue19_review_report_reserve_is_bounded() {
+        assert_eq!(report_capacity(3), 3);
+        assert_eq!(report_capacity(1 << 30), REPORT_RESERVE);
+        assert_eq!(report_capacity(usize::MAX), REPORT_RESERVE);
+    }
 
     #[test]
     fn plain_schedule_is_equal_batches() {

@@ -17,6 +17,18 @@ pub struct Stream {
     inner: Arc<CudaStream>,
 }
 
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // Inside a task graph host callback no CUDA call may be made (issue 19, item 9), and the
+        // last handle's drop destroys the stream (`cuStreamDestroy`): the reaper thread drops a
+        // handle of its own instead, so this one is never the last.
+        if crate::device::in_host_callback() {
+            let s = self.inner.clone();
+            crate::memory::reaper::defer_after(Vec::<Event>::new(), false, move || drop(s));
+        }
+    }
+}
+
 impl PartialEq for Stream {
     fn eq(&self, other: &Self) -> bool {
         self.raw() == other.raw()
@@ -56,8 +68,10 @@ impl Stream {
     /// The stream's context has cudarc's event tracking disabled (see
     /// [`crate::Device::cudarc_context`]); cudarc's safe `CudaSlice` API relies on it and races
     /// without it. The caller must not allocate or use `CudaSlice`s (or other tracking-dependent
-    /// cudarc APIs) through this stream, and must not re-enable tracking. Raw handle for
-    /// driver-API interop: [`Stream::raw`].
+    /// cudarc APIs) through this stream, and must not re-enable tracking. It must not begin a
+    /// stream capture on it (cudarc's `begin_capture` is safe): warpline's safe API assumes the
+    /// streams it is handed are not capturing (issue 19, item 2). Raw handle for driver-API
+    /// interop: [`Stream::raw`].
     ///
     /// ```compile_fail,E0133
     /// // finding 10: handing out the tracking-disabled cudarc stream needs `unsafe`.

@@ -134,7 +134,8 @@ impl CudaGraph {
 
 impl Drop for CudaGraph {
     fn drop(&mut self) {
-        if !self.0.is_null() {
+        // No CUDA call inside a task graph host callback (issue 19, item 9): leaked there.
+        if !self.0.is_null() && !crate::device::in_host_callback() {
             // SAFETY: the graph is ours and used by no one else; failures cannot be reported.
             let _ = unsafe { graph_destroy(self.0) };
         }
@@ -169,7 +170,9 @@ impl GraphExec {
 
 impl Drop for GraphExec {
     fn drop(&mut self) {
-        if !self.0.is_null() {
+        // No CUDA call inside a task graph host callback (issue 19, item 9): leaked there (a
+        // launch in flight keeps running; what its nodes touch is its owner's to keep).
+        if !self.0.is_null() && !crate::device::in_host_callback() {
             // SAFETY: ours, not used afterwards; failures cannot be reported.
             let _ = unsafe { graph_exec_destroy(self.0) };
         }

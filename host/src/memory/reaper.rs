@@ -18,7 +18,7 @@
 //!
 //! Some jobs must also wait for GPU work first ([`defer_after`]): a module is unloaded only once
 //! every launch from it has completed, a host staging copy is freed only once the copy that reads
-//! it has. The reaper polls their events (`cuEventQuery`, which never blocks) instead of
+//! it has, a signal's word only once every use of it has. The reaper polls their events (`cuEventQuery`, which never blocks) instead of
 //! synchronising on them, so it never sleeps in the driver, and a job that needs no gate (freeing
 //! host memory warpline allocated itself) runs without closing it: no job blocks on the device
 //! while it holds the gate shut.
@@ -27,15 +27,35 @@ use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
+use cudarc::driver::CudaEvent;
+
 use crate::stream::Event;
 
 type Work = Box<dyn FnOnce() + Send + 'static>;
+
+/// An event the reaper polls (`cuEventQuery`, which never blocks) before a job runs.
+pub(crate) trait Polled: Send + 'static {
+    /// True once completed or no longer queryable (a poisoned context runs no more work).
+    fn finished(&self) -> bool;
+}
+
+impl Polled for Event {
+    fn finished(&self) -> bool {
+        !matches!(self.is_complete(), Ok(false))
+    }
+}
+
+impl Polled for CudaEvent {
+    fn finished(&self) -> bool {
+        !matches!(self.try_is_complete(), Ok(false))
+    }
+}
 
 /// One job of the reaper thread.
 struct Job {
     /// Runs once every one of these has completed (or reports an error: its stream's context is
     /// poisoned, no more work runs there).
-    after: Vec<Event>,
+    after: Vec<Box<dyn Polled>>,
     /// Run with the gate closed (a free or unload that may synchronise with the device).
     gated: bool,
     /// Runs only after every job handed over before it ([`flush`]).
@@ -44,11 +64,6 @@ struct Job {
 }
 
 static REAPER: OnceLock<Mutex<Sender<Job>>> = OnceLock::new();
-
-/// True once `e` has completed or cannot be queried any more.
-fn finished(e: &Event) -> bool {
-    !matches!(e.is_complete(), Ok(false))
-}
 
 fn run(job: Job) {
     if job.gated {
@@ -95,7 +110,7 @@ fn sender() -> &'static Mutex<Sender<Job>> {
                         let ready = if waiting[i].barrier {
                             !blocked
                         } else {
-                            waiting[i].after.retain(|e| !finished(e));
+                            waiting[i].after.retain(|e| !e.finished());
                             waiting[i].after.is_empty()
                         };
                         if ready {
@@ -139,9 +154,16 @@ pub(crate) fn defer(free: impl FnOnce() + Send + 'static) {
 /// Runs `work` on the reaper thread once every event of `after` has completed (polled, never
 /// synchronised on); with `gated`, with the gate closed (for frees and unloads that may
 /// synchronise with the device). Never blocks the caller; never panics.
-pub(crate) fn defer_after(after: Vec<Event>, gated: bool, work: impl FnOnce() + Send + 'static) {
+pub(crate) fn defer_after<E: Polled>(
+    after: Vec<E>,
+    gated: bool,
+    work: impl FnOnce() + Send + 'static,
+) {
     submit(Job {
-        after,
+        after: after
+            .into_iter()
+            .map(|e| Box::new(e) as Box<dyn Polled>)
+            .collect(),
         gated,
         barrier: false,
         work: Box::new(work),
@@ -259,5 +281,11 @@ impl Drop for Gate {
     fn drop(&mut self) {
         gate().open();
         GATE_CV.notify_all();
+    }
+}
+
+impl<P: Polled + Sync> Polled for std::sync::Arc<P> {
+    fn finished(&self) -> bool {
+        (**self).finished()
     }
 }

@@ -459,6 +459,37 @@ impl std::fmt::Debug for Communicator {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
+        // Inside a task graph host callback no CUDA (or NCCL) call may be made and no GPU work
+        // waited for (issue 19, item 9): the drain and abort run on a thread of their own (the
+        // stream's drain may wait long; the reaper's other jobs do not wait for it). If no thread
+        // can be spawned, the communicator is leaked rather than aborted here.
+        if crate::device::in_host_callback() {
+            let moved = Communicator {
+                comm: self.comm,
+                stream: self.stream.clone(),
+                rank: self.rank,
+                world: self.world,
+                ordinal: self.ordinal,
+                nonblocking: self.nonblocking,
+                timeout: self.timeout,
+                timed_out: Cell::new(self.timed_out.get()),
+                set_id: self.set_id,
+            };
+            // ManuallyDrop: a closure that fails to spawn is dropped here, and must not drop
+            // (abort) the communicator on this thread.
+            let moved = std::mem::ManuallyDrop::new(moved);
+            let spawned = std::thread::Builder::new()
+                .name("warpline-nccl-drop".into())
+                .spawn(move || drop(std::mem::ManuallyDrop::into_inner(moved)));
+            if let Err(e) = spawned {
+                let e = Error::Nccl {
+                    call: "Communicator drop",
+                    result: format!("no thread for a drop inside a host callback ({e}): leaked"),
+                };
+                defer_error(self.stream.ctx(), &e);
+            }
+            return;
+        }
         // Drain the communicator's stream, then `ncclCommAbort` (as cudarc's own `Comm` does):
         // unlike `ncclCommDestroy`, abort never waits for the other ranks, so dropping the
         // communicators of one process one after another cannot hang. Nothing is pending by then.

@@ -173,11 +173,15 @@ impl<T: SignalWord> Drop for SignalInner<T> {
             events.push(ev);
         }
         let (ctx, ptr) = (self.ctx.clone(), self.ptr);
-        crate::memory::reaper::defer(move || {
-            for ev in &events {
-                if ev.synchronize().is_err() {
-                    return; // completion unknown: leak rather than free under a user
-                }
+        // The reaper polls the uses' events, and closes its gate only for the free itself: it
+        // never synchronises on them with the gate shut, which would hold every
+        // `Signal::wait_until` and `Fence::guard` of the process meanwhile (as issue 19, item 10
+        // found for tensor-map tables).
+        let polled: Vec<Arc<CudaEvent>> = events.into_iter().map(Arc::new).collect();
+        let uses = polled.clone();
+        crate::memory::reaper::defer_after(polled, true, move || {
+            if uses.iter().any(|ev| ev.try_is_complete().is_err()) {
+                return; // completion unknown: leak rather than free under a user
             }
             if crate::device::bind_context_unchecked(&ctx).is_ok() {
                 // SAFETY: the word came from mem_alloc; every tracked use has completed.

@@ -88,6 +88,9 @@ pub struct CapturedGraph<'g> {
     waits: Vec<(String, Release)>,
     panics: PanicLog,
     tasks: usize,
+    /// The graph has signal waits (`cuStreamWaitValue` nodes): each launch registers them for the
+    /// reaper's gate (issue 19, item 8).
+    gated: bool,
     /// The GEMM plans the nodes replay (their map tables); dropped with the captured graph.
     _plans: Vec<Arc<TcGemmPlan<'g>>>,
     _not_sync: PhantomData<Cell<()>>,
@@ -180,7 +183,11 @@ impl<'g> TaskGraph<'g> {
     ///   whose memory a closure's work reads is dropped before that last launch completed;
     /// - `ctx.stream` (the private capture stream) and events recorded on it do not leave the
     ///   closure, and no other thread enqueues on it while the capture runs;
-    /// - every other access to that memory is ordered with the replays (on the lane streams).
+    /// - every other access to that memory is ordered with the replays (on the lane streams);
+    /// - the modules of the kernels the closures launch stay loaded until that last launch
+    ///   completed (the device's own module is kept by the captured graph; for a module of your
+    ///   own, let the closure own a [`crate::device::Kernel`] clone of it or hand one to
+    ///   [`TaskGraph::keep_alive`]).
     ///
     /// Capturing a closure is not possible from safe code (issue 19, item 1):
     ///
@@ -237,8 +244,11 @@ impl<'g> TaskGraph<'g> {
                 _ => None,
             })
             .collect();
-        // The modules of the GEMM and typed tasks stay loaded until the last launch completed.
+        // The modules of the GEMM and typed tasks stay loaded until the last launch completed,
+        // and so does the device's own (signal adds are its `ws_signal_add` kernel nodes), even
+        // if the device is dropped before the captured graph (issue 19, item 4).
         let mut keep_alive = self.keep.clone();
+        keep_alive.push(Arc::new(dev.module().clone()));
         for t in &self.tasks {
             match &t.op {
                 Op::Gemm(p) => keep_alive.extend(
@@ -274,6 +284,7 @@ impl<'g> TaskGraph<'g> {
                 .collect(),
             panics,
             tasks: self.tasks.len(),
+            gated: self.has_signal_waits(),
             _plans: plans,
             _not_sync: PhantomData,
         })
@@ -288,6 +299,12 @@ impl<'g> TaskGraph<'g> {
         signals: &[&Signal<u64>],
     ) -> Result<GraphRun> {
         self.capture(dev, streams, signals)?.launch()
+    }
+
+    /// True when some task is a signal wait: a replay then holds on-stream waits
+    /// (`cuStreamWaitValue` nodes) that the reaper's gate must see (issue 19, item 8).
+    fn has_signal_waits(&self) -> bool {
+        self.tasks.iter().any(|t| matches!(t.op, Op::Wait { .. }))
     }
 
     /// [`TaskGraph::capture_unchecked`] then one [`CapturedGraph::launch`].
@@ -330,12 +347,23 @@ impl CapturedGraph<'_> {
         for s in &inner.signals {
             s.order_after_init(origin)?;
         }
+        // A replay's signal waits are on-stream waits: no blocking free may run behind them
+        // (the driver-lock hang the reaper's gate prevents). Enter the gate before the launch
+        // and register a marker after it, as a direct run does for each wait (issue 19, item 8).
+        let entry = self.gated.then(crate::memory::reaper::enter_wait);
         {
             let exec = inner.exec.lock().unwrap_or_else(|e| e.into_inner());
             // SAFETY: a live stream of the graph's context; `Keep` holds everything the nodes
             // use until the host callback queued below has run.
             unsafe { exec.launch(origin.raw()) }?;
         }
+        if entry.is_some() {
+            // The graph launch completes as a whole on `origin`: a marker there follows every
+            // wait node of every lane.
+            let marker = Arc::new(origin.record_marker()?);
+            crate::ordering::registry::register_gate_wait(marker);
+        }
+        drop(entry);
         let data = Arc::into_raw(self.keep.clone()) as *mut c_void;
         // On error the driver did not take `data` and the launch may still run: the reference
         // is leaked so the graph's contents are never freed under it.
@@ -384,5 +412,229 @@ impl CapturedGraph<'_> {
             )
         }?;
         Ok(count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ordering::{Cmp, TaskId};
+
+    /// Issue 19 item 8 (review): a captured graph registers its replays' waits for the reaper's
+    /// gate exactly when it has signal waits; sets, adds and host callbacks are not waits.
+    #[test]
+    fn issue19_review_item08_replays_gate_exactly_the_graphs_with_waits() {
+        let mut g = TaskGraph::new();
+        let (a, b) = (g.lane("a"), g.lane("b"));
+        let s = g.signal("s");
+        g.set(a, "set", s, 1).unwrap();
+        g.add(a, "add", s, 1).unwrap();
+        g.host(b, "host", || {}).unwrap();
+        assert!(!g.has_signal_waits());
+        g.wait(b, "wait", s, Cmp::Geq, 2).unwrap();
+        assert!(g.has_signal_waits());
+        assert!(!TaskGraph::new().has_signal_waits());
+    }
+
+    /// One builder call of the proptest below: `foreign` picks a handle of another graph.
+    #[derive(Clone, Debug)]
+    enum Call {
+        Lane,
+        Signal,
+        Set {
+            lane: usize,
+            sig: usize,
+            value: u64,
+            foreign: bool,
+        },
+        Add {
+            lane: usize,
+            sig: usize,
+            value: u64,
+            foreign: bool,
+        },
+        Wait {
+            lane: usize,
+            sig: usize,
+            cmp: u8,
+            value: u64,
+            foreign: bool,
+        },
+        Host {
+            lane: usize,
+            foreign: bool,
+        },
+        Depend {
+            before: usize,
+            after: usize,
+            foreign: bool,
+        },
+        Label {
+            task: usize,
+            foreign: bool,
+        },
+    }
+
+    /// Element `i` (modulo the length) of `v`, `None` when empty.
+    fn pick<T: Copy>(v: &[T], i: usize) -> Option<T> {
+        v.get(i % v.len().max(1)).copied()
+    }
+
+    fn call() -> impl proptest::strategy::Strategy<Value = Call> {
+        use proptest::prelude::*;
+        let v = prop_oneof![
+            Just(0u64),
+            Just(1),
+            Just(u64::MAX),
+            Just(1 << 63),
+            any::<u64>()
+        ];
+        let (i, f) = (0usize..6, proptest::bool::weighted(0.1));
+        prop_oneof![
+            Just(Call::Lane),
+            Just(Call::Signal),
+            (i.clone(), i.clone(), v.clone(), f).prop_map(|(lane, sig, value, foreign)| {
+                Call::Set {
+                    lane,
+                    sig,
+                    value,
+                    foreign,
+                }
+            }),
+            (i.clone(), i.clone(), v.clone(), f).prop_map(|(lane, sig, value, foreign)| {
+                Call::Add {
+                    lane,
+                    sig,
+                    value,
+                    foreign,
+                }
+            }),
+            (i.clone(), i.clone(), 0u8..4, v, f).prop_map(|(lane, sig, cmp, value, foreign)| {
+                Call::Wait {
+                    lane,
+                    sig,
+                    cmp,
+                    value,
+                    foreign,
+                }
+            }),
+            (i.clone(), f).prop_map(|(lane, foreign)| Call::Host { lane, foreign }),
+            (0usize..24, 0usize..24, f).prop_map(|(before, after, foreign)| Call::Depend {
+                before,
+                after,
+                foreign
+            }),
+            (0usize..24, f).prop_map(|(task, foreign)| Call::Label { task, foreign }),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Review of issue 19 (safe code never panics): any sequence of `TaskGraph` builder calls,
+        /// with handles of another graph mixed in and extreme values, gives `Ok` or the
+        /// documented typed error, never a panic; `check` then accepts (a plan that orders every
+        /// task once, each lane's tasks in order) or refuses with a typed error; `capturable`
+        /// accepts every graph without kernel closures.
+        #[test]
+        fn issue19_review_task_graph_builder_never_panics(
+            calls in proptest::collection::vec(call(), 0..24)
+        ) {
+            let mut g = TaskGraph::new();
+            let mut other = TaskGraph::new();
+            let (ol, os) = (other.lane("o"), other.signal("o"));
+            let ot = other.set(ol, "o", os, 1).unwrap();
+            let (mut lanes, mut sigs, mut tasks) = (Vec::new(), Vec::new(), Vec::new());
+            let mut lane_of = Vec::new();
+            for c in calls {
+                let r = match c {
+                    Call::Lane => {
+                        lanes.push(g.lane("l"));
+                        continue;
+                    }
+                    Call::Signal => {
+                        sigs.push(g.signal("s"));
+                        continue;
+                    }
+                    Call::Set { lane, sig, value, foreign } => {
+                        let (Some(l), Some(s)) = (pick(&lanes, lane), pick(&sigs, sig)) else {
+                            continue;
+                        };
+                        let (l, s) = if foreign { (ol, os) } else { (l, s) };
+                        g.set(l, "set", s, value).map(|t| (t, l))
+                    }
+                    Call::Add { lane, sig, value, foreign } => {
+                        let (Some(l), Some(s)) = (pick(&lanes, lane), pick(&sigs, sig)) else {
+                            continue;
+                        };
+                        let s = if foreign { os } else { s };
+                        g.add(l, "add", s, value).map(|t| (t, l))
+                    }
+                    Call::Wait { lane, sig, cmp, value, foreign } => {
+                        let (Some(l), Some(s)) = (pick(&lanes, lane), pick(&sigs, sig)) else {
+                            continue;
+                        };
+                        let l = if foreign { ol } else { l };
+                        let cmp = [Cmp::Geq, Cmp::Eq, Cmp::And, Cmp::Nor][cmp as usize % 4];
+                        g.wait(l, "wait", s, cmp, value).map(|t| (t, l))
+                    }
+                    Call::Host { lane, foreign } => {
+                        let Some(l) = pick(&lanes, lane) else { continue };
+                        let l = if foreign { ol } else { l };
+                        g.host(l, "host", || {}).map(|t| (t, l))
+                    }
+                    Call::Depend { before, after, foreign } => {
+                        let (Some(b), Some(a)) = (pick(&tasks, before), pick(&tasks, after)) else {
+                            continue;
+                        };
+                        let b = if foreign { ot } else { b };
+                        match g.depend(b, a) {
+                            Ok(()) => continue,
+                            Err(Error::ForeignHandle { .. } | Error::BadShape { .. }) => continue,
+                            Err(e) => panic!("depend: {e}"),
+                        }
+                    }
+                    Call::Label { task, foreign } => {
+                        let Some(t) = pick(&tasks, task) else { continue };
+                        let t = if foreign { ot } else { t };
+                        match g.label(t) {
+                            Ok(_) => continue,
+                            Err(Error::ForeignHandle { .. }) => continue,
+                            Err(e) => panic!("label: {e}"),
+                        }
+                    }
+                };
+                match r {
+                    Ok((t, l)) => {
+                        tasks.push(t);
+                        lane_of.push(l);
+                    }
+                    Err(Error::ForeignHandle { .. }) => {}
+                    Err(e) => panic!("builder: {e}"),
+                }
+            }
+            proptest::prop_assert!(g.capturable().is_ok());
+            match g.check() {
+                Ok(plan) => {
+                    let order = plan.order();
+                    proptest::prop_assert_eq!(order.len(), tasks.len());
+                    let pos = |t: &TaskId| order.iter().position(|o| o == t);
+                    for (i, t) in tasks.iter().enumerate() {
+                        let p = pos(t);
+                        proptest::prop_assert!(p.is_some(), "task {} not in the plan", i);
+                        for (j, u) in tasks.iter().enumerate().take(i) {
+                            if lane_of[j] == lane_of[i] {
+                                proptest::prop_assert!(pos(u) < p, "lane order of {} and {}", j, i);
+                            }
+                        }
+                    }
+                }
+                Err(
+                    Error::Cycle { .. }
+                    | Error::UnmatchedWait { .. }
+                    | Error::WaitMayNotFire { .. },
+                ) => {}
+                Err(e) => panic!("check: {e}"),
+            }
+        }
     }
 }
