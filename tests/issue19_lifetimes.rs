@@ -181,11 +181,11 @@ fn issue19_review_item04_module_dropped_in_a_host_callback_outlives_its_launches
     let saxpy: TypedKernel<SaxpySig> = module.kernel("saxpy").unwrap();
     let s2 = dev.new_stream().unwrap();
     let mut data = SaxpyData::new(&dev, &s2);
-    let go = Arc::new(AtomicBool::new(false));
-    let mut hold = warpline::TaskGraph::new();
-    let lane = hold.lane("held");
-    hold.host(lane, "held", held_until(go.clone())).unwrap();
-    let held = hold.enqueue(&dev, std::slice::from_ref(&s2), &[]).unwrap();
+    // The launch is held behind a signal wait, not a held host callback: CUDA runs host
+    // callbacks one at a time, so a held one would also hold the callback that drops the module
+    // (the first H100 run of this test timed out that way).
+    let hold = Signal::<u64>::new(&dev, "review item 4 hold").unwrap();
+    hold.wait_until(&s2, Cmp::Geq, 1).unwrap();
     data.queue(&saxpy, &s2);
     let handles = Arc::new(std::sync::Mutex::new(Some((module, saxpy))));
     let in_callback = handles.clone();
@@ -204,8 +204,8 @@ fn issue19_review_item04_module_dropped_in_a_host_callback_outlives_its_launches
     );
     // Time for the reaper to unload the module if nothing kept it.
     std::thread::sleep(Duration::from_millis(100));
-    go.store(true, Ordering::Release);
-    synchronize_timeout(&held, BOUND, OnTimeout::Abandon).unwrap();
+    let user = dev.new_stream().unwrap();
+    hold.set(&user, 1).unwrap();
     synchronize_timeout(&s2, BOUND, OnTimeout::Abandon).unwrap();
     data.check();
     warpline::memory::reaper::flush();

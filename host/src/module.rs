@@ -762,6 +762,10 @@ impl ModuleInner {
         ptx: &str,
     ) -> Result<Self> {
         check_ptx_text(ptx)?;
+        // No on-stream wait may be enqueued while the load runs (it may need the device idle).
+        let _gate = crate::memory::reaper::close_for_load().ok_or(Error::WaitPending {
+            what: "module load",
+        })?;
         bind_context(ctx, "cuModuleLoadData")?;
         let module = ctx
             .load_module(Ptx::from_src(ptx))

@@ -912,6 +912,13 @@ impl<'d> TcGemm<'d> {
             layout,
             &c.dims(size_of::<O>()),
         )?;
+        // Options of every configuration are checked before one is chosen.
+        if opts.group == 0 {
+            return Err(Error::BadShape {
+                what: "tc_gemm raster group",
+                detail: "0 tiles; allowed: 1 or more".into(),
+            });
+        }
         if self.select(shape, layout, opts) == GemmConfig::Decode {
             if opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some() {
                 return Err(Error::BadShape {

@@ -261,7 +261,29 @@ impl Drop for WaitEntry {
     }
 }
 
-struct Gate;
+/// The closed gate: no on-stream wait can be enqueued until it drops.
+pub(crate) struct Gate;
+
+/// Closes the gate for a module load, which (like a blocking free) may wait for the device to
+/// go idle: `None` while a registered wait is pending or being enqueued (the load would hang
+/// behind it). A free that is running (it waits for GPU work alone) is waited out, up to a
+/// second. Found by `warpline fuzz` on the H100 (issue 19): a load in one thread raced a fence
+/// guard enqueued by another after the load's check, and the process hung.
+pub(crate) fn close_for_load() -> Option<Gate> {
+    for _ in 0..1000 {
+        {
+            let mut g = gate();
+            if g.entering > 0 || crate::ordering::any_wait_pending() {
+                return None;
+            }
+            if g.try_close(|| false) {
+                return Some(Gate);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
+}
 
 impl Gate {
     /// Waits until no wait is pending or being enqueued, then keeps new ones out until dropped.

@@ -441,7 +441,9 @@ impl Recorder {
         let mut stamps = pool.alloc_async::<u64>(&s0, grid * STAMPS_PER_CTA)?;
         a.fill_async(1.0)?;
         b.fill_async(1.0)?;
-        stamps.fill_async(0)?;
+        // Zeroed from the host: `fill_async` takes 1-, 2- or 4-byte elements, and the stamps
+        // are u64 (this call failed with BadShape until the issue-19 test ran it on the H100).
+        stamps.copy_from_host(&vec![0u64; grid * STAMPS_PER_CTA])?;
         s0.synchronize()?;
         self.calibrate_globaltimer_with(&s0, |s| {
             gemm(
