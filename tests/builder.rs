@@ -228,10 +228,7 @@ fn issue22_item02_a_ptxas_warning_fails_the_build_and_is_named() {
     match b.build() {
         Err(e @ warpline_builder::BuildError::PtxasWarnings { .. }) => {
             let msg = e.to_string();
-            assert!(
-                msg.contains("C7508") && msg.contains("setmaxnreg"),
-                "{msg}"
-            );
+            assert!(msg.contains("C7508") && msg.contains("setmaxnreg"), "{msg}");
             assert!(
                 msg.contains("deny_ptxas_warnings(false)")
                     && msg.contains(warpline_builder::ENV_ALLOW_PTXAS_WARNINGS),
