@@ -310,8 +310,24 @@ fn clippy_ptx() -> Result<()> {
     Ok(())
 }
 
+/// The calling cargo, with `WARPLINE_PTX` / `WARPLINE_SM90A_PTX` pointing at `build-ptx`'s
+/// modules (target/ptx, target/ptx-sm90a) where they exist and the caller has not set them:
+/// host/build.rs then embeds those instead of building gpu/ a second time in its own `OUT_DIR`.
+/// Every command that builds through this runs `build_ptx` first, so the modules are current.
 fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    for (var, path) in [
+        ("WARPLINE_PTX", ptx_path()),
+        (
+            "WARPLINE_SM90A_PTX",
+            root().join("target/ptx-sm90a/warpline_gpu.ptx"),
+        ),
+    ] {
+        if std::env::var_os(var).is_none() && path.exists() {
+            c.env(var, path);
+        }
+    }
+    c
 }
 
 fn test() -> Result<()> {
