@@ -44,6 +44,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+pub mod cli;
 mod manifest;
 pub mod ptxas;
 pub mod toolchain;
@@ -497,8 +498,11 @@ impl PtxBuilder {
             .canonicalize()
             .map_err(io_err(&self.crate_dir))?;
         let names = manifest::names(&crate_dir)?;
-        let out_dir = self.resolved_out_dir();
-        let target_dir = self.resolved_target_dir();
+        // Relative folders are taken from the current directory (the device cargo runs in the
+        // kernel crate's folder, so they are made absolute first).
+        let absolute = |p: PathBuf| std::path::absolute(&p).map_err(io_err(&p));
+        let out_dir = absolute(self.resolved_out_dir())?;
+        let target_dir = absolute(self.resolved_target_dir())?;
         fs::create_dir_all(&out_dir).map_err(io_err(&out_dir))?;
         fs::create_dir_all(&target_dir).map_err(io_err(&target_dir))?;
 
