@@ -253,3 +253,44 @@ fn issue22_item02_a_ptxas_warning_fails_the_build_and_is_named() {
     );
     fs::remove_dir_all(&out).unwrap();
 }
+
+/// Issue 22, item 4: a build script writes only under `OUT_DIR`. host/build.rs hands the builder
+/// only folders under `out_dir` (the module and the device cargo's target directory), never the
+/// checkout's `target/` or `CARGO_TARGET_DIR`.
+#[test]
+fn issue22_item04_host_build_script_writes_only_under_out_dir() {
+    let src = fs::read_to_string(workspace().join("host/build.rs")).unwrap();
+    let code: String = src
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for forbidden in ["CARGO_TARGET_DIR", "join(\"target\")", "\"target/"] {
+        let hits: Vec<&str> = code
+            .lines()
+            .filter(|l| l.contains(forbidden) && !l.contains("xtask_path"))
+            .collect();
+        assert!(
+            hits.is_empty(),
+            "host/build.rs uses `{forbidden}`: {hits:?}"
+        );
+    }
+    for call in [".out_dir(", ".target_dir("] {
+        let line = code
+            .lines()
+            .find(|l| l.contains(call))
+            .unwrap_or_else(|| panic!("host/build.rs sets no {call}"));
+        assert!(
+            line.contains("out_dir") || line.contains("target_dir"),
+            "{line}"
+        );
+    }
+    let target_dir_def = code
+        .lines()
+        .find(|l| l.contains("let target_dir"))
+        .expect("no `let target_dir` in host/build.rs");
+    assert!(
+        target_dir_def.contains("out_dir.join("),
+        "the device target dir is not under OUT_DIR: {target_dir_def}"
+    );
+}

@@ -28,13 +28,18 @@
 //! 2. runs `cargo build --release --target nvptx64-nvidia-cuda -Zbuild-std=core --manifest-path
 //!    <crate>/Cargo.toml -p <package> --target-dir <target dir>` in a clean environment (no variable
 //!    of the calling cargo leaks in: see [`toolchain::is_leaky_var`]) with
-//!    `RUSTFLAGS="-C target-cpu=<arch> -C target-feature=+ptx<isa> -C linker=/bin/true --emit=asm"`
-//!    and fat LTO, one codegen unit, `panic=abort`, `opt-level=3`;
+//!    `RUSTFLAGS` = [`PtxBuilder::rustflags`] plus `--emit=asm` (among them
+//!    `-Cpanic=immediate-abort`: a panic is a `trap`, see there) and fat LTO, one codegen unit,
+//!    `opt-level=3`, after checking the device rustc is at least [`MIN_DEVICE_RUSTC`];
 //! 3. copies `<target dir>/nvptx64-nvidia-cuda/release/deps/<lib>.s` to `<out dir>/<lib>.ptx`,
 //!    writing only when the text changed (so the mtime moves only on a real change), and checks the
 //!    module's `.target` and `.version`;
 //! 4. where ptxas is found ([`ptxas::find`]), assembles the module for the architecture and
-//!    returns each kernel's resources.
+//!    returns each kernel's resources and every ptxas warning; warnings that mean slow or wrong
+//!    code and register spills fail the build ([`PtxBuilder::deny_ptxas_warnings`]).
+//!
+//! The same build from a shell: the `warpline-builder` binary or `cargo xtask build-kernel`
+//! ([`cli`]).
 
 #![deny(missing_docs)]
 
