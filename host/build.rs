@@ -4,7 +4,8 @@
 //!   crate): the tensor-core kernels (wgmma, setmaxnreg), which run on compute capability 9.0
 //!   exactly.
 //!
-//! Both are embedded by `include_str!` in `src/lib.rs`. Editing `gpu/` or `device/` and running
+//! Both are embedded by `include_str!` in `src/lib.rs`. Everything this script writes (the
+//! modules and the device cargo's target directories) is under `$OUT_DIR`. Editing `gpu/` or `device/` and running
 //! `cargo build`/`cargo run` rebuilds them: the rerun-if-changed list covers both crates' `src/`
 //! and manifests.
 //!
@@ -33,7 +34,8 @@ struct ModuleSpec {
     arch: Arch,
     isa: PtxIsa,
     features: &'static [&'static str],
-    /// Device cargo target directory under the workspace's `target/` (one per feature set).
+    /// Sub-folder of `$OUT_DIR` for this module and its device cargo target directory (one per
+    /// feature set).
     target_subdir: &'static str,
     /// Where `cargo xtask build-ptx` writes this module.
     xtask_path: &'static str,
@@ -119,12 +121,12 @@ fn build(spec: &ModuleSpec, workspace: &Path, out_dir: &Path) -> PathBuf {
             spec.xtask_path
         ))
     };
-    // The device cargo's own target directory (the calling cargo holds the lock of its own), the
-    // same one `cargo xtask build-ptx` uses, so core and the kernels are compiled once for both.
-    let target_dir = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(d) => PathBuf::from(d).join(spec.target_subdir),
-        None => workspace.join("target").join(spec.target_subdir),
-    };
+    // The device cargo's own target directory (the calling cargo holds the lock of its own),
+    // under OUT_DIR: a build script writes nowhere else (issue 22, item 4), so a crate that
+    // depends on warpline never writes into the warpline checkout. `cargo xtask test` builds the
+    // modules once with `cargo xtask build-ptx` and hands them in through WARPLINE_PTX /
+    // WARPLINE_SM90A_PTX, so CI does not build them twice.
+    let target_dir = out_dir.join(format!("{}-target", spec.target_subdir));
     let toolchain = match DeviceToolchain::discover() {
         Ok(t) => t,
         Err(e) => missing_toolchain(&e),

@@ -120,26 +120,10 @@ pub fn entry_body(name: &str) -> &'static str {
     &rest[..end]
 }
 
-/// ptxas: `$PTXAS`, then the copy `cargo xtask setup` installs, then `ptxas` on PATH.
+/// ptxas as the builder finds it (`warpline_builder::ptxas::find`): `$PTXAS`, then the pinned copy
+/// `cargo xtask setup` installs, then an older unpinned one, then `ptxas` on PATH.
 fn ptxas() -> std::path::PathBuf {
-    use std::path::PathBuf;
-    let candidates = [
-        std::env::var("PTXAS").ok().map(PathBuf::from),
-        std::env::var("HOME")
-            .ok()
-            .map(|h| PathBuf::from(h).join(".cache/warpline/cuda-nvcc/nvidia/cu13/bin/ptxas")),
-        Some(PathBuf::from("ptxas")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|p| {
-            std::process::Command::new(p)
-                .arg("--version")
-                .output()
-                .map(|o| o.status.success())
-                .unwrap_or(false)
-        })
+    warpline_builder::ptxas::find()
         .expect("ptxas not found: run `cargo xtask setup` (installs it from PyPI nvidia-cuda-nvcc) or set PTXAS")
 }
 

@@ -197,16 +197,12 @@ fn mismatches_name_kernel_and_both_signatures() {
 
 #[test]
 fn hand_written_saxpy_assembles_for_sm_90() {
-    let ptxas = std::env::var("PTXAS")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| {
-            std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default())
-                .join(".cache/warpline/cuda-nvcc/nvidia/cu13/bin/ptxas")
-        });
-    if !ptxas.exists() {
-        eprintln!("SKIPPED hand_written_saxpy_assembles_for_sm_90: no ptxas at {ptxas:?}");
+    let Some(ptxas) = warpline_builder::ptxas::find() else {
+        eprintln!(
+            "SKIPPED hand_written_saxpy_assembles_for_sm_90: no ptxas (run `cargo xtask setup`)"
+        );
         return;
-    }
+    };
     let file = std::env::temp_dir().join(format!("warpline-saxpy-{}.ptx", std::process::id()));
     std::fs::write(&file, SAXPY_PTX).unwrap();
     let out = std::process::Command::new(&ptxas)

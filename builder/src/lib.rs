@@ -28,13 +28,18 @@
 //! 2. runs `cargo build --release --target nvptx64-nvidia-cuda -Zbuild-std=core --manifest-path
 //!    <crate>/Cargo.toml -p <package> --target-dir <target dir>` in a clean environment (no variable
 //!    of the calling cargo leaks in: see [`toolchain::is_leaky_var`]) with
-//!    `RUSTFLAGS="-C target-cpu=<arch> -C target-feature=+ptx<isa> -C linker=/bin/true --emit=asm"`
-//!    and fat LTO, one codegen unit, `panic=abort`, `opt-level=3`;
+//!    `RUSTFLAGS` = [`PtxBuilder::rustflags`] plus `--emit=asm` (among them
+//!    `-Cpanic=immediate-abort`: a panic is a `trap`, see there) and fat LTO, one codegen unit,
+//!    `opt-level=3`, after checking the device rustc is at least [`MIN_DEVICE_RUSTC`];
 //! 3. copies `<target dir>/nvptx64-nvidia-cuda/release/deps/<lib>.s` to `<out dir>/<lib>.ptx`,
 //!    writing only when the text changed (so the mtime moves only on a real change), and checks the
 //!    module's `.target` and `.version`;
 //! 4. where ptxas is found ([`ptxas::find`]), assembles the module for the architecture and
-//!    returns each kernel's resources.
+//!    returns each kernel's resources and every ptxas warning; warnings that mean slow or wrong
+//!    code and register spills fail the build ([`PtxBuilder::deny_ptxas_warnings`]).
+//!
+//! The same build from a shell: the `warpline-builder` binary or `cargo xtask build-kernel`
+//! ([`cli`]).
 
 #![deny(missing_docs)]
 
@@ -44,13 +49,22 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+pub mod cli;
 mod manifest;
 pub mod ptxas;
 pub mod toolchain;
 
 pub use manifest::CrateNames;
-pub use ptxas::KernelResources;
+pub use ptxas::{KernelResources, PtxasDiagnostic, PtxasReport};
 pub use toolchain::{DeviceToolchain, ToolchainSource, ENV_DEVICE_CARGO, ENV_DEVICE_RUSTC};
+
+/// Set to `1` to turn off [`PtxBuilder::deny_ptxas_warnings`]: ptxas's slow-or-wrong warnings and
+/// spills are then reported in [`BuiltPtx::ptxas_diagnostics`] but do not fail the build.
+pub const ENV_ALLOW_PTXAS_WARNINGS: &str = "WARPLINE_ALLOW_PTXAS_WARNINGS";
+
+/// The oldest device rustc (`major.minor`) the builder accepts: the one it is tested with
+/// (Debian's rustc-web 1.96), which has `-Cpanic=immediate-abort`.
+pub const MIN_DEVICE_RUSTC: (u32, u32) = (1, 96);
 
 /// The rustc target of every build.
 pub const TARGET: &str = "nvptx64-nvidia-cuda";
@@ -174,6 +188,15 @@ pub enum BuildError {
         /// ptxas's output or the error starting it.
         message: String,
     },
+    /// ptxas accepted the module but warned that it is slow or wrong (a "Potential Performance
+    /// Loss" note such as C7508 or C7515, a warning other than an `Advisory:`, or a register
+    /// spill); see [`PtxBuilder::deny_ptxas_warnings`].
+    PtxasWarnings {
+        /// The module.
+        module: PathBuf,
+        /// One line per problem, ptxas's own text where it gave one.
+        problems: Vec<String>,
+    },
 }
 
 impl fmt::Display for BuildError {
@@ -205,6 +228,15 @@ impl fmt::Display for BuildError {
             ),
             BuildError::WrongModule { message } => write!(f, "emitted PTX module: {message}"),
             BuildError::Ptxas { message } => write!(f, "ptxas: {message}"),
+            BuildError::PtxasWarnings { module, problems } => write!(
+                f,
+                "ptxas warns that {} is slow or wrong:\n  - {}\n\
+                 fix the kernel (docs/writing-kernels.md §5 names the usual causes), or accept the \
+                 warnings with `.deny_ptxas_warnings(false)` on the PtxBuilder or \
+                 {ENV_ALLOW_PTXAS_WARNINGS}=1",
+                module.display(),
+                problems.join("\n  - ")
+            ),
         }
     }
 }
@@ -235,6 +267,13 @@ pub struct BuiltPtx {
     /// Each kernel's resources from ptxas for the builder's architecture; `None` when no ptxas was
     /// found or [`PtxBuilder::ptxas`] turned it off.
     pub resources: Option<Vec<KernelResources>>,
+    /// Every ptxas warning and numbered (`Cnnnn`) note, harmful or not; empty when ptxas did not
+    /// run.
+    pub ptxas_diagnostics: Vec<PtxasDiagnostic>,
+    /// `ptxas --version`'s `release X.Y`, when ptxas ran.
+    pub ptxas_release: Option<String>,
+    /// The device rustc's `rustc --version` line.
+    pub rustc_version: String,
 }
 
 /// Builds one kernel crate to PTX. See the crate docs for what a build runs.
@@ -248,6 +287,7 @@ pub struct PtxBuilder {
     extra_rustflags: Vec<String>,
     toolchain: Option<DeviceToolchain>,
     run_ptxas: bool,
+    deny_ptxas_warnings: bool,
     features: Vec<String>,
 }
 
@@ -266,6 +306,7 @@ impl PtxBuilder {
             extra_rustflags: Vec::new(),
             toolchain: None,
             run_ptxas: true,
+            deny_ptxas_warnings: true,
             features: Vec::new(),
         }
     }
@@ -335,6 +376,14 @@ impl PtxBuilder {
         self
     }
 
+    /// Whether ptxas's slow-or-wrong warnings and register spills fail the build (default true):
+    /// see [`PtxasDiagnostic::is_harmful`]. `WARPLINE_ALLOW_PTXAS_WARNINGS=1` in the environment
+    /// turns it off too. Every diagnostic is in [`BuiltPtx::ptxas_diagnostics`] either way.
+    pub fn deny_ptxas_warnings(mut self, deny: bool) -> Self {
+        self.deny_ptxas_warnings = deny;
+        self
+    }
+
     /// The kernel crate's folder, as given.
     pub fn crate_dir(&self) -> &Path {
         &self.crate_dir
@@ -342,12 +391,22 @@ impl PtxBuilder {
 
     /// The `RUSTFLAGS` of the device build without `--emit=asm` (also right for clippy on it):
     /// `-C target-cpu=<arch> -C target-feature=+ptx<isa> -C linker=/bin/true
-    /// -Zmir-enable-passes=-JumpThreading` and the extra flags. MIR jump threading is off because
-    /// it can duplicate a warp-synchronous `asm!` (`bar.sync`, `*.sync.aligned`) into divergent
-    /// branches, which deadlocks (rust-lang/rust#137086; inline asm is not `convergent`).
+    /// -Zmir-enable-passes=-JumpThreading -Zunstable-options -Cpanic=immediate-abort` and the
+    /// extra flags.
+    ///
+    /// MIR jump threading is off because it can duplicate a warp-synchronous `asm!` (`bar.sync`,
+    /// `*.sync.aligned`) into divergent branches, which deadlocks (rust-lang/rust#137086; inline
+    /// asm is not `convergent`).
+    ///
+    /// The panic strategy `immediate-abort` (applied to `core` too, which `-Zbuild-std` builds
+    /// with these flags) makes every panic (a failed bounds check, a division by zero, `assert!`,
+    /// `unwrap` on `None`) a `trap` in place: without it core's `panic_*` functions stay extern
+    /// and ptxas fails with "Unresolved extern function '..core9panicking..'". A trapped kernel
+    /// stops its launch with a sticky error (`CUDA_ERROR_ILLEGAL_INSTRUCTION` or
+    /// `CUDA_ERROR_LAUNCH_FAILED`), which the warpline host reports as `Error::ContextPoisoned`.
     pub fn rustflags(&self) -> String {
         let mut flags = format!(
-            "-C target-cpu={} -C target-feature={} -C linker=/bin/true -Zmir-enable-passes=-JumpThreading",
+            "-C target-cpu={} -C target-feature={} -C linker=/bin/true -Zmir-enable-passes=-JumpThreading -Zunstable-options -Cpanic=immediate-abort",
             self.arch.name(),
             self.ptx_isa.target_feature()
         );
@@ -438,13 +497,17 @@ impl PtxBuilder {
             Some(t) => t.clone(),
             None => DeviceToolchain::discover()?,
         };
+        let rustc_version = check_rustc_version(&toolchain)?;
         let crate_dir = self
             .crate_dir
             .canonicalize()
             .map_err(io_err(&self.crate_dir))?;
         let names = manifest::names(&crate_dir)?;
-        let out_dir = self.resolved_out_dir();
-        let target_dir = self.resolved_target_dir();
+        // Relative folders are taken from the current directory (the device cargo runs in the
+        // kernel crate's folder, so they are made absolute first).
+        let absolute = |p: PathBuf| std::path::absolute(&p).map_err(io_err(&p));
+        let out_dir = absolute(self.resolved_out_dir())?;
+        let target_dir = absolute(self.resolved_target_dir())?;
         fs::create_dir_all(&out_dir).map_err(io_err(&out_dir))?;
         fs::create_dir_all(&target_dir).map_err(io_err(&target_dir))?;
 
@@ -502,14 +565,28 @@ impl PtxBuilder {
             fs::rename(&tmp, &out).map_err(io_err(&out))?;
         }
         let path = out.canonicalize().map_err(io_err(&out))?;
-        let resources = match (self.run_ptxas, ptxas::find()) {
-            (true, Some(p)) => Some(ptxas::assemble(&p, &path, self.arch)?),
-            _ => None,
+        let (resources, ptxas_diagnostics, ptxas_release) = match (self.run_ptxas, ptxas::find()) {
+            (true, Some(p)) => {
+                let report = ptxas::assemble_report(&p, &path, self.arch)?;
+                let problems = report.problems();
+                let allowed = std::env::var(ENV_ALLOW_PTXAS_WARNINGS).is_ok_and(|v| v == "1");
+                if self.deny_ptxas_warnings && !allowed && !problems.is_empty() {
+                    return Err(BuildError::PtxasWarnings {
+                        module: path,
+                        problems,
+                    });
+                }
+                (Some(report.kernels), report.diagnostics, ptxas::release(&p))
+            }
+            _ => (None, Vec::new(), None),
         };
         Ok(BuiltPtx {
             path,
             entries: ptx_entries(&ptx),
             resources,
+            ptxas_diagnostics,
+            ptxas_release,
+            rustc_version,
         })
     }
 
@@ -535,6 +612,39 @@ impl PtxBuilder {
         }
         Ok(())
     }
+}
+
+/// Runs `<rustc> --version` and refuses a rustc older than [`MIN_DEVICE_RUSTC`].
+fn check_rustc_version(toolchain: &DeviceToolchain) -> Result<String, BuildError> {
+    let out = toolchain::clean_command(&toolchain.rustc)
+        .arg("--version")
+        .output()
+        .map_err(|e| BuildError::Config {
+            message: format!("could not run {} --version: {e}", toolchain.rustc.display()),
+        })?;
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    match parse_rustc_version(&line) {
+        Some(v) if v >= MIN_DEVICE_RUSTC => Ok(line),
+        _ => Err(BuildError::Config {
+            message: format!(
+                "the device rustc {} is `{line}`; the builder needs rustc {}.{} or newer \
+                 (tested: Debian rustc-web 1.96; `cargo xtask setup` installs it)",
+                toolchain.rustc.display(),
+                MIN_DEVICE_RUSTC.0,
+                MIN_DEVICE_RUSTC.1
+            ),
+        }),
+    }
+}
+
+/// `(major, minor)` of a `rustc --version` line (`rustc 1.96.0 (ac68faa20 2026-05-25)`,
+/// `rustc 1.97.0-nightly (...)`).
+pub fn parse_rustc_version(line: &str) -> Option<(u32, u32)> {
+    let v = line.strip_prefix("rustc ")?.split_whitespace().next()?;
+    let mut parts = v.split(['.', '-']);
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 /// Prefix of the marker globals that `warpline_device::launch_bounds!` puts in the module:
@@ -641,11 +751,11 @@ mod tests {
             .extra_rustflags(["-C", "llvm-args=-x"]);
         assert_eq!(
             b.rustflags(),
-            "-C target-cpu=sm_90a -C target-feature=+ptx84 -C linker=/bin/true -Zmir-enable-passes=-JumpThreading -C llvm-args=-x"
+            "-C target-cpu=sm_90a -C target-feature=+ptx84 -C linker=/bin/true -Zmir-enable-passes=-JumpThreading -Zunstable-options -Cpanic=immediate-abort -C llvm-args=-x"
         );
         assert_eq!(
             PtxBuilder::new("k").rustflags(),
-            "-C target-cpu=sm_90 -C target-feature=+ptx80 -C linker=/bin/true -Zmir-enable-passes=-JumpThreading"
+            "-C target-cpu=sm_90 -C target-feature=+ptx80 -C linker=/bin/true -Zmir-enable-passes=-JumpThreading -Zunstable-options -Cpanic=immediate-abort"
         );
     }
 
@@ -699,6 +809,22 @@ mod tests {
             e.to_string().contains("got .target sm_90 .version 7.8"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn rustc_versions_are_parsed() {
+        assert_eq!(
+            parse_rustc_version(
+                "rustc 1.96.0 (ac68faa20 2026-05-25) (built from a source tarball)"
+            ),
+            Some((1, 96))
+        );
+        assert_eq!(
+            parse_rustc_version("rustc 1.97.0-nightly (abc 2026-06-01)"),
+            Some((1, 97))
+        );
+        assert_eq!(parse_rustc_version("cargo 1.96.0"), None);
+        assert!(parse_rustc_version("rustc 1.95.0 (x)").unwrap() < MIN_DEVICE_RUSTC);
     }
 
     #[test]

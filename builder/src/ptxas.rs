@@ -25,22 +25,46 @@ pub struct KernelResources {
     pub spill_loads: u32,
 }
 
-/// Where `cargo xtask setup` installs the PyPI package nvidia-cuda-nvcc:
-/// `$HOME/.cache/warpline/cuda-nvcc`.
+/// The PyPI `nvidia-cuda-nvcc` version `cargo xtask setup` installs: the newest CUDA 13.0 update,
+/// matching the GPU machines' driver (580.x, CUDA 13.0), so ptxas checks the PTX as the driver's
+/// own JIT (CUDA 13.0) will see it.
+pub const PINNED_NVCC_VERSION: &str = "13.0.88";
+
+/// The CUDA release (`release X.Y` of `ptxas --version`) the builder is tested with.
+pub const TESTED_PTXAS_RELEASE: &str = "13.0";
+
+/// Where `cargo xtask setup` installs the PyPI package nvidia-cuda-nvcc
+/// [`PINNED_NVCC_VERSION`]: `$HOME/.cache/warpline/cuda-nvcc-<version>`.
 pub fn install_dir() -> PathBuf {
     let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
-    PathBuf::from(home).join(".cache/warpline/cuda-nvcc")
+    PathBuf::from(home).join(format!(".cache/warpline/cuda-nvcc-{PINNED_NVCC_VERSION}"))
 }
 
-/// The first ptxas that runs (`--version` succeeds): `$PTXAS`, then the setup install
-/// (`install_dir()/nvidia/cu13/bin/ptxas`), then `ptxas` on `PATH`.
+/// The pinned ptxas that `cargo xtask setup` installs: `install_dir()/nvidia/cu13/bin/ptxas`.
+pub fn pinned_path() -> PathBuf {
+    install_dir().join("nvidia/cu13/bin/ptxas")
+}
+
+/// The `release X.Y` of `ptxas --version` (e.g. `"13.0"`), `None` when it cannot be run.
+pub fn release(ptxas: &Path) -> Option<String> {
+    let out = Command::new(ptxas).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rest = text.split("release ").nth(1)?;
+    Some(rest.split(',').next()?.trim().to_string())
+}
+
+/// The first ptxas that runs (`--version` succeeds): `$PTXAS`, then the pinned setup install
+/// ([`pinned_path`]), then an older unpinned setup install (`~/.cache/warpline/cuda-nvcc`), then
+/// `ptxas` on `PATH`.
 pub fn find() -> Option<PathBuf> {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
     let candidates = [
         std::env::var(ENV_PTXAS)
             .ok()
             .filter(|s| !s.is_empty())
             .map(PathBuf::from),
-        Some(install_dir().join("nvidia/cu13/bin/ptxas")),
+        Some(pinned_path()),
+        Some(PathBuf::from(home).join(".cache/warpline/cuda-nvcc/nvidia/cu13/bin/ptxas")),
         Some(PathBuf::from("ptxas")),
     ];
     candidates.into_iter().flatten().find(|p| {
@@ -58,6 +82,130 @@ pub fn find() -> Option<PathBuf> {
 /// # Errors
 /// [`BuildError::Ptxas`] when ptxas cannot be started or rejects the module (with its output).
 pub fn assemble(ptxas: &Path, ptx: &Path, arch: Arch) -> Result<Vec<KernelResources>, BuildError> {
+    Ok(assemble_report(ptxas, ptx, arch)?.kernels)
+}
+
+/// How ptxas labelled a diagnostic line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    /// `ptxas ... warning : ...`.
+    Warning,
+    /// `ptxas info : (Cnnnn) ...`: a numbered note, e.g. C7508 "setmaxnreg ignored" or C7515
+    /// "wgmma serialized", which ptxas prints at info level.
+    Info,
+}
+
+/// One ptxas warning, or one numbered (`(Cnnnn)`) info note.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PtxasDiagnostic {
+    /// Warning or numbered info note.
+    pub severity: Severity,
+    /// The code ptxas gives (`"C7515"`), if any.
+    pub code: Option<String>,
+    /// The PTX line it names, if any.
+    pub line: Option<u32>,
+    /// ptxas's line, as printed.
+    pub text: String,
+}
+
+impl PtxasDiagnostic {
+    /// Whether this diagnostic means slow or wrong code, which fails a build by default
+    /// ([`crate::PtxBuilder::deny_ptxas_warnings`]):
+    /// - every "Potential Performance Loss" note: `setmaxnreg` ignored (C7508: no register count
+    ///   at entry; and the other reasons ptxas gives) and wgmma serialized (C7509 to C7515: extern
+    ///   calls, a pipeline crossing a function call, too few registers, non-wgmma instructions
+    ///   touching the accumulators or inputs between issue and wait, ill-formed pipeline stages);
+    /// - every other ptxas warning except the `Advisory:` ones (e.g. a multicast on `sm_90`
+    ///   rather than `sm_90a`, which is correct and, on Hopper, not slower).
+    pub fn is_harmful(&self) -> bool {
+        if self.text.contains("Potential Performance Loss") {
+            return true;
+        }
+        if let Some(c) = &self.code {
+            if c.starts_with("C75") {
+                return true;
+            }
+        }
+        self.severity == Severity::Warning && !self.text.contains("Advisory:")
+    }
+}
+
+/// What `ptxas -v` said about one module.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PtxasReport {
+    /// Each kernel's resources.
+    pub kernels: Vec<KernelResources>,
+    /// Every warning and numbered note, in output order.
+    pub diagnostics: Vec<PtxasDiagnostic>,
+}
+
+impl PtxasReport {
+    /// The reasons this module is slow or wrong: each harmful diagnostic
+    /// ([`PtxasDiagnostic::is_harmful`]) and each kernel that spills registers to local memory.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .diagnostics
+            .iter()
+            .filter(|d| d.is_harmful())
+            .map(|d| d.text.clone())
+            .collect();
+        for k in &self.kernels {
+            if k.spill_stores > 0 || k.spill_loads > 0 {
+                out.push(format!(
+                    "kernel `{}` spills registers: {} bytes spill stores, {} bytes spill loads per thread",
+                    k.name, k.spill_stores, k.spill_loads
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// The warnings and numbered notes of ptxas's output: lines with `warning` in ptxas's label, and
+/// `info` lines that carry a `(Cnnnn)` code.
+pub fn parse_diagnostics(text: &str) -> Vec<PtxasDiagnostic> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if !trimmed.starts_with("ptxas") {
+            continue;
+        }
+        let (label, body) = trimmed.split_once(':').unwrap_or((trimmed, ""));
+        let body = body.trim();
+        let code = body
+            .strip_prefix('(')
+            .and_then(|b| b.split_once(')'))
+            .map(|(c, _)| c.to_string())
+            .filter(|c| {
+                c.len() > 1 && c.starts_with('C') && c[1..].chars().all(|d| d.is_ascii_digit())
+            });
+        let severity = if label.contains("warning") {
+            Severity::Warning
+        } else if label.contains("info") && code.is_some() {
+            Severity::Info
+        } else {
+            continue;
+        };
+        let line_no = label
+            .split("line ")
+            .nth(1)
+            .and_then(|l| l.split(';').next())
+            .and_then(|l| l.trim().parse().ok());
+        out.push(PtxasDiagnostic {
+            severity,
+            code,
+            line: line_no,
+            text: trimmed.to_string(),
+        });
+    }
+    out
+}
+
+/// [`assemble`] with the whole report: resources and every warning / numbered note.
+///
+/// # Errors
+/// [`BuildError::Ptxas`] when ptxas cannot be started or rejects the module (with its output).
+pub fn assemble_report(ptxas: &Path, ptx: &Path, arch: Arch) -> Result<PtxasReport, BuildError> {
     let out = Command::new(ptxas)
         .arg(format!("-arch={}", arch.name()))
         .args(["-v", "-o", "/dev/null"])
@@ -77,7 +225,10 @@ pub fn assemble(ptxas: &Path, ptx: &Path, arch: Arch) -> Result<Vec<KernelResour
             ),
         });
     }
-    Ok(parse_report(&text))
+    Ok(PtxasReport {
+        kernels: parse_report(&text),
+        diagnostics: parse_diagnostics(&text),
+    })
 }
 
 fn number_before(line: &str, unit: &str) -> Option<u32> {
@@ -170,6 +321,45 @@ ptxas info    : Used 4 registers, used 0 barriers\n";
         let t = table(Arch::Sm90, &r);
         assert!(t.starts_with("kernel (sm_90)"));
         assert_eq!(t.lines().count(), 3);
+    }
+
+    #[test]
+    fn issue22_item02_diagnostics_are_parsed_and_judged() {
+        let text = "ptxas info    : (C7508) Potential Performance Loss: 'setmaxnreg' ignored; unable to determine register count at entry.\n\
+ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to the presence of Extern calls in the function 'k' in line 12\n\
+ptxas m.ptx, line 218; warning : Advisory: '.multicast::cluster' modifier on instruction 'cp.async.bulk{.tensor}' should be used on .target 'sm_90a'\n\
+ptxas m.ptx, line 7; warning : Double is not supported. Demoting to float\n\
+ptxas info    : 0 bytes gmem\n\
+ptxas info    : Compiling entry function 'k' for 'sm_90a'\n\
+ptxas info    : Function properties for k\n\
+    8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n\
+ptxas info    : Used 255 registers, used 1 barriers\n";
+        let d = parse_diagnostics(text);
+        assert_eq!(d.len(), 4, "{d:?}");
+        assert_eq!(d[0].code.as_deref(), Some("C7508"));
+        assert_eq!(d[0].severity, Severity::Info);
+        assert_eq!(d[1].code.as_deref(), Some("C7515"));
+        assert_eq!((d[2].severity, d[2].line), (Severity::Warning, Some(218)));
+        assert_eq!(d[3].line, Some(7));
+        assert_eq!(
+            d.iter().map(|d| d.is_harmful()).collect::<Vec<_>>(),
+            [true, true, false, true]
+        );
+        let report = PtxasReport {
+            kernels: parse_report(text),
+            diagnostics: d,
+        };
+        let p = report.problems();
+        assert_eq!(p.len(), 4, "{p:?}");
+        assert!(p[0].contains("C7508") && p[1].contains("C7515"), "{p:?}");
+        assert!(p[3].contains("`k` spills registers: 8 bytes"), "{p:?}");
+        let clean = "ptxas info    : Compiling entry function 'k' for 'sm_90'\n\
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n";
+        let report = PtxasReport {
+            kernels: parse_report(clean),
+            diagnostics: parse_diagnostics(clean),
+        };
+        assert!(report.problems().is_empty());
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! warpline's project commands: `cargo xtask setup | build-ptx | clippy-ptx | test | run-main | gpu-bundle | sanitize`.
+//! warpline's project commands: `cargo xtask setup | build-ptx | build-kernel | clippy-ptx | test | run-main | gpu-bundle | sanitize`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -18,7 +18,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Install what building and linting PTX needs (Debian rustc-web, cargo-web, rust-web-src,
-    /// rust-web-clippy; ptxas from the PyPI package nvidia-cuda-nvcc). Idempotent.
+    /// rust-web-clippy; ptxas from the PyPI package nvidia-cuda-nvcc, pinned to
+    /// `warpline_builder::ptxas::PINNED_NVCC_VERSION`, the CUDA 13.0 of the GPU machines'
+    /// driver, unless PTXAS names another). Idempotent.
     Setup,
     /// Build `gpu/` for nvptx64-nvidia-cuda into its two modules: sm_90 (PTX ISA 8.0) into
     /// target/ptx/warpline_gpu.ptx and sm_90a (PTX ISA 8.3, feature sm90a: the tensor-core
@@ -28,6 +30,16 @@ enum Cmd {
         /// Fail if ptxas is not available (CI).
         #[arg(long)]
         require_ptxas: bool,
+    },
+    /// Build one kernel crate to PTX with warpline-builder, exactly as a build script's
+    /// `PtxBuilder` does (flags, launch_bounds! rewrite, ptxas check), and print the ptxas
+    /// report; the same as the `warpline-builder` binary. Arguments: `<crate dir>
+    /// [--arch sm_90|sm_90a] [--ptx-isa 8.3] [--features a,b] [--out-dir DIR] [--target-dir DIR]
+    /// [--allow-ptxas-warnings]`.
+    BuildKernel {
+        /// The kernel crate's folder and the options above.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        args: Vec<String>,
     },
     /// Lint the device crate on its own nvptx64 build with the device toolchain's clippy
     /// (rust-web-clippy), `-D warnings`; gpu/src/lib.rs denies unsafe_op_in_unsafe_fn,
@@ -62,6 +74,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Setup => setup(),
         Cmd::BuildPtx { require_ptxas } => build_ptx(require_ptxas),
+        Cmd::BuildKernel { args } => warpline_builder::cli::run(args),
         Cmd::ClippyPtx => clippy_ptx(),
         Cmd::Test => test(),
         Cmd::RunMain => run_main(),
@@ -148,12 +161,24 @@ fn setup() -> Result<()> {
         args.extend(DEVICE_PACKAGES);
         apt(&args)?;
     }
-    match ptxas::find() {
-        Some(p) => println!("setup: ptxas already there ({})", p.display()),
+    if let Some(p) = std::env::var_os(ptxas::ENV_PTXAS).filter(|p| !p.is_empty()) {
+        println!(
+            "setup: using PTXAS={} (not installing nvidia-cuda-nvcc {})",
+            Path::new(&p).display(),
+            ptxas::PINNED_NVCC_VERSION
+        );
+        return Ok(());
+    }
+    match ptxas::release(&ptxas::pinned_path()) {
+        Some(r) => println!(
+            "setup: ptxas {r} already there ({})",
+            ptxas::pinned_path().display()
+        ),
         None => {
             let dir = ptxas::install_dir();
+            let pin = format!("nvidia-cuda-nvcc=={}", ptxas::PINNED_NVCC_VERSION);
             println!(
-                "setup: installing ptxas (PyPI nvidia-cuda-nvcc) into {}",
+                "setup: installing ptxas (PyPI {pin}) into {}",
                 dir.display()
             );
             run(Command::new("python3")
@@ -167,10 +192,10 @@ fn setup() -> Result<()> {
                     "--target",
                 ])
                 .arg(&dir)
-                .arg("nvidia-cuda-nvcc"))?;
-            let p =
-                ptxas::find().ok_or("ptxas still not found after installing nvidia-cuda-nvcc")?;
-            println!("setup: ptxas at {}", p.display());
+                .arg(&pin))?;
+            let r = ptxas::release(&ptxas::pinned_path())
+                .ok_or_else(|| format!("ptxas still not found after installing {pin}"))?;
+            println!("setup: ptxas {r} at {}", ptxas::pinned_path().display());
         }
     }
     Ok(())
@@ -190,7 +215,9 @@ fn needs_setup() -> bool {
     let clippy = [DEBIAN_CARGO_CLIPPY, DEBIAN_CLIPPY_DRIVER]
         .iter()
         .all(|p| Path::new(p).exists());
-    DeviceToolchain::discover().is_err() || !clippy || ptxas::find().is_none()
+    let pinned_ptxas = std::env::var_os(ptxas::ENV_PTXAS).is_some_and(|p| !p.is_empty())
+        || ptxas::release(&ptxas::pinned_path()).is_some();
+    DeviceToolchain::discover().is_err() || !clippy || !pinned_ptxas
 }
 
 /// `setup` when something is missing (what a fresh clone needs before building PTX).
@@ -232,6 +259,21 @@ fn build_ptx(require_ptxas: bool) -> Result<()> {
             built.path.display(),
             built.entries.join(", ")
         );
+        println!("build-ptx: device {}", built.rustc_version);
+        if let Some(r) = &built.ptxas_release {
+            let note = if r == ptxas::TESTED_PTXAS_RELEASE {
+                String::new()
+            } else {
+                format!(
+                    " (note: tested with {}; `cargo xtask setup` installs it)",
+                    ptxas::TESTED_PTXAS_RELEASE
+                )
+            };
+            println!("build-ptx: ptxas release {r}{note}");
+        }
+        for d in &built.ptxas_diagnostics {
+            println!("build-ptx: ptxas: {}", d.text);
+        }
         match built.resources {
             Some(r) => print!("{}", ptxas::table(arch, &r)),
             None if require_ptxas => {
@@ -310,8 +352,24 @@ fn clippy_ptx() -> Result<()> {
     Ok(())
 }
 
+/// The calling cargo, with `WARPLINE_PTX` / `WARPLINE_SM90A_PTX` pointing at `build-ptx`'s
+/// modules (target/ptx, target/ptx-sm90a) where they exist and the caller has not set them:
+/// host/build.rs then embeds those instead of building gpu/ a second time in its own `OUT_DIR`.
+/// Every command that builds through this runs `build_ptx` first, so the modules are current.
 fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    for (var, path) in [
+        ("WARPLINE_PTX", ptx_path()),
+        (
+            "WARPLINE_SM90A_PTX",
+            root().join("target/ptx-sm90a/warpline_gpu.ptx"),
+        ),
+    ] {
+        if std::env::var_os(var).is_none() && path.exists() {
+            c.env(var, path);
+        }
+    }
+    c
 }
 
 fn test() -> Result<()> {
