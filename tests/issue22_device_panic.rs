@@ -35,15 +35,18 @@ fn issue22_item01_out_of_bounds_index_is_a_typed_error() {
     let pool = MemPool::new(&dev, 0).unwrap();
     let s = dev.new_stream().unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    let (n, data_len) = (10_007usize, 4_099usize);
+    // data_len >= n (the kernel also reads data[i] for i < n); the allocation is 64 elements
+    // longer, so an index just past data_len stays inside it and only the bounds check sees it.
+    let (n, data_len) = (4_099usize, 10_007usize);
+    let alloc_len = data_len + 64;
     let data: Vec<u32> = (0..data_len).map(|_| rng.random()).collect();
     let mut idx: Vec<u32> = (0..n)
         .map(|_| rng.random_range(0..data_len as u32))
         .collect();
     let m = rng.random_range(1..=u32::MAX);
-    let mut d_data = pool.alloc_async::<u32>(&s, data_len.max(n)).unwrap();
+    let mut d_data = pool.alloc_async::<u32>(&s, alloc_len).unwrap();
     let mut host_data = data.clone();
-    host_data.resize(data_len.max(n), 0);
+    host_data.resize(alloc_len, 0);
     d_data.copy_from_host(&host_data).unwrap();
     let mut d_idx = pool.alloc_async::<u32>(&s, n).unwrap();
     d_idx.copy_from_host(&idx).unwrap();
@@ -82,7 +85,7 @@ fn issue22_item01_out_of_bounds_index_is_a_typed_error() {
     // One index past the end of `data` (but inside its allocation, so only the bounds check can
     // catch it): the kernel traps and the host gets the typed sticky error.
     let bad = rng.random_range(0..n);
-    idx[bad] = rng.random_range(data_len as u32..data_len.max(n) as u32);
+    idx[bad] = rng.random_range(data_len as u32..alloc_len as u32);
     d_idx.copy_from_host(&idx).unwrap();
     launch(&mut d_out, &d_data, &d_idx).unwrap();
     let e = s.synchronize().unwrap_err();

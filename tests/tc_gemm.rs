@@ -769,8 +769,9 @@ fn issue19_item01_gemm_task_owns_its_plan_across_replays() {
     let stream = dev.new_stream().unwrap();
     let pool = MemPool::device_default(&dev, 0).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
-    // N = 132: C's row pitch (N f32) must be a multiple of 16 bytes; 132 is no tile multiple.
-    let (m, n, k) = (257, 132, 200);
+    // M = 260, N = 132: both serve as f32 row pitches of a C (multiples of 16 bytes), and
+    // neither is a tile multiple.
+    let (m, n, k) = (260, 132, 200);
     let (da, ha) = upload::<bf16>(&pool, &stream, &mut rng, m, k, k);
     let (db, hb) = upload::<bf16>(&pool, &stream, &mut rng, n, k, k);
     let mut eager = pool.alloc_async::<f32>(&stream, m * n).unwrap();
