@@ -15,7 +15,9 @@
 //! best configuration's C and cuBLAS's.
 //!
 //! Environment: `WARPLINE_DECODE_SWEEP=0` (default and PDL rows only); `WARPLINE_DECODE_SHAPES=
-//! MxNxK,...` (only these). Without a driver it prints why it skipped and exits 0.
+//! MxNxK,...` (only these); `WARPLINE_DECODE_CONFIGS=ITEM,...` (only the swept configs that
+//! match an item: an exact label such as `w16_ks8_u2_pf`, or `r1` / `r2` for every config with
+//! that many row tiles per warp). Without a driver it prints why it skipped and exits 0.
 
 use rand::{Rng, SeedableRng};
 use warpline::bandwidth::d2d_copy_gbps;
@@ -87,6 +89,19 @@ fn run(dev: &Device) -> warpline::Result<()> {
     );
     let dg = DecodeGemm::new(dev)?;
     let sweep = std::env::var("WARPLINE_DECODE_SWEEP").as_deref() != Ok("0");
+    let config_filter: Option<Vec<String>> = std::env::var("WARPLINE_DECODE_CONFIGS")
+        .ok()
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+    let swept: Vec<DecodeConfig> = DecodeConfig::sweep()
+        .into_iter()
+        .filter(|cfg| {
+            config_filter.as_ref().is_none_or(|items| {
+                items
+                    .iter()
+                    .any(|it| *it == cfg.label() || *it == format!("r{}", cfg.row_tiles))
+            })
+        })
+        .collect();
     let only: Option<Vec<String>> = std::env::var("WARPLINE_DECODE_SHAPES")
         .ok()
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
@@ -154,7 +169,7 @@ fn run(dev: &Device) -> warpline::Result<()> {
                 ),
             ];
             if sweep {
-                for cfg in DecodeConfig::sweep() {
+                for &cfg in &swept {
                     configs.push((cfg.label(), DecodeGemmOptions::new(cfg, false)));
                 }
             }

@@ -109,6 +109,11 @@ pub struct DecodeConfig {
     /// Stream the weights with the `.L2::256B` prefetch-size hint (`ld.global.nc.L1::no_allocate
     /// .L2::256B`): L2 fetches 256-byte blocks of a weight row from DRAM.
     pub l2_prefetch: bool,
+    /// Row tiles (16 output columns each) per warp: 1, or 2 (`contract::MAX_ROW_TILES`; entries
+    /// `..._r2`, up to 32 tokens): each token fragment a warp loads feeds the MMAs of both
+    /// tiles, halving the token (A) reads per weight byte, and each lane keeps twice the weight
+    /// bytes in flight (issue 20, notes/decode-m16.md).
+    pub row_tiles: u32,
 }
 
 impl Default for DecodeConfig {
@@ -118,26 +123,31 @@ impl Default for DecodeConfig {
             ksplit: None,
             unroll: 4,
             l2_prefetch: true,
+            row_tiles: 1,
         }
     }
 }
 
 impl DecodeConfig {
     /// Every combination the bench sweeps: warps {4, 8, 16} x ksplit {1, 2, 4, 8, 16 dividing
-    /// warps} x unroll {2, 4} x L2 prefetch {on, off}.
+    /// warps} x unroll {2, 4} x L2 prefetch {on, off} x row tiles {1, 2}. (Row tiles 2 has
+    /// entries for up to 32 tokens only: [`launch_shape`] refuses it above.)
     pub fn sweep() -> Vec<Self> {
         let mut v = Vec::new();
-        for warps in contract::WARPS {
-            for ks in [1u32, 2, 4, 8, 16] {
-                if ks <= warps && warps.is_multiple_of(ks) {
-                    for unroll in [2u32, 4] {
-                        for l2_prefetch in [true, false] {
-                            v.push(Self {
-                                warps,
-                                ksplit: Some(ks),
-                                unroll,
-                                l2_prefetch,
-                            });
+        for row_tiles in [1u32, 2] {
+            for warps in contract::WARPS {
+                for ks in [1u32, 2, 4, 8, 16] {
+                    if ks <= warps && warps.is_multiple_of(ks) {
+                        for unroll in [2u32, 4] {
+                            for l2_prefetch in [true, false] {
+                                v.push(Self {
+                                    warps,
+                                    ksplit: Some(ks),
+                                    unroll,
+                                    l2_prefetch,
+                                    row_tiles,
+                                });
+                            }
                         }
                     }
                 }
@@ -146,11 +156,17 @@ impl DecodeConfig {
         v
     }
 
-    /// `w{warps}_ks{ksplit|auto}_u{unroll}` plus `_pf` with the L2 prefetch, for tables.
+    /// `w{warps}_ks{ksplit|auto}_u{unroll}` plus `_pf` with the L2 prefetch and `_r{row_tiles}`
+    /// for more than one row tile per warp, for tables.
     pub fn label(&self) -> String {
         let ks = self.ksplit.map_or("auto".to_string(), |k| k.to_string());
         let pf = if self.l2_prefetch { "_pf" } else { "" };
-        format!("w{}_ks{ks}_u{}{pf}", self.warps, self.unroll)
+        let r = if self.row_tiles == 1 {
+            String::new()
+        } else {
+            format!("_r{}", self.row_tiles)
+        };
+        format!("w{}_ks{ks}_u{}{pf}{r}", self.warps, self.unroll)
     }
 }
 
@@ -231,7 +247,9 @@ pub struct DecodeLaunchShape {
     pub ksplit: u32,
     /// k-steps per k-block.
     pub unroll: u32,
-    /// CTAs: `ceil(ceil(N / 16) / (warps / ksplit))`.
+    /// Row tiles (16 output columns) per warp.
+    pub row_tiles: u32,
+    /// CTAs: `ceil(ceil(N / (16 * row_tiles)) / (warps / ksplit))`.
     pub grid: u32,
     /// Dynamic shared memory, bytes.
     pub smem_bytes: u32,
@@ -242,7 +260,8 @@ pub struct DecodeLaunchShape {
 ///
 /// Errors: [`Error::BadShape`] for `M` above 64 (the decode kernel's limit; use the cooperative
 /// configuration), warps not in `contract::WARPS`, `ksplit` 0 or not dividing `warps`, `unroll`
-/// not 2 or 4, or a grid above `MAX_GRID`.
+/// not 2 or 4, `row_tiles` not 1 or 2, no entry for the combination (2 row tiles serve at most
+/// 32 tokens), or a grid above `MAX_GRID`.
 pub fn launch_shape(
     shape: GemmShape,
     bf16: bool,
@@ -269,6 +288,17 @@ pub fn launch_shape(
             detail: format!("{}; allowed: 2 or 4", cfg.unroll),
         });
     }
+    if cfg.row_tiles == 0 || cfg.row_tiles as usize > contract::MAX_ROW_TILES {
+        return Err(Error::BadShape {
+            what: "decode gemm row tiles per warp",
+            detail: format!(
+                "{}; allowed: 1 to {}",
+                cfg.row_tiles,
+                contract::MAX_ROW_TILES
+            ),
+        });
+    }
+    let row_tiles = cfg.row_tiles as usize;
     let ksplit = match cfg.ksplit {
         Some(ks) => {
             if ks == 0 || !cfg.warps.is_multiple_of(ks) {
@@ -282,21 +312,33 @@ pub fn launch_shape(
             }
             ks
         }
-        None => default_ksplit(shape.n, shape.k, sms, cfg.warps, cfg.unroll),
+        // ceil(ceil(N / R) / 16) = ceil(N / (16 R)): the warps' tiles of 16 R columns.
+        None => default_ksplit(
+            shape.n.div_ceil(row_tiles),
+            shape.k,
+            sms,
+            cfg.warps,
+            cfg.unroll,
+        ),
     };
     let variant = contract::VARIANTS
         .iter()
-        .find(|v| v.bf16 == bf16 && v.token_tiles == tiles && v.unroll == cfg.unroll as usize)
+        .find(|v| {
+            v.bf16 == bf16
+                && v.token_tiles == tiles
+                && v.unroll == cfg.unroll as usize
+                && v.row_tiles == row_tiles
+        })
         .ok_or_else(|| Error::BadShape {
             what: "decode gemm variant",
             detail: format!(
-                "no entry for bf16 = {bf16}, {tiles} token tiles, unroll {}",
-                cfg.unroll
+                "no entry for bf16 = {bf16}, {tiles} token tiles (M = {}), unroll {}, {row_tiles} row tiles per warp; 2 row tiles serve at most 32 tokens",
+                shape.m, cfg.unroll
             ),
         })?;
-    let row_tiles = shape.n.div_ceil(contract::ROWS) as u64;
+    let warp_tiles = shape.n.div_ceil(contract::ROWS * row_tiles) as u64;
     let per_cta = (cfg.warps / ksplit) as u64;
-    let grid = row_tiles.div_ceil(per_cta);
+    let grid = warp_tiles.div_ceil(per_cta);
     if grid == 0 || grid > super::MAX_GRID as u64 {
         return Err(Error::BadShape {
             what: "decode gemm grid",
@@ -309,8 +351,9 @@ pub fn launch_shape(
         warps: cfg.warps,
         ksplit,
         unroll: cfg.unroll,
+        row_tiles: cfg.row_tiles,
         grid: grid as u32,
-        smem_bytes: contract::smem_bytes(cfg.warps, tiles) as u32,
+        smem_bytes: contract::smem_bytes(cfg.warps, tiles * row_tiles) as u32,
     })
 }
 
@@ -784,14 +827,14 @@ mod tests {
                 Err(Error::BadShape { .. })
             ));
         }
-        // Every swept config is accepted and its grid covers N.
+        // Every swept config is accepted (M = 16) and its grid covers N.
         for cfg in DecodeConfig::sweep() {
             let ls = launch_shape(s, false, &cfg, 132).unwrap();
             let ks = cfg.ksplit.unwrap();
             assert_eq!(ls.ksplit, ks);
-            let tiles_per_cta = cfg.warps / ks;
-            assert!(ls.grid as usize * tiles_per_cta as usize * 16 >= 4096);
-            assert!((ls.grid as usize - 1) * (tiles_per_cta as usize) * 16 < 4096);
+            let cols_per_cta = (cfg.warps / ks * cfg.row_tiles) as usize * 16;
+            assert!(ls.grid as usize * cols_per_cta >= 4096);
+            assert!((ls.grid as usize - 1) * cols_per_cta < 4096);
             assert!(ls.smem_bytes as usize <= contract::MAX_SMEM_BYTES);
         }
     }
@@ -814,6 +857,76 @@ mod tests {
                     assert!(ks >= 1 && w.is_multiple_of(ks), "{n} {k} {w} -> {ks}");
                 }
             }
+        }
+    }
+
+    /// Issue 20 (M = 16): the two-row-tile entries exist for 1 to 32 tokens, a warp covers 32
+    /// columns (so the grid halves), the split-K exchange holds both tiles, 2 row tiles above
+    /// 32 tokens and 0 or 3 row tiles are refused with typed errors, and the label says `_r2`.
+    #[test]
+    fn issue20_decode_two_row_tiles_launch_shape() {
+        for bf16 in [true, false] {
+            for m in [1, 7, 16, 17, 32] {
+                for unroll in [2, 4] {
+                    let cfg = DecodeConfig {
+                        warps: 8,
+                        ksplit: Some(4),
+                        unroll,
+                        row_tiles: 2,
+                        ..Default::default()
+                    };
+                    let ls = launch_shape(shape(m, 1003, 2056), bf16, &cfg, 132).unwrap();
+                    let ty = if bf16 { "bf16" } else { "f16" };
+                    assert_eq!(
+                        ls.kernel,
+                        format!("decode_gemm_{ty}_t{}_u{unroll}_r2", ls.token_tiles)
+                    );
+                    assert_eq!(ls.row_tiles, 2);
+                    // 1003 columns: 32 warp tiles of 32 columns, 2 per CTA.
+                    assert_eq!(ls.grid, 16);
+                    assert_eq!(ls.smem_bytes as usize, 8 * ls.token_tiles * 2 * 512);
+                    assert_eq!(cfg.label(), format!("w8_ks4_u{unroll}_pf_r2"));
+                }
+            }
+            for m in [33, 64] {
+                let cfg = DecodeConfig {
+                    row_tiles: 2,
+                    ..Default::default()
+                };
+                assert!(matches!(
+                    launch_shape(shape(m, 4096, 4096), bf16, &cfg, 132),
+                    Err(Error::BadShape {
+                        what: "decode gemm variant",
+                        ..
+                    })
+                ));
+            }
+            for row_tiles in [0, 3] {
+                let cfg = DecodeConfig {
+                    row_tiles,
+                    ..Default::default()
+                };
+                assert!(matches!(
+                    launch_shape(shape(16, 4096, 4096), bf16, &cfg, 132),
+                    Err(Error::BadShape {
+                        what: "decode gemm row tiles per warp",
+                        ..
+                    })
+                ));
+            }
+        }
+        // The default ksplit counts the warps' 32-column tiles: 4096 columns = 128 of them.
+        let cfg = DecodeConfig {
+            row_tiles: 2,
+            ..Default::default()
+        };
+        let ls = launch_shape(shape(16, 28672, 4096), true, &cfg, 132).unwrap();
+        assert_eq!(ls.ksplit, default_ksplit(14336, 4096, 132, 8, 4));
+        // Every variant's accumulator tiles fit the raised shared-memory limit at 16 warps.
+        for v in contract::VARIANTS {
+            assert!(
+                contract::smem_bytes(16, v.token_tiles * v.row_tiles) <= contract::MAX_SMEM_BYTES
+            );
         }
     }
 
@@ -910,25 +1023,33 @@ mod tests {
             warps_i in 0usize..3,
             ks_log in proptest::option::of(0u32..5),
             unroll in proptest::sample::select(vec![2u32, 4]),
+            row_tiles in 1u32..=2,
             sms in 1u32..200,
         ) {
             let warps = contract::WARPS[warps_i];
             let ksplit = ks_log.map(|l| 1u32 << l);
-            let cfg = DecodeConfig { warps, ksplit, unroll, l2_prefetch: true };
+            let cfg = DecodeConfig { warps, ksplit, unroll, l2_prefetch: true, row_tiles };
             match launch_shape(shape(m, n, k), true, &cfg, sms) {
                 Ok(ls) => {
                     proptest::prop_assert!(ls.token_tiles * 8 >= m);
                     proptest::prop_assert!(warps.is_multiple_of(ls.ksplit));
-                    let per_cta = (warps / ls.ksplit) as usize;
-                    proptest::prop_assert!(ls.grid as usize * per_cta * 16 >= n);
-                    proptest::prop_assert!((ls.grid as usize - 1) * per_cta * 16 < n);
+                    proptest::prop_assert_eq!(ls.row_tiles, row_tiles);
+                    let cols = (warps / ls.ksplit * row_tiles) as usize * 16;
+                    proptest::prop_assert!(ls.grid as usize * cols >= n);
+                    proptest::prop_assert!((ls.grid as usize - 1) * cols < n);
                     proptest::prop_assert!(ls.smem_bytes as usize <= contract::MAX_SMEM_BYTES);
+                    let v = contract::VARIANTS.iter().find(|v| v.kernel == ls.kernel).unwrap();
+                    proptest::prop_assert_eq!(v.row_tiles as u32, row_tiles);
+                    proptest::prop_assert_eq!(v.token_tiles, ls.token_tiles);
                 }
                 Err(e) => {
-                    // Only an explicit ksplit that does not divide the warps is refused here.
+                    // Only an explicit ksplit that does not divide the warps, or 2 row tiles
+                    // with more than 32 tokens, is refused here.
                     let bad_shape = matches!(e, Error::BadShape { .. });
                     proptest::prop_assert!(bad_shape, "{}", e);
-                    proptest::prop_assert!(ksplit.is_some_and(|ks| ks > warps));
+                    proptest::prop_assert!(
+                        ksplit.is_some_and(|ks| ks > warps) || (row_tiles == 2 && m > 32)
+                    );
                 }
             }
         }
