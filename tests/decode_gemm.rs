@@ -284,7 +284,7 @@ fn issue20_decode_gemm_every_swept_config() {
     for cfg in DecodeConfig::sweep() {
         // Two row tiles per warp serve at most 32 tokens (issue20_decode_gemm_two_row_tiles
         // checks the refusal above).
-        let ms = if cfg.row_tiles == 1 {
+        let ms = if cfg.row_tiles == 1 && !cfg.prefetch_a {
             [2, 16, 64]
         } else {
             [2, 16, 32]
@@ -308,12 +308,23 @@ fn issue20_decode_gemm_pdl_weights_before_wait() {
         return;
     };
     let dg = DecodeGemm::new(&dev).unwrap();
-    for m in [1, 16] {
-        let case = Case {
-            pdl_early: true,
-            ..Case::new(m, 1003, 2056)
-        };
-        assert!(run_case::<bf16, f32>(&dev, &dg, None, case));
+    // The default config, and (issue 20, M = 16) two row tiles with the A prefetch: A is
+    // still read only after griddepcontrol.wait.
+    let r2_pa = DecodeConfig {
+        unroll: 2,
+        row_tiles: 2,
+        prefetch_a: true,
+        ..Default::default()
+    };
+    for cfg in [DecodeConfig::default(), r2_pa] {
+        for m in [1, 16] {
+            let case = Case {
+                pdl_early: true,
+                cfg,
+                ..Case::new(m, 1003, 2056)
+            };
+            assert!(run_case::<bf16, f32>(&dev, &dg, None, case));
+        }
     }
 }
 
@@ -342,7 +353,8 @@ fn issue20_decode_gemm_through_tc_gemm_auto() {
 }
 
 /// Issue 20, M = 16: the entries with two row tiles per warp (`DecodeConfig::row_tiles = 2`,
-/// `decode_gemm_*_t{1,2,4}_u{2,4}_r2`) against the reference: M in {1, 2, 7, 16, 17, 32}, odd N
+/// `decode_gemm_*_t{1,2,4}_u{2,4}_r2`) and those that load A one k-block ahead
+/// (`DecodeConfig::prefetch_a`, `decode_gemm_*_t{1,2,4}_u2[_r2]_pa`) against the reference: M in {1, 2, 7, 16, 17, 32}, odd N
 /// (1003; and 45, less than one warp's 32 columns, so the second row tile of the only warp is
 /// partly and its upper half wholly past N), K a multiple of 8 but not of the k-block (2056)
 /// and not of 8 (2050), C poisoned with NaN at beta = 0 and random at beta != 0, BF16 -> f32
@@ -354,14 +366,23 @@ fn issue20_decode_gemm_two_row_tiles() {
         return;
     };
     let dg = DecodeGemm::new(&dev).unwrap();
-    let cfg = |warps, ks, unroll| DecodeConfig {
+    let cfg = |warps, ks, unroll, row_tiles, prefetch_a| DecodeConfig {
         warps,
         ksplit: Some(ks),
         unroll,
         l2_prefetch: true,
-        row_tiles: 2,
+        row_tiles,
+        prefetch_a,
     };
-    let cfgs = [cfg(8, 4, 2), cfg(16, 16, 2), cfg(4, 1, 4), cfg(8, 8, 4)];
+    let cfgs = [
+        cfg(8, 4, 2, 2, false),
+        cfg(16, 16, 2, 2, false),
+        cfg(4, 1, 4, 2, false),
+        cfg(8, 8, 4, 2, false),
+        cfg(8, 4, 2, 2, true),
+        cfg(16, 8, 2, 1, true),
+        cfg(4, 2, 2, 1, true),
+    ];
     for m in [1, 2, 7, 16, 17, 32] {
         for (n, k) in [(1003, 2056), (1003, 2050), (45, 2056)] {
             for (alpha, beta) in [(1.0, 0.0), (0.75, -1.5)] {
@@ -375,13 +396,15 @@ fn issue20_decode_gemm_two_row_tiles() {
                     let ran = run_case::<bf16, f32>(&dev, &dg, None, case);
                     assert!(ran || c.warps > 8, "{case:?} did not fit");
                 }
-                let case = Case {
-                    alpha,
-                    beta,
-                    cfg: cfgs[0],
-                    ..Case::new(m, n, k)
-                };
-                assert!(run_case::<f16, f16>(&dev, &dg, None, case));
+                for c in [cfgs[0], cfgs[4]] {
+                    let case = Case {
+                        alpha,
+                        beta,
+                        cfg: c,
+                        ..Case::new(m, n, k)
+                    };
+                    assert!(run_case::<f16, f16>(&dev, &dg, None, case));
+                }
             }
         }
     }
@@ -390,7 +413,7 @@ fn issue20_decode_gemm_two_row_tiles() {
     let a = pool.alloc_async::<bf16>(&stream, 64 * 64).unwrap();
     let b = pool.alloc_async::<bf16>(&stream, 64 * 64).unwrap();
     let mut c = pool.alloc_async::<f32>(&stream, 64 * 64).unwrap();
-    for m in [33, 64] {
+    for (m, bad_cfg) in [(33, cfgs[0]), (64, cfgs[0]), (33, cfgs[5])] {
         let e = dg
             .plan(
                 &stream,
@@ -400,7 +423,7 @@ fn issue20_decode_gemm_two_row_tiles() {
                 MatrixMut::new(c.as_view_mut(), m, 64, 64),
                 1.0,
                 0.0,
-                &DecodeGemmOptions::new(cfgs[0], false),
+                &DecodeGemmOptions::new(bad_cfg, false),
             )
             .map(|_| ())
             .unwrap_err();
@@ -441,6 +464,7 @@ fn issue20_decode_gemm_is_deterministic() {
                 unroll: 2,
                 l2_prefetch: true,
                 row_tiles,
+                prefetch_a: row_tiles == 2,
             };
             dg.plan(
                 &stream,
@@ -527,6 +551,7 @@ fn issue20_decode_gemm_refuses_bad_input() {
             unroll: 4,
             l2_prefetch: false,
             row_tiles: 1,
+            prefetch_a: false,
         },
         false,
     );

@@ -622,6 +622,9 @@ pub mod decode_gemm {
         pub unroll: usize,
         /// Row tiles (of [`ROWS`] output columns) per warp: 1 or [`MAX_ROW_TILES`].
         pub row_tiles: usize,
+        /// The token (A) fragments of the next k-block are loaded one k-block ahead, with its
+        /// weights (entries `..._pa`), so their latency leaves each k-block's critical path.
+        pub prefetch_a: bool,
     }
 
     const fn v(kernel: &'static str, bf16: bool, token_tiles: usize, unroll: usize) -> Variant {
@@ -635,17 +638,29 @@ pub mod decode_gemm {
         unroll: usize,
         row_tiles: usize,
     ) -> Variant {
+        vp(kernel, bf16, token_tiles, unroll, row_tiles, false)
+    }
+
+    const fn vp(
+        kernel: &'static str,
+        bf16: bool,
+        token_tiles: usize,
+        unroll: usize,
+        row_tiles: usize,
+        prefetch_a: bool,
+    ) -> Variant {
         Variant {
             kernel,
             bf16,
             token_tiles,
             unroll,
             row_tiles,
+            prefetch_a,
         }
     }
 
     /// Every entry of the module, in the order the kernel file instantiates them.
-    pub const VARIANTS: [Variant; 28] = [
+    pub const VARIANTS: [Variant; 40] = [
         v("decode_gemm_bf16_t1_u2", true, 1, 2),
         v("decode_gemm_bf16_t1_u4", true, 1, 4),
         v("decode_gemm_bf16_t2_u2", true, 2, 2),
@@ -674,6 +689,18 @@ pub mod decode_gemm {
         vr("decode_gemm_f16_t2_u4_r2", false, 2, 4, 2),
         vr("decode_gemm_f16_t4_u2_r2", false, 4, 2, 2),
         vr("decode_gemm_f16_t4_u4_r2", false, 4, 4, 2),
+        vp("decode_gemm_bf16_t1_u2_pa", true, 1, 2, 1, true),
+        vp("decode_gemm_bf16_t2_u2_pa", true, 2, 2, 1, true),
+        vp("decode_gemm_bf16_t4_u2_pa", true, 4, 2, 1, true),
+        vp("decode_gemm_bf16_t1_u2_r2_pa", true, 1, 2, 2, true),
+        vp("decode_gemm_bf16_t2_u2_r2_pa", true, 2, 2, 2, true),
+        vp("decode_gemm_bf16_t4_u2_r2_pa", true, 4, 2, 2, true),
+        vp("decode_gemm_f16_t1_u2_pa", false, 1, 2, 1, true),
+        vp("decode_gemm_f16_t2_u2_pa", false, 2, 2, 1, true),
+        vp("decode_gemm_f16_t4_u2_pa", false, 4, 2, 1, true),
+        vp("decode_gemm_f16_t1_u2_r2_pa", false, 1, 2, 2, true),
+        vp("decode_gemm_f16_t2_u2_r2_pa", false, 2, 2, 2, true),
+        vp("decode_gemm_f16_t4_u2_r2_pa", false, 4, 2, 2, true),
     ];
 
     /// Dynamic shared memory a CTA of `warps` warps needs for `token_tiles` accumulator tiles

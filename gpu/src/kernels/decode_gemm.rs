@@ -178,17 +178,57 @@ unsafe fn load_block<const U: usize>(
     w
 }
 
+/// The token fragments of one k-block for this lane: `x[j][q]` = 8 elements of token
+/// `8 q + g` from column `32 (U block + j) + 8 t` (zeros past M or K).
+///
+/// # Safety
+/// The launch contract (A readable for rows `< m`, columns `< k`); only after
+/// `griddepcontrol.wait`.
+#[inline(always)]
+unsafe fn load_a<const T: usize, const U: usize>(
+    p: &Params,
+    block: u32,
+    g: u32,
+    t: u32,
+) -> [[[u32; 4]; 8]; 4] {
+    let mut x = [[[0u32; 4]; 8]; 4];
+    let base = block * (U * K_STEP) as u32 + 8 * t;
+    unroll!(J in [0, 1, 2, 3] {
+        if J < U {
+            let k0 = base + (J * K_STEP) as u32;
+            unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if Q < T {
+                    let tok = (Q * TOKENS_PER_TILE) as u32 + g;
+                    // SAFETY: the launch contract.
+                    x[J][Q] = unsafe { load8::<false>(p.a, p.lda, tok, tok < p.m, k0, p.k) };
+                }
+            });
+        }
+    });
+    x
+}
+
 /// The MMAs of one k-block: `acc[r][q] += W(block, row tile r) * X(block, token tile q)`. Each
-/// token fragment is loaded once per k-step and feeds the `R` row tiles of the warp.
+/// token fragment is loaded once per k-step and feeds the `R` row tiles of the warp. With `PA`
+/// the fragments are `xs` (loaded by [`load_a`] one k-block ahead, with the weights); without,
+/// they are loaded here.
 ///
 /// # Safety
 /// The launch contract (A readable for rows `< m`, columns `< k`); called by all 32 lanes of
 /// the warp together (warp-uniform control flow).
 #[inline(always)]
-unsafe fn mma_block<const BF16: bool, const T: usize, const U: usize, const R: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn mma_block<
+    const BF16: bool,
+    const T: usize,
+    const U: usize,
+    const R: usize,
+    const PA: bool,
+>(
     p: &Params,
     block: u32,
     w: &[[[u32; 4]; 8]; MAX_ROW_TILES],
+    xs: &[[[u32; 4]; 8]; 4],
     acc: &mut [[[f32; 4]; 8]; MAX_ROW_TILES],
     g: u32,
     t: u32,
@@ -200,8 +240,12 @@ unsafe fn mma_block<const BF16: bool, const T: usize, const U: usize, const R: u
             unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
                 if Q < T {
                     let tok = (Q * TOKENS_PER_TILE) as u32 + g;
-                    // SAFETY: the launch contract.
-                    let x = unsafe { load8::<false>(p.a, p.lda, tok, tok < p.m, k0, p.k) };
+                    let x = if PA {
+                        xs[J][Q]
+                    } else {
+                        // SAFETY: the launch contract.
+                        unsafe { load8::<false>(p.a, p.lda, tok, tok < p.m, k0, p.k) }
+                    };
                     unroll!(RT in [0, 1] {
                         if RT < R {
                             let (w0, w1) = (w[RT][2 * J], w[RT][2 * J + 1]);
@@ -247,12 +291,21 @@ unsafe fn load_blocks<const U: usize, const R: usize>(
 
 /// The kernel body of entry `decode_gemm_{bf16|f16}_t{T}_u{U}` (`R = 1`) or
 /// `decode_gemm_{bf16|f16}_t{T}_u{U}_r{R}`: each warp covers `R` row tiles (`16 R` output
-/// columns) and reuses every token fragment it loads for all of them.
+/// columns) and reuses every token fragment it loads for all of them; `..._pa` (`PA`): the token
+/// fragments of the next k-block are loaded with its weights, one k-block ahead.
 ///
 /// # Safety
 /// The launch contract of [`crate::contract::decode_gemm`]; every thread of the CTA calls it.
 #[inline(always)]
-unsafe fn decode<const BF16: bool, const T: usize, const U: usize, const R: usize>(p: Params) {
+unsafe fn decode<
+    const BF16: bool,
+    const T: usize,
+    const U: usize,
+    const R: usize,
+    const PA: bool,
+>(
+    p: Params,
+) {
     const { assert!(T >= 1 && T <= 8 && U >= 1 && U <= 4 && R >= 1 && R <= MAX_ROW_TILES) };
     const { assert!(T * R <= 8) };
     let tid = thread_idx_x();
@@ -302,21 +355,32 @@ unsafe fn decode<const BF16: bool, const T: usize, const U: usize, const R: usiz
         // SAFETY: the launch contract.
         cur = unsafe { load_blocks::<U, R>(&p, b, &rows, &ok, t) };
     }
+    let mut xa = [[[0u32; 4]; 8]; 4];
+    if PA && b < nblk {
+        // SAFETY: the launch contract; after griddepcontrol.wait.
+        xa = unsafe { load_a::<T, U>(&p, b, g, t) };
+    }
     let mut signalled = false;
     while b < nblk {
         let nb = b + p.ksplit;
         let mut nxt = [[[0u32; 4]; 8]; MAX_ROW_TILES];
+        let mut xn = [[[0u32; 4]; 8]; 4];
         if nb < nblk {
             // SAFETY: the launch contract.
             nxt = unsafe { load_blocks::<U, R>(&p, nb, &rows, &ok, t) };
+            if PA {
+                // SAFETY: the launch contract; after griddepcontrol.wait.
+                xn = unsafe { load_a::<T, U>(&p, nb, g, t) };
+            }
         } else {
             pdl::launch_dependents();
             signalled = true;
         }
         // SAFETY: the launch contract; b, ks and nblk are warp-uniform, so all 32 lanes run
         // the MMAs together.
-        unsafe { mma_block::<BF16, T, U, R>(&p, b, &cur, &mut acc, g, t) };
+        unsafe { mma_block::<BF16, T, U, R, PA>(&p, b, &cur, &xa, &mut acc, g, t) };
         cur = nxt;
+        xa = xn;
         b = nb;
     }
     if !signalled {
@@ -409,9 +473,9 @@ unsafe fn decode<const BF16: bool, const T: usize, const U: usize, const R: usiz
 
 macro_rules! entry {
     ($name:ident, $bf16:literal, $t:literal, $u:literal) => {
-        entry!($name, $bf16, $t, $u, 1);
+        entry!($name, $bf16, $t, $u, 1, false);
     };
-    ($name:ident, $bf16:literal, $t:literal, $u:literal, $r:literal) => {
+    ($name:ident, $bf16:literal, $t:literal, $u:literal, $r:literal, $pa:literal) => {
         /// Entry of [`crate::contract::decode_gemm`] (input type, token tiles, unroll in the
         /// name; see `contract::decode_gemm::VARIANTS`).
         ///
@@ -460,7 +524,7 @@ macro_rules! entry {
                 l2_prefetch: flags & FLAG_L2_PREFETCH_256 != 0,
             };
             // SAFETY: the caller's launch contract.
-            unsafe { decode::<$bf16, $t, $u, $r>(p) }
+            unsafe { decode::<$bf16, $t, $u, $r, $pa>(p) }
         }
     };
 }
@@ -481,15 +545,27 @@ entry!(decode_gemm_f16_t4_u2, false, 4, 2);
 entry!(decode_gemm_f16_t4_u4, false, 4, 4);
 entry!(decode_gemm_f16_t8_u2, false, 8, 2);
 entry!(decode_gemm_f16_t8_u4, false, 8, 4);
-entry!(decode_gemm_bf16_t1_u2_r2, true, 1, 2, 2);
-entry!(decode_gemm_bf16_t1_u4_r2, true, 1, 4, 2);
-entry!(decode_gemm_bf16_t2_u2_r2, true, 2, 2, 2);
-entry!(decode_gemm_bf16_t2_u4_r2, true, 2, 4, 2);
-entry!(decode_gemm_bf16_t4_u2_r2, true, 4, 2, 2);
-entry!(decode_gemm_bf16_t4_u4_r2, true, 4, 4, 2);
-entry!(decode_gemm_f16_t1_u2_r2, false, 1, 2, 2);
-entry!(decode_gemm_f16_t1_u4_r2, false, 1, 4, 2);
-entry!(decode_gemm_f16_t2_u2_r2, false, 2, 2, 2);
-entry!(decode_gemm_f16_t2_u4_r2, false, 2, 4, 2);
-entry!(decode_gemm_f16_t4_u2_r2, false, 4, 2, 2);
-entry!(decode_gemm_f16_t4_u4_r2, false, 4, 4, 2);
+entry!(decode_gemm_bf16_t1_u2_r2, true, 1, 2, 2, false);
+entry!(decode_gemm_bf16_t1_u4_r2, true, 1, 4, 2, false);
+entry!(decode_gemm_bf16_t2_u2_r2, true, 2, 2, 2, false);
+entry!(decode_gemm_bf16_t2_u4_r2, true, 2, 4, 2, false);
+entry!(decode_gemm_bf16_t4_u2_r2, true, 4, 2, 2, false);
+entry!(decode_gemm_bf16_t4_u4_r2, true, 4, 4, 2, false);
+entry!(decode_gemm_f16_t1_u2_r2, false, 1, 2, 2, false);
+entry!(decode_gemm_f16_t1_u4_r2, false, 1, 4, 2, false);
+entry!(decode_gemm_f16_t2_u2_r2, false, 2, 2, 2, false);
+entry!(decode_gemm_f16_t2_u4_r2, false, 2, 4, 2, false);
+entry!(decode_gemm_f16_t4_u2_r2, false, 4, 2, 2, false);
+entry!(decode_gemm_f16_t4_u4_r2, false, 4, 4, 2, false);
+entry!(decode_gemm_bf16_t1_u2_pa, true, 1, 2, 1, true);
+entry!(decode_gemm_bf16_t2_u2_pa, true, 2, 2, 1, true);
+entry!(decode_gemm_bf16_t4_u2_pa, true, 4, 2, 1, true);
+entry!(decode_gemm_bf16_t1_u2_r2_pa, true, 1, 2, 2, true);
+entry!(decode_gemm_bf16_t2_u2_r2_pa, true, 2, 2, 2, true);
+entry!(decode_gemm_bf16_t4_u2_r2_pa, true, 4, 2, 2, true);
+entry!(decode_gemm_f16_t1_u2_pa, false, 1, 2, 1, true);
+entry!(decode_gemm_f16_t2_u2_pa, false, 2, 2, 1, true);
+entry!(decode_gemm_f16_t4_u2_pa, false, 4, 2, 1, true);
+entry!(decode_gemm_f16_t1_u2_r2_pa, false, 1, 2, 2, true);
+entry!(decode_gemm_f16_t2_u2_r2_pa, false, 2, 2, 2, true);
+entry!(decode_gemm_f16_t4_u2_r2_pa, false, 4, 2, 2, true);

@@ -114,6 +114,11 @@ pub struct DecodeConfig {
     /// tiles, halving the token (A) reads per weight byte, and each lane keeps twice the weight
     /// bytes in flight (issue 20, notes/decode-m16.md).
     pub row_tiles: u32,
+    /// Load the token (A) fragments of the next k-block one k-block ahead, with its weights
+    /// (entries `..._pa`; `unroll` 2 and up to 32 tokens only), so the A latency leaves each
+    /// k-block's critical path (issue 20, notes/decode-m16.md). Still after
+    /// `griddepcontrol.wait`.
+    pub prefetch_a: bool,
 }
 
 impl Default for DecodeConfig {
@@ -124,14 +129,16 @@ impl Default for DecodeConfig {
             unroll: 4,
             l2_prefetch: true,
             row_tiles: 1,
+            prefetch_a: false,
         }
     }
 }
 
 impl DecodeConfig {
     /// Every combination the bench sweeps: warps {4, 8, 16} x ksplit {1, 2, 4, 8, 16 dividing
-    /// warps} x unroll {2, 4} x L2 prefetch {on, off} x row tiles {1, 2}. (Row tiles 2 has
-    /// entries for up to 32 tokens only: [`launch_shape`] refuses it above.)
+    /// warps} x unroll {2, 4} x L2 prefetch {on, off} x row tiles {1, 2} x A prefetch {off, on
+    /// (unroll 2 only)}. (Row tiles 2 and the A prefetch have entries for up to 32 tokens only:
+    /// [`launch_shape`] refuses them above.)
     pub fn sweep() -> Vec<Self> {
         let mut v = Vec::new();
         for row_tiles in [1u32, 2] {
@@ -139,14 +146,20 @@ impl DecodeConfig {
                 for ks in [1u32, 2, 4, 8, 16] {
                     if ks <= warps && warps.is_multiple_of(ks) {
                         for unroll in [2u32, 4] {
-                            for l2_prefetch in [true, false] {
-                                v.push(Self {
-                                    warps,
-                                    ksplit: Some(ks),
-                                    unroll,
-                                    l2_prefetch,
-                                    row_tiles,
-                                });
+                            for prefetch_a in [false, true] {
+                                if prefetch_a && unroll != 2 {
+                                    continue;
+                                }
+                                for l2_prefetch in [true, false] {
+                                    v.push(Self {
+                                        warps,
+                                        ksplit: Some(ks),
+                                        unroll,
+                                        l2_prefetch,
+                                        row_tiles,
+                                        prefetch_a,
+                                    });
+                                }
                             }
                         }
                     }
@@ -156,8 +169,8 @@ impl DecodeConfig {
         v
     }
 
-    /// `w{warps}_ks{ksplit|auto}_u{unroll}` plus `_pf` with the L2 prefetch and `_r{row_tiles}`
-    /// for more than one row tile per warp, for tables.
+    /// `w{warps}_ks{ksplit|auto}_u{unroll}` plus `_pf` with the L2 prefetch, `_r{row_tiles}`
+    /// for more than one row tile per warp and `_pa` with the A prefetch, for tables.
     pub fn label(&self) -> String {
         let ks = self.ksplit.map_or("auto".to_string(), |k| k.to_string());
         let pf = if self.l2_prefetch { "_pf" } else { "" };
@@ -166,7 +179,8 @@ impl DecodeConfig {
         } else {
             format!("_r{}", self.row_tiles)
         };
-        format!("w{}_ks{ks}_u{}{pf}{r}", self.warps, self.unroll)
+        let pa = if self.prefetch_a { "_pa" } else { "" };
+        format!("w{}_ks{ks}_u{}{pf}{r}{pa}", self.warps, self.unroll)
     }
 }
 
@@ -249,6 +263,8 @@ pub struct DecodeLaunchShape {
     pub unroll: u32,
     /// Row tiles (16 output columns) per warp.
     pub row_tiles: u32,
+    /// Token fragments loaded one k-block ahead.
+    pub prefetch_a: bool,
     /// CTAs: `ceil(ceil(N / (16 * row_tiles)) / (warps / ksplit))`.
     pub grid: u32,
     /// Dynamic shared memory, bytes.
@@ -260,8 +276,8 @@ pub struct DecodeLaunchShape {
 ///
 /// Errors: [`Error::BadShape`] for `M` above 64 (the decode kernel's limit; use the cooperative
 /// configuration), warps not in `contract::WARPS`, `ksplit` 0 or not dividing `warps`, `unroll`
-/// not 2 or 4, `row_tiles` not 1 or 2, no entry for the combination (2 row tiles serve at most
-/// 32 tokens), or a grid above `MAX_GRID`.
+/// not 2 or 4, `row_tiles` not 1 or 2, no entry for the combination (2 row tiles and the A
+/// prefetch serve at most 32 tokens; the A prefetch needs unroll 2), or a grid above `MAX_GRID`.
 pub fn launch_shape(
     shape: GemmShape,
     bf16: bool,
@@ -328,12 +344,13 @@ pub fn launch_shape(
                 && v.token_tiles == tiles
                 && v.unroll == cfg.unroll as usize
                 && v.row_tiles == row_tiles
+                && v.prefetch_a == cfg.prefetch_a
         })
         .ok_or_else(|| Error::BadShape {
             what: "decode gemm variant",
             detail: format!(
-                "no entry for bf16 = {bf16}, {tiles} token tiles (M = {}), unroll {}, {row_tiles} row tiles per warp; 2 row tiles serve at most 32 tokens",
-                shape.m, cfg.unroll
+                "no entry for bf16 = {bf16}, {tiles} token tiles (M = {}), unroll {}, {row_tiles} row tiles per warp, A prefetch {}; 2 row tiles and the A prefetch serve at most 32 tokens, the A prefetch needs unroll 2",
+                shape.m, cfg.unroll, cfg.prefetch_a
             ),
         })?;
     let warp_tiles = shape.n.div_ceil(contract::ROWS * row_tiles) as u64;
@@ -352,6 +369,7 @@ pub fn launch_shape(
         ksplit,
         unroll: cfg.unroll,
         row_tiles: cfg.row_tiles,
+        prefetch_a: cfg.prefetch_a,
         grid: grid as u32,
         smem_bytes: contract::smem_bytes(cfg.warps, tiles * row_tiles) as u32,
     })
@@ -930,6 +948,49 @@ mod tests {
         }
     }
 
+    /// Issue 20: the A-prefetch entries (`..._u2[_r2]_pa`) exist for 1 to 32 tokens and unroll
+    /// 2, with one or two row tiles; unroll 4 or more than 32 tokens is refused (typed).
+    #[test]
+    fn issue20_decode_prefetch_a_launch_shape() {
+        for row_tiles in [1u32, 2] {
+            for m in [1, 9, 17, 32] {
+                let cfg = DecodeConfig {
+                    unroll: 2,
+                    row_tiles,
+                    prefetch_a: true,
+                    ..Default::default()
+                };
+                let ls = launch_shape(shape(m, 4096, 4096), true, &cfg, 132).unwrap();
+                let r = if row_tiles == 2 { "_r2" } else { "" };
+                assert_eq!(
+                    ls.kernel,
+                    format!("decode_gemm_bf16_t{}_u2{r}_pa", ls.token_tiles)
+                );
+                assert!(ls.prefetch_a);
+                assert!(cfg.label().ends_with("_pa"));
+            }
+            for (m, unroll) in [(16, 4), (33, 2), (64, 2)] {
+                let cfg = DecodeConfig {
+                    unroll,
+                    row_tiles,
+                    prefetch_a: true,
+                    ..Default::default()
+                };
+                assert!(matches!(
+                    launch_shape(shape(m, 4096, 4096), false, &cfg, 132),
+                    Err(Error::BadShape {
+                        what: "decode gemm variant",
+                        ..
+                    })
+                ));
+            }
+        }
+        // The sweep never asks for an A prefetch with unroll 4 (no such entry).
+        assert!(DecodeConfig::sweep()
+            .iter()
+            .all(|c| !c.prefetch_a || c.unroll == 2));
+    }
+
     /// CPU model of one warp's k-step of `decode_gemm_*` (gpu/src/kernels/decode_gemm.rs,
     /// `load_block` + `mma_block`): lane `(g, t)` loads `w0 = W[g][8t..8t+8]`, `w1 =
     /// W[g+8][8t..8t+8]` (weights, 16 rows) and `x = X[g][8t..8t+8]` (8 tokens), and feeds MMA
@@ -1024,11 +1085,12 @@ mod tests {
             ks_log in proptest::option::of(0u32..5),
             unroll in proptest::sample::select(vec![2u32, 4]),
             row_tiles in 1u32..=2,
+            prefetch_a: bool,
             sms in 1u32..200,
         ) {
             let warps = contract::WARPS[warps_i];
             let ksplit = ks_log.map(|l| 1u32 << l);
-            let cfg = DecodeConfig { warps, ksplit, unroll, l2_prefetch: true, row_tiles };
+            let cfg = DecodeConfig { warps, ksplit, unroll, l2_prefetch: true, row_tiles, prefetch_a };
             match launch_shape(shape(m, n, k), true, &cfg, sms) {
                 Ok(ls) => {
                     proptest::prop_assert!(ls.token_tiles * 8 >= m);
@@ -1041,14 +1103,18 @@ mod tests {
                     let v = contract::VARIANTS.iter().find(|v| v.kernel == ls.kernel).unwrap();
                     proptest::prop_assert_eq!(v.row_tiles as u32, row_tiles);
                     proptest::prop_assert_eq!(v.token_tiles, ls.token_tiles);
+                    proptest::prop_assert_eq!(v.prefetch_a, prefetch_a);
                 }
                 Err(e) => {
-                    // Only an explicit ksplit that does not divide the warps, or 2 row tiles
-                    // with more than 32 tokens, is refused here.
+                    // Only an explicit ksplit that does not divide the warps, 2 row tiles or
+                    // the A prefetch with more than 32 tokens, or the A prefetch with unroll 4
+                    // is refused here.
                     let bad_shape = matches!(e, Error::BadShape { .. });
                     proptest::prop_assert!(bad_shape, "{}", e);
                     proptest::prop_assert!(
-                        ksplit.is_some_and(|ks| ks > warps) || (row_tiles == 2 && m > 32)
+                        ksplit.is_some_and(|ks| ks > warps)
+                            || ((row_tiles == 2 || prefetch_a) && m > 32)
+                            || (prefetch_a && unroll == 4)
                     );
                 }
             }
