@@ -660,7 +660,7 @@ pub mod decode_gemm {
     }
 
     /// Every entry of the module, in the order the kernel file instantiates them.
-    pub const VARIANTS: [Variant; 40] = [
+    pub const VARIANTS: [Variant; 42] = [
         v("decode_gemm_bf16_t1_u2", true, 1, 2),
         v("decode_gemm_bf16_t1_u4", true, 1, 4),
         v("decode_gemm_bf16_t2_u2", true, 2, 2),
@@ -692,12 +692,14 @@ pub mod decode_gemm {
         vp("decode_gemm_bf16_t1_u2_pa", true, 1, 2, 1, true),
         vp("decode_gemm_bf16_t2_u2_pa", true, 2, 2, 1, true),
         vp("decode_gemm_bf16_t4_u2_pa", true, 4, 2, 1, true),
+        vp("decode_gemm_bf16_t8_u2_pa", true, 8, 2, 1, true),
         vp("decode_gemm_bf16_t1_u2_r2_pa", true, 1, 2, 2, true),
         vp("decode_gemm_bf16_t2_u2_r2_pa", true, 2, 2, 2, true),
         vp("decode_gemm_bf16_t4_u2_r2_pa", true, 4, 2, 2, true),
         vp("decode_gemm_f16_t1_u2_pa", false, 1, 2, 1, true),
         vp("decode_gemm_f16_t2_u2_pa", false, 2, 2, 1, true),
         vp("decode_gemm_f16_t4_u2_pa", false, 4, 2, 1, true),
+        vp("decode_gemm_f16_t8_u2_pa", false, 8, 2, 1, true),
         vp("decode_gemm_f16_t1_u2_r2_pa", false, 1, 2, 2, true),
         vp("decode_gemm_f16_t2_u2_r2_pa", false, 2, 2, 2, true),
         vp("decode_gemm_f16_t4_u2_r2_pa", false, 4, 2, 2, true),

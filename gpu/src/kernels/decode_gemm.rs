@@ -21,6 +21,13 @@
 //! Accumulator `d[i]` of token tile `q` is output column (weight row) `g + 8 (i / 2)` of the
 //! row tile and token `8 q + 2 t + i % 2`.
 //!
+//! Entries `..._r2` (issue 20, M = 16): a warp covers two row tiles (32 weight rows) and feeds
+//! each token fragment `x` to the MMAs of both, so it reads A half as often per weight byte and
+//! keeps twice the weight bytes in flight. Entries `..._pa`: the token fragments of the next
+//! k-block are loaded with its weights (registers, one k-block ahead) instead of after the
+//! current block's weights arrive, taking the A latency off each k-block's critical path. Both
+//! read A only after `griddepcontrol.wait`.
+//!
 //! Tails: rows `>= N` and tokens `>= M` load zeros and store nothing; a 16-byte vector that
 //! crosses K is loaded element by element (elements `>= K` are zero, in both operands, so
 //! padding or NaN beyond K never enters the sum).
@@ -476,8 +483,8 @@ macro_rules! entry {
         entry!($name, $bf16, $t, $u, 1, false);
     };
     ($name:ident, $bf16:literal, $t:literal, $u:literal, $r:literal, $pa:literal) => {
-        /// Entry of [`crate::contract::decode_gemm`] (input type, token tiles, unroll in the
-        /// name; see `contract::decode_gemm::VARIANTS`).
+        /// Entry of [`crate::contract::decode_gemm`] (input type, token tiles, unroll, row tiles
+        /// and A prefetch in the name; see `contract::decode_gemm::VARIANTS`).
         ///
         /// # Safety
         /// The launch contract of [`crate::contract::decode_gemm`]: `a` is `m x k` (pitch `lda`),
@@ -560,12 +567,14 @@ entry!(decode_gemm_f16_t4_u4_r2, false, 4, 4, 2, false);
 entry!(decode_gemm_bf16_t1_u2_pa, true, 1, 2, 1, true);
 entry!(decode_gemm_bf16_t2_u2_pa, true, 2, 2, 1, true);
 entry!(decode_gemm_bf16_t4_u2_pa, true, 4, 2, 1, true);
+entry!(decode_gemm_bf16_t8_u2_pa, true, 8, 2, 1, true);
 entry!(decode_gemm_bf16_t1_u2_r2_pa, true, 1, 2, 2, true);
 entry!(decode_gemm_bf16_t2_u2_r2_pa, true, 2, 2, 2, true);
 entry!(decode_gemm_bf16_t4_u2_r2_pa, true, 4, 2, 2, true);
 entry!(decode_gemm_f16_t1_u2_pa, false, 1, 2, 1, true);
 entry!(decode_gemm_f16_t2_u2_pa, false, 2, 2, 1, true);
 entry!(decode_gemm_f16_t4_u2_pa, false, 4, 2, 1, true);
+entry!(decode_gemm_f16_t8_u2_pa, false, 8, 2, 1, true);
 entry!(decode_gemm_f16_t1_u2_r2_pa, false, 1, 2, 2, true);
 entry!(decode_gemm_f16_t2_u2_r2_pa, false, 2, 2, 2, true);
 entry!(decode_gemm_f16_t4_u2_r2_pa, false, 4, 2, 2, true);

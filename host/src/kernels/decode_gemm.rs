@@ -115,7 +115,8 @@ pub struct DecodeConfig {
     /// bytes in flight (issue 20, notes/decode-m16.md).
     pub row_tiles: u32,
     /// Load the token (A) fragments of the next k-block one k-block ahead, with its weights
-    /// (entries `..._pa`; `unroll` 2 and up to 32 tokens only), so the A latency leaves each
+    /// (entries `..._pa`; `unroll` 2 only; with 2 row tiles up to 32 tokens), so the A latency
+    /// leaves each
     /// k-block's critical path (issue 20, notes/decode-m16.md). Still after
     /// `griddepcontrol.wait`.
     pub prefetch_a: bool,
@@ -137,8 +138,8 @@ impl Default for DecodeConfig {
 impl DecodeConfig {
     /// Every combination the bench sweeps: warps {4, 8, 16} x ksplit {1, 2, 4, 8, 16 dividing
     /// warps} x unroll {2, 4} x L2 prefetch {on, off} x row tiles {1, 2} x A prefetch {off, on
-    /// (unroll 2 only)}. (Row tiles 2 and the A prefetch have entries for up to 32 tokens only:
-    /// [`launch_shape`] refuses them above.)
+    /// (unroll 2 only)}. (Row tiles 2 has entries for up to 32 tokens only: [`launch_shape`]
+    /// refuses it above.)
     pub fn sweep() -> Vec<Self> {
         let mut v = Vec::new();
         for row_tiles in [1u32, 2] {
@@ -276,8 +277,8 @@ pub struct DecodeLaunchShape {
 ///
 /// Errors: [`Error::BadShape`] for `M` above 64 (the decode kernel's limit; use the cooperative
 /// configuration), warps not in `contract::WARPS`, `ksplit` 0 or not dividing `warps`, `unroll`
-/// not 2 or 4, `row_tiles` not 1 or 2, no entry for the combination (2 row tiles and the A
-/// prefetch serve at most 32 tokens; the A prefetch needs unroll 2), or a grid above `MAX_GRID`.
+/// not 2 or 4, `row_tiles` not 1 or 2, no entry for the combination (2 row tiles serve at most
+/// 32 tokens; the A prefetch needs unroll 2), or a grid above `MAX_GRID`.
 pub fn launch_shape(
     shape: GemmShape,
     bf16: bool,
@@ -349,7 +350,7 @@ pub fn launch_shape(
         .ok_or_else(|| Error::BadShape {
             what: "decode gemm variant",
             detail: format!(
-                "no entry for bf16 = {bf16}, {tiles} token tiles (M = {}), unroll {}, {row_tiles} row tiles per warp, A prefetch {}; 2 row tiles and the A prefetch serve at most 32 tokens, the A prefetch needs unroll 2",
+                "no entry for bf16 = {bf16}, {tiles} token tiles (M = {}), unroll {}, {row_tiles} row tiles per warp, A prefetch {}; 2 row tiles serve at most 32 tokens, the A prefetch needs unroll 2",
                 shape.m, cfg.unroll, cfg.prefetch_a
             ),
         })?;
@@ -948,12 +949,18 @@ mod tests {
         }
     }
 
-    /// Issue 20: the A-prefetch entries (`..._u2[_r2]_pa`) exist for 1 to 32 tokens and unroll
-    /// 2, with one or two row tiles; unroll 4 or more than 32 tokens is refused (typed).
+    /// Issue 20: the A-prefetch entries (`..._u2[_r2]_pa`) exist for unroll 2, with one row tile
+    /// for 1 to 64 tokens and two for 1 to 32; unroll 4, or two row tiles above 32 tokens, is
+    /// refused (typed).
     #[test]
     fn issue20_decode_prefetch_a_launch_shape() {
         for row_tiles in [1u32, 2] {
-            for m in [1, 9, 17, 32] {
+            let ms: &[usize] = if row_tiles == 1 {
+                &[1, 9, 17, 32, 33, 64]
+            } else {
+                &[1, 9, 17, 32]
+            };
+            for &m in ms {
                 let cfg = DecodeConfig {
                     unroll: 2,
                     row_tiles,
@@ -969,7 +976,12 @@ mod tests {
                 assert!(ls.prefetch_a);
                 assert!(cfg.label().ends_with("_pa"));
             }
-            for (m, unroll) in [(16, 4), (33, 2), (64, 2)] {
+            let bad: &[(usize, u32)] = if row_tiles == 1 {
+                &[(16, 4), (64, 4)]
+            } else {
+                &[(16, 4), (33, 2), (64, 2)]
+            };
+            for &(m, unroll) in bad {
                 let cfg = DecodeConfig {
                     unroll,
                     row_tiles,
@@ -1106,14 +1118,13 @@ mod tests {
                     proptest::prop_assert_eq!(v.prefetch_a, prefetch_a);
                 }
                 Err(e) => {
-                    // Only an explicit ksplit that does not divide the warps, 2 row tiles or
-                    // the A prefetch with more than 32 tokens, or the A prefetch with unroll 4
-                    // is refused here.
+                    // Only an explicit ksplit that does not divide the warps, 2 row tiles with
+                    // more than 32 tokens, or the A prefetch with unroll 4 is refused here.
                     let bad_shape = matches!(e, Error::BadShape { .. });
                     proptest::prop_assert!(bad_shape, "{}", e);
                     proptest::prop_assert!(
                         ksplit.is_some_and(|ks| ks > warps)
-                            || ((row_tiles == 2 || prefetch_a) && m > 32)
+                            || (row_tiles == 2 && m > 32)
                             || (prefetch_a && unroll == 4)
                     );
                 }
