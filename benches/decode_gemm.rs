@@ -6,16 +6,21 @@
 //! Every launch, ours and cuBLAS's, reads the next of several weight buffers in turn (together at
 //! least 3 x the 50 MB L2), so the weights come from DRAM as in a real decode step. Per shape:
 //! cuBLAS, our default configuration, the same with PDL and the weights loaded before
-//! `griddepcontrol.wait` (back-to-back launches), then every tunable combination
+//! `griddepcontrol.wait` (back-to-back launches), `w16_u2_pf_r2` and `w16_u2_pf_r2_pa` (two row
+//! tiles per warp, default ksplit, without and with the A prefetch) with PDL and early weights,
+//! then every tunable combination
 //! (`DecodeConfig::sweep()`: warps per CTA, warps splitting K, k-steps per k-block, L2
-//! prefetch). Each row: median microseconds of `REPS` rounds of `BATCH` launches (CUDA
+//! prefetch, row tiles per warp, A prefetch). Each row: median microseconds of `REPS` rounds of `BATCH` launches (CUDA
 //! events), TB/s of weight reads (`N * K * 2` bytes / time), the ratio to cuBLAS of the same rounds (> 1: faster) and the
 //! fraction of the device-copy bandwidth measured at the start of the run. The best row of each
 //! shape is marked `*`; a summary table follows, with the max relative difference between the
 //! best configuration's C and cuBLAS's.
 //!
 //! Environment: `WARPLINE_DECODE_SWEEP=0` (default and PDL rows only); `WARPLINE_DECODE_SHAPES=
-//! MxNxK,...` (only these). Without a driver it prints why it skipped and exits 0.
+//! MxNxK,...` (only these); `WARPLINE_DECODE_CONFIGS=ITEM,...` (only the swept configs that
+//! match an item; an item is tokens joined by `+`, all of which must match: an exact label such
+//! as `w16_ks8_u2_pf`, `r1`/`r2`, `u2`/`u4`, `w4`/`w8`/`w16`, `pf`/`nopf`, `pa`/`nopa`; e.g.
+//! `pf+u2,w16_ks8_u2_pf`). Without a driver it prints why it skipped and exits 0.
 
 use rand::{Rng, SeedableRng};
 use warpline::bandwidth::d2d_copy_gbps;
@@ -87,6 +92,19 @@ fn run(dev: &Device) -> warpline::Result<()> {
     );
     let dg = DecodeGemm::new(dev)?;
     let sweep = std::env::var("WARPLINE_DECODE_SWEEP").as_deref() != Ok("0");
+    let config_filter: Option<Vec<String>> = std::env::var("WARPLINE_DECODE_CONFIGS")
+        .ok()
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+    let swept: Vec<DecodeConfig> = DecodeConfig::sweep()
+        .into_iter()
+        .filter(|cfg| {
+            config_filter.as_ref().is_none_or(|items| {
+                items
+                    .iter()
+                    .any(|it| it.split('+').all(|tok| config_token(tok, cfg)))
+            })
+        })
+        .collect();
     let only: Option<Vec<String>> = std::env::var("WARPLINE_DECODE_SHAPES")
         .ok()
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
@@ -106,12 +124,19 @@ fn run(dev: &Device) -> warpline::Result<()> {
         (4096, 14336),
         (28672, 4096),
     ] {
+        let ms = [1usize, 2, 7, 8, 16, 32, 64];
+        if let Some(only) = &only {
+            // No weights to make for a weight shape none of the chosen shapes uses.
+            if !ms.iter().any(|m| only.contains(&format!("{m}x{n}x{k}"))) {
+                continue;
+            }
+        }
         let wbytes = n * k * 2;
         let nbuf = ROTATE_BYTES.div_ceil(wbytes).max(3);
         let weights = (0..nbuf)
             .map(|_| random_buffer(&pool, &stream, &mut rng, n * k))
             .collect::<warpline::Result<Vec<_>>>()?;
-        for m in [1usize, 2, 7, 8, 16, 32, 64] {
+        for m in ms {
             let shape = format!("{m}x{n}x{k}");
             if let Some(only) = &only {
                 if !only.contains(&shape) {
@@ -138,6 +163,22 @@ fn run(dev: &Device) -> warpline::Result<()> {
                 us: blas_us,
             });
             // Ours: default, default + PDL (weights before the wait), the sweep.
+            // Two row tiles per warp, 16 warps, the launcher's default ksplit, PDL with the
+            // weights before the wait; refused (printed as skipped) above 32 tokens.
+            let r2_pdl = |label: &str, prefetch_a: bool| {
+                let cfg = DecodeConfig {
+                    warps: 16,
+                    ksplit: None,
+                    unroll: 2,
+                    l2_prefetch: true,
+                    row_tiles: 2,
+                    prefetch_a,
+                };
+                // SAFETY: no kernel of this bench writes the weight buffers (they are written
+                // by copies before the first launch).
+                let opts = unsafe { DecodeGemmOptions::new(cfg, true).with_weights_before_wait() };
+                (label.to_string(), opts)
+            };
             let mut configs: Vec<(String, DecodeGemmOptions)> = vec![
                 (
                     "default".into(),
@@ -152,9 +193,11 @@ fn run(dev: &Device) -> warpline::Result<()> {
                             .with_weights_before_wait()
                     },
                 ),
+                r2_pdl("w16_u2_pf_r2 pdl+early", false),
+                r2_pdl("w16_u2_pf_r2_pa pdl+early", true),
             ];
             if sweep {
-                for cfg in DecodeConfig::sweep() {
+                for &cfg in &swept {
                     configs.push((cfg.label(), DecodeGemmOptions::new(cfg, false)));
                 }
             }
@@ -250,6 +293,30 @@ fn run(dev: &Device) -> warpline::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether `cfg` matches one token of `WARPLINE_DECODE_CONFIGS`: its exact label, or one of
+/// `r1`/`r2` (row tiles per warp), `u2`/`u4` (unroll), `w4`/`w8`/`w16` (warps), `pf`/`nopf` (L2
+/// prefetch hint), `pa`/`nopa` (A prefetch).
+fn config_token(tok: &str, cfg: &DecodeConfig) -> bool {
+    match tok {
+        "pf" => cfg.l2_prefetch,
+        "nopf" => !cfg.l2_prefetch,
+        "pa" => cfg.prefetch_a,
+        "nopa" => !cfg.prefetch_a,
+        _ => {
+            let num = |p: &str| tok.strip_prefix(p).and_then(|v| v.parse::<u32>().ok());
+            if let Some(r) = num("r") {
+                cfg.row_tiles == r
+            } else if let Some(u) = num("u") {
+                cfg.unroll == u
+            } else if let Some(w) = num("w") {
+                cfg.warps == w
+            } else {
+                tok == cfg.label()
+            }
+        }
+    }
 }
 
 fn main() {

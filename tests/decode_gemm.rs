@@ -282,7 +282,14 @@ fn issue20_decode_gemm_every_swept_config() {
     };
     let dg = DecodeGemm::new(&dev).unwrap();
     for cfg in DecodeConfig::sweep() {
-        for m in [2, 16, 64] {
+        // Two row tiles per warp serve at most 32 tokens (issue20_decode_gemm_two_row_tiles
+        // checks the refusal above).
+        let ms = if cfg.row_tiles == 1 {
+            [2, 16, 64]
+        } else {
+            [2, 16, 32]
+        };
+        for m in ms {
             let case = Case {
                 cfg,
                 beta: 0.5,
@@ -301,12 +308,23 @@ fn issue20_decode_gemm_pdl_weights_before_wait() {
         return;
     };
     let dg = DecodeGemm::new(&dev).unwrap();
-    for m in [1, 16] {
-        let case = Case {
-            pdl_early: true,
-            ..Case::new(m, 1003, 2056)
-        };
-        assert!(run_case::<bf16, f32>(&dev, &dg, None, case));
+    // The default config, and (issue 20, M = 16) two row tiles with the A prefetch: A is
+    // still read only after griddepcontrol.wait.
+    let r2_pa = DecodeConfig {
+        unroll: 2,
+        row_tiles: 2,
+        prefetch_a: true,
+        ..Default::default()
+    };
+    for cfg in [DecodeConfig::default(), r2_pa] {
+        for m in [1, 16] {
+            let case = Case {
+                pdl_early: true,
+                cfg,
+                ..Case::new(m, 1003, 2056)
+            };
+            assert!(run_case::<bf16, f32>(&dev, &dg, None, case));
+        }
     }
 }
 
@@ -334,6 +352,103 @@ fn issue20_decode_gemm_through_tc_gemm_auto() {
     }
 }
 
+/// Issue 20, M = 16: the entries with two row tiles per warp (`DecodeConfig::row_tiles = 2`,
+/// `decode_gemm_*_t{1,2,4}_u{2,4}_r2`) and those that load A one k-block ahead
+/// (`DecodeConfig::prefetch_a`, `decode_gemm_*_t{1,2,4,8}_u2_pa`, `..._t{1,2,4}_u2_r2_pa`)
+/// against the reference: M in {1, 2, 7, 16, 17, 32, 33} (33 with one row tile only), odd N
+/// (1003; and 45, a warp tile and a half of 32 columns, so the second warp's first row tile is
+/// partly and its second wholly past N), K a multiple of 8 but not of the k-block (2056) and not
+/// of 8 (2050), C poisoned with NaN at beta = 0 and random at beta != 0, BF16 -> f32 and FP16 ->
+/// FP16, CTA shapes with and without split-K. Two row tiles at M = 33 and 64 (no entry) are
+/// refused with the typed error before any launch.
+#[test]
+fn issue20_decode_gemm_two_row_tiles() {
+    let Some(dev) = gpu_or_skip("decode_gemm two row tiles") else {
+        return;
+    };
+    let dg = DecodeGemm::new(&dev).unwrap();
+    let cfg = |warps, ks, unroll, row_tiles, prefetch_a| DecodeConfig {
+        warps,
+        ksplit: Some(ks),
+        unroll,
+        l2_prefetch: true,
+        row_tiles,
+        prefetch_a,
+    };
+    let cfgs = [
+        cfg(8, 4, 2, 2, false),
+        cfg(16, 16, 2, 2, false),
+        cfg(4, 1, 4, 2, false),
+        cfg(8, 8, 4, 2, false),
+        cfg(8, 4, 2, 2, true),
+        cfg(16, 8, 2, 1, true),
+        cfg(4, 2, 2, 1, true),
+    ];
+    for m in [1, 2, 7, 16, 17, 32, 33] {
+        for (n, k) in [(1003, 2056), (1003, 2050), (45, 2056)] {
+            for (ab, (alpha, beta)) in [(1.0, 0.0), (0.75, -1.5)].into_iter().enumerate() {
+                for (i, c) in cfgs.into_iter().enumerate() {
+                    // Every config at both (alpha, beta) over the Ms, half of the cases each
+                    // (the CPU reference is the cost); two row tiles serve up to 32 tokens.
+                    if (i + m + ab) % 2 == 1 || (c.row_tiles == 2 && m > 32) {
+                        continue;
+                    }
+                    let case = Case {
+                        alpha,
+                        beta,
+                        cfg: c,
+                        ..Case::new(m, n, k)
+                    };
+                    let ran = run_case::<bf16, f32>(&dev, &dg, None, case);
+                    assert!(ran || c.warps > 8, "{case:?} did not fit");
+                }
+                for (i, c) in [cfgs[0], cfgs[4], cfgs[5]].into_iter().enumerate() {
+                    if (i + m + ab) % 2 == 1 || (c.row_tiles == 2 && m > 32) {
+                        continue;
+                    }
+                    let case = Case {
+                        alpha,
+                        beta,
+                        cfg: c,
+                        ..Case::new(m, n, k)
+                    };
+                    assert!(run_case::<f16, f16>(&dev, &dg, None, case));
+                }
+            }
+        }
+    }
+    let stream = dev.new_stream().unwrap();
+    let pool = MemPool::device_default(&dev, 0).unwrap();
+    let a = pool.alloc_async::<bf16>(&stream, 64 * 64).unwrap();
+    let b = pool.alloc_async::<bf16>(&stream, 64 * 64).unwrap();
+    let mut c = pool.alloc_async::<f32>(&stream, 64 * 64).unwrap();
+    for (m, bad_cfg) in [(33, cfgs[0]), (64, cfgs[0]), (33, cfgs[4])] {
+        let e = dg
+            .plan(
+                &stream,
+                Matrix::new(a.as_view(), m, 64, 64),
+                Matrix::new(b.as_view(), 64, 64, 64),
+                BLayout::ColMajor,
+                MatrixMut::new(c.as_view_mut(), m, 64, 64),
+                1.0,
+                0.0,
+                &DecodeGemmOptions::new(bad_cfg, false),
+            )
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::BadShape {
+                    what: "decode gemm variant",
+                    ..
+                }
+            ),
+            "M = {m}: {e}"
+        );
+    }
+}
+
 /// Same inputs, two launches: bitwise equal outputs (the split-K reduction has a fixed order).
 #[test]
 fn issue20_decode_gemm_is_deterministic() {
@@ -347,33 +462,40 @@ fn issue20_decode_gemm_is_deterministic() {
     let (m, n, k) = (16, 4096, 4096);
     let (da, _) = upload::<bf16>(&pool, &stream, &mut rng, m, k, k);
     let (db, _) = upload::<bf16>(&pool, &stream, &mut rng, n, k, k);
-    let mut outs = Vec::new();
-    for _ in 0..2 {
-        let mut dc = pool.alloc_async::<f32>(&stream, m * n).unwrap();
-        dc.fill_async(f32::NAN).unwrap();
-        let cfg = DecodeConfig {
-            warps: 16,
-            ksplit: Some(16),
-            unroll: 2,
-            l2_prefetch: true,
-        };
-        dg.plan(
-            &stream,
-            Matrix::new(da.as_view(), m, k, k),
-            Matrix::new(db.as_view(), n, k, k),
-            BLayout::ColMajor,
-            MatrixMut::new(dc.as_view_mut(), m, n, n),
-            1.0,
-            0.0,
-            &DecodeGemmOptions::new(cfg, false),
-        )
-        .and_then(|p| p.launch())
-        .unwrap();
-        let mut got = vec![0f32; m * n];
-        dc.copy_to_host(&mut got).unwrap();
-        outs.push(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    for row_tiles in [1, 2] {
+        let mut outs = Vec::new();
+        for _ in 0..2 {
+            let mut dc = pool.alloc_async::<f32>(&stream, m * n).unwrap();
+            dc.fill_async(f32::NAN).unwrap();
+            let cfg = DecodeConfig {
+                warps: 16,
+                ksplit: Some(16),
+                unroll: 2,
+                l2_prefetch: true,
+                row_tiles,
+                prefetch_a: row_tiles == 2,
+            };
+            dg.plan(
+                &stream,
+                Matrix::new(da.as_view(), m, k, k),
+                Matrix::new(db.as_view(), n, k, k),
+                BLayout::ColMajor,
+                MatrixMut::new(dc.as_view_mut(), m, n, n),
+                1.0,
+                0.0,
+                &DecodeGemmOptions::new(cfg, false),
+            )
+            .and_then(|p| p.launch())
+            .unwrap();
+            let mut got = vec![0f32; m * n];
+            dc.copy_to_host(&mut got).unwrap();
+            outs.push(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        }
+        assert!(
+            outs[0] == outs[1],
+            "two launches differ ({row_tiles} row tiles)"
+        );
     }
-    assert!(outs[0] == outs[1], "two launches differ");
 }
 
 /// Bad input is refused before any launch, with typed errors.
@@ -437,6 +559,8 @@ fn issue20_decode_gemm_refuses_bad_input() {
             ksplit: Some(3),
             unroll: 4,
             l2_prefetch: false,
+            row_tiles: 1,
+            prefetch_a: false,
         },
         false,
     );

@@ -597,6 +597,10 @@ pub mod decode_gemm {
     pub const MAX_M: usize = 64;
     /// Warps per CTA the launcher may use.
     pub const WARPS: [u32; 3] = [4, 8, 16];
+    /// Most row tiles (of [`ROWS`] output columns) one warp covers: a warp with `row_tiles`
+    /// tiles loads each token fragment once per k-step and feeds it to the MMAs of all its row
+    /// tiles, so A is read `row_tiles` times less often per weight byte (issue 20, M = 16).
+    pub const MAX_ROW_TILES: usize = 2;
     /// Bytes of one input element.
     pub const IN_BYTES: usize = 2;
     /// `flags` bit: load the first k-block of weights before `griddepcontrol.wait`.
@@ -614,21 +618,49 @@ pub mod decode_gemm {
         /// Token tiles of 8: the entry serves `M <= 8 * token_tiles`.
         pub token_tiles: usize,
         /// k-steps (of [`K_STEP`]) per k-block: loads in flight per lane per k-block are
-        /// `2 * unroll` 16-byte vectors.
+        /// `2 * unroll * row_tiles` 16-byte vectors.
         pub unroll: usize,
+        /// Row tiles (of [`ROWS`] output columns) per warp: 1 or [`MAX_ROW_TILES`].
+        pub row_tiles: usize,
+        /// The token (A) fragments of the next k-block are loaded one k-block ahead, with its
+        /// weights (entries `..._pa`), so their latency leaves each k-block's critical path.
+        pub prefetch_a: bool,
     }
 
     const fn v(kernel: &'static str, bf16: bool, token_tiles: usize, unroll: usize) -> Variant {
+        vr(kernel, bf16, token_tiles, unroll, 1)
+    }
+
+    const fn vr(
+        kernel: &'static str,
+        bf16: bool,
+        token_tiles: usize,
+        unroll: usize,
+        row_tiles: usize,
+    ) -> Variant {
+        vp(kernel, bf16, token_tiles, unroll, row_tiles, false)
+    }
+
+    const fn vp(
+        kernel: &'static str,
+        bf16: bool,
+        token_tiles: usize,
+        unroll: usize,
+        row_tiles: usize,
+        prefetch_a: bool,
+    ) -> Variant {
         Variant {
             kernel,
             bf16,
             token_tiles,
             unroll,
+            row_tiles,
+            prefetch_a,
         }
     }
 
     /// Every entry of the module, in the order the kernel file instantiates them.
-    pub const VARIANTS: [Variant; 16] = [
+    pub const VARIANTS: [Variant; 42] = [
         v("decode_gemm_bf16_t1_u2", true, 1, 2),
         v("decode_gemm_bf16_t1_u4", true, 1, 4),
         v("decode_gemm_bf16_t2_u2", true, 2, 2),
@@ -645,20 +677,55 @@ pub mod decode_gemm {
         v("decode_gemm_f16_t4_u4", false, 4, 4),
         v("decode_gemm_f16_t8_u2", false, 8, 2),
         v("decode_gemm_f16_t8_u4", false, 8, 4),
+        vr("decode_gemm_bf16_t1_u2_r2", true, 1, 2, 2),
+        vr("decode_gemm_bf16_t1_u4_r2", true, 1, 4, 2),
+        vr("decode_gemm_bf16_t2_u2_r2", true, 2, 2, 2),
+        vr("decode_gemm_bf16_t2_u4_r2", true, 2, 4, 2),
+        vr("decode_gemm_bf16_t4_u2_r2", true, 4, 2, 2),
+        vr("decode_gemm_bf16_t4_u4_r2", true, 4, 4, 2),
+        vr("decode_gemm_f16_t1_u2_r2", false, 1, 2, 2),
+        vr("decode_gemm_f16_t1_u4_r2", false, 1, 4, 2),
+        vr("decode_gemm_f16_t2_u2_r2", false, 2, 2, 2),
+        vr("decode_gemm_f16_t2_u4_r2", false, 2, 4, 2),
+        vr("decode_gemm_f16_t4_u2_r2", false, 4, 2, 2),
+        vr("decode_gemm_f16_t4_u4_r2", false, 4, 4, 2),
+        vp("decode_gemm_bf16_t1_u2_pa", true, 1, 2, 1, true),
+        vp("decode_gemm_bf16_t2_u2_pa", true, 2, 2, 1, true),
+        vp("decode_gemm_bf16_t4_u2_pa", true, 4, 2, 1, true),
+        vp("decode_gemm_bf16_t8_u2_pa", true, 8, 2, 1, true),
+        vp("decode_gemm_bf16_t1_u2_r2_pa", true, 1, 2, 2, true),
+        vp("decode_gemm_bf16_t2_u2_r2_pa", true, 2, 2, 2, true),
+        vp("decode_gemm_bf16_t4_u2_r2_pa", true, 4, 2, 2, true),
+        vp("decode_gemm_f16_t1_u2_pa", false, 1, 2, 1, true),
+        vp("decode_gemm_f16_t2_u2_pa", false, 2, 2, 1, true),
+        vp("decode_gemm_f16_t4_u2_pa", false, 4, 2, 1, true),
+        vp("decode_gemm_f16_t8_u2_pa", false, 8, 2, 1, true),
+        vp("decode_gemm_f16_t1_u2_r2_pa", false, 1, 2, 2, true),
+        vp("decode_gemm_f16_t2_u2_r2_pa", false, 2, 2, 2, true),
+        vp("decode_gemm_f16_t4_u2_r2_pa", false, 4, 2, 2, true),
     ];
 
-    /// Dynamic shared memory a CTA of `warps` warps needs for `token_tiles` (the split-K
-    /// exchange: per warp, `token_tiles x 4` f32 per lane).
+    /// Dynamic shared memory a CTA of `warps` warps needs for `token_tiles` accumulator tiles
+    /// (token tiles x row tiles per warp; the split-K exchange: per warp, `tiles x 4` f32 per
+    /// lane).
     pub const fn smem_bytes(warps: u32, token_tiles: usize) -> usize {
         warps as usize * token_tiles * 4 * 32 * 4
     }
 
-    /// The most any launch asks for (16 warps, 8 token tiles): 64 KiB.
+    /// The most any launch asks for (16 warps, 8 accumulator tiles: 8 token tiles x 1 row tile,
+    /// or 4 x 2): 64 KiB.
     pub const MAX_SMEM_BYTES: usize = smem_bytes(16, 8);
 
     const _: () = {
         assert!(MAX_M == 8 * TOKENS_PER_TILE);
         assert!(K_STEP == 4 * 8);
         assert!(MAX_SMEM_BYTES <= 227 * 1024);
+        let mut i = 0;
+        while i < VARIANTS.len() {
+            let v = VARIANTS[i];
+            assert!(v.token_tiles * v.row_tiles <= 8);
+            assert!(v.row_tiles >= 1 && v.row_tiles <= MAX_ROW_TILES);
+            i += 1;
+        }
     };
 }

@@ -21,6 +21,13 @@
 //! Accumulator `d[i]` of token tile `q` is output column (weight row) `g + 8 (i / 2)` of the
 //! row tile and token `8 q + 2 t + i % 2`.
 //!
+//! Entries `..._r2` (issue 20, M = 16): a warp covers two row tiles (32 weight rows) and feeds
+//! each token fragment `x` to the MMAs of both, so it reads A half as often per weight byte and
+//! keeps twice the weight bytes in flight. Entries `..._pa`: the token fragments of the next
+//! k-block are loaded with its weights (registers, one k-block ahead) instead of after the
+//! current block's weights arrive, taking the A latency off each k-block's critical path. Both
+//! read A only after `griddepcontrol.wait`.
+//!
 //! Tails: rows `>= N` and tokens `>= M` load zeros and store nothing; a 16-byte vector that
 //! crosses K is loaded element by element (elements `>= K` are zero, in both operands, so
 //! padding or NaN beyond K never enters the sum).
@@ -178,17 +185,58 @@ unsafe fn load_block<const U: usize>(
     w
 }
 
-/// The MMAs of one k-block: `acc[q] += W(block) * X(block, token tile q)`.
+/// The token fragments of one k-block for this lane: `x[j][q]` = 8 elements of token
+/// `8 q + g` from column `32 (U block + j) + 8 t` (zeros past M or K).
+///
+/// # Safety
+/// The launch contract (A readable for rows `< m`, columns `< k`); only after
+/// `griddepcontrol.wait`.
+#[inline(always)]
+unsafe fn load_a<const T: usize, const U: usize>(
+    p: &Params,
+    block: u32,
+    g: u32,
+    t: u32,
+) -> [[[u32; 4]; 8]; 4] {
+    let mut x = [[[0u32; 4]; 8]; 4];
+    let base = block * (U * K_STEP) as u32 + 8 * t;
+    unroll!(J in [0, 1, 2, 3] {
+        if J < U {
+            let k0 = base + (J * K_STEP) as u32;
+            unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if Q < T {
+                    let tok = (Q * TOKENS_PER_TILE) as u32 + g;
+                    // SAFETY: the launch contract.
+                    x[J][Q] = unsafe { load8::<false>(p.a, p.lda, tok, tok < p.m, k0, p.k) };
+                }
+            });
+        }
+    });
+    x
+}
+
+/// The MMAs of one k-block: `acc[r][q] += W(block, row tile r) * X(block, token tile q)`. Each
+/// token fragment is loaded once per k-step and feeds the `R` row tiles of the warp. With `PA`
+/// the fragments are `xs` (loaded by [`load_a`] one k-block ahead, with the weights); without,
+/// they are loaded here.
 ///
 /// # Safety
 /// The launch contract (A readable for rows `< m`, columns `< k`); called by all 32 lanes of
 /// the warp together (warp-uniform control flow).
 #[inline(always)]
-unsafe fn mma_block<const BF16: bool, const T: usize, const U: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn mma_block<
+    const BF16: bool,
+    const T: usize,
+    const U: usize,
+    const R: usize,
+    const PA: bool,
+>(
     p: &Params,
     block: u32,
-    w: &[[u32; 4]; 8],
-    acc: &mut [[f32; 4]; 8],
+    w: &[[[u32; 4]; 8]; MAX_ROW_TILES],
+    xs: &[[[u32; 4]; 8]; 4],
+    acc: &mut [[[f32; 4]; 8]; MAX_ROW_TILES],
     g: u32,
     t: u32,
 ) {
@@ -196,34 +244,77 @@ unsafe fn mma_block<const BF16: bool, const T: usize, const U: usize>(
     unroll!(J in [0, 1, 2, 3] {
         if J < U {
             let k0 = base + (J * K_STEP) as u32;
-            let (w0, w1) = (w[2 * J], w[2 * J + 1]);
-            let a1 = [w0[0], w1[0], w0[1], w1[1]];
-            let a2 = [w0[2], w1[2], w0[3], w1[3]];
             unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
                 if Q < T {
                     let tok = (Q * TOKENS_PER_TILE) as u32 + g;
-                    // SAFETY: the launch contract.
-                    let x = unsafe { load8::<false>(p.a, p.lda, tok, tok < p.m, k0, p.k) };
-                    if BF16 {
-                        acc[Q] = mma_m16n8k16_f32_bf16(a1, [x[0], x[1]], acc[Q]);
-                        acc[Q] = mma_m16n8k16_f32_bf16(a2, [x[2], x[3]], acc[Q]);
+                    let x = if PA {
+                        xs[J][Q]
                     } else {
-                        acc[Q] = mma_m16n8k16_f32_f16(a1, [x[0], x[1]], acc[Q]);
-                        acc[Q] = mma_m16n8k16_f32_f16(a2, [x[2], x[3]], acc[Q]);
-                    }
+                        // SAFETY: the launch contract.
+                        unsafe { load8::<false>(p.a, p.lda, tok, tok < p.m, k0, p.k) }
+                    };
+                    unroll!(RT in [0, 1] {
+                        if RT < R {
+                            let (w0, w1) = (w[RT][2 * J], w[RT][2 * J + 1]);
+                            let a1 = [w0[0], w1[0], w0[1], w1[1]];
+                            let a2 = [w0[2], w1[2], w0[3], w1[3]];
+                            let d = &mut acc[RT][Q];
+                            if BF16 {
+                                *d = mma_m16n8k16_f32_bf16(a1, [x[0], x[1]], *d);
+                                *d = mma_m16n8k16_f32_bf16(a2, [x[2], x[3]], *d);
+                            } else {
+                                *d = mma_m16n8k16_f32_f16(a1, [x[0], x[1]], *d);
+                                *d = mma_m16n8k16_f32_f16(a2, [x[2], x[3]], *d);
+                            }
+                        }
+                    });
                 }
             });
         }
     });
 }
 
-/// The kernel body of entry `decode_gemm_{bf16|f16}_t{T}_u{U}`.
+/// The weights of one k-block for the `R` row tiles of the warp.
+///
+/// # Safety
+/// As [`load_block`].
+#[inline(always)]
+unsafe fn load_blocks<const U: usize, const R: usize>(
+    p: &Params,
+    block: u32,
+    rows: &[[u32; 2]; MAX_ROW_TILES],
+    ok: &[[bool; 2]; MAX_ROW_TILES],
+    t: u32,
+) -> [[[u32; 4]; 8]; MAX_ROW_TILES] {
+    let mut w = [[[0u32; 4]; 8]; MAX_ROW_TILES];
+    unroll!(RT in [0, 1] {
+        if RT < R {
+            // SAFETY: the caller's contract.
+            w[RT] = unsafe { load_block::<U>(p, block, rows[RT], ok[RT], t) };
+        }
+    });
+    w
+}
+
+/// The kernel body of entry `decode_gemm_{bf16|f16}_t{T}_u{U}` (`R = 1`) or
+/// `decode_gemm_{bf16|f16}_t{T}_u{U}_r{R}`: each warp covers `R` row tiles (`16 R` output
+/// columns) and reuses every token fragment it loads for all of them; `..._pa` (`PA`): the token
+/// fragments of the next k-block are loaded with its weights, one k-block ahead.
 ///
 /// # Safety
 /// The launch contract of [`crate::contract::decode_gemm`]; every thread of the CTA calls it.
 #[inline(always)]
-unsafe fn decode<const BF16: bool, const T: usize, const U: usize>(p: Params) {
-    const { assert!(T >= 1 && T <= 8 && U >= 1 && U <= 4) };
+unsafe fn decode<
+    const BF16: bool,
+    const T: usize,
+    const U: usize,
+    const R: usize,
+    const PA: bool,
+>(
+    p: Params,
+) {
+    const { assert!(T >= 1 && T <= 8 && U >= 1 && U <= 4 && R >= 1 && R <= MAX_ROW_TILES) };
+    const { assert!(T * R <= 8) };
     let tid = thread_idx_x();
     let threads = block_dim_x();
     let warps = threads / 32;
@@ -231,7 +322,7 @@ unsafe fn decode<const BF16: bool, const T: usize, const U: usize>(p: Params) {
         || warps == 0
         || p.ksplit == 0
         || !warps.is_multiple_of(p.ksplit)
-        || (dynamic_smem_size() as usize) < smem_bytes(warps, T)
+        || (dynamic_smem_size() as usize) < smem_bytes(warps, T * R)
     {
         trap();
     }
@@ -240,64 +331,85 @@ unsafe fn decode<const BF16: bool, const T: usize, const U: usize>(p: Params) {
     let tiles_per_cta = warps / p.ksplit;
     let tile = block_idx_x() as u64 * tiles_per_cta as u64 + (warp / p.ksplit) as u64;
     let ks = warp % p.ksplit;
-    // Rows (output columns) of this lane; u64 first so a last CTA past N cannot wrap.
-    let r0 = tile * ROWS as u64 + g as u64;
-    let ok = [r0 < p.n as u64, r0 + 8 < p.n as u64];
-    let rows = [
-        if ok[0] { r0 as u32 } else { 0 },
-        if ok[1] { (r0 + 8) as u32 } else { 0 },
-    ];
+    // Rows (output columns) of this lane: `r0[rt]` and `r0[rt] + 8` for row tile `rt` of the
+    // warp; u64 first so a last CTA past N cannot wrap.
+    let mut r0 = [0u64; MAX_ROW_TILES];
+    let mut ok = [[false; 2]; MAX_ROW_TILES];
+    let mut rows = [[0u32; 2]; MAX_ROW_TILES];
+    unroll!(RT in [0, 1] {
+        if RT < R {
+            r0[RT] = (tile * R as u64 + RT as u64) * ROWS as u64 + g as u64;
+            ok[RT] = [r0[RT] < p.n as u64, r0[RT] + 8 < p.n as u64];
+            rows[RT] = [
+                if ok[RT][0] { r0[RT] as u32 } else { 0 },
+                if ok[RT][1] { (r0[RT] + 8) as u32 } else { 0 },
+            ];
+        }
+    });
     let kblock = (U * K_STEP) as u32;
     let nblk = p.k.div_ceil(kblock);
 
-    let mut acc = [[0.0f32; 4]; 8];
+    let mut acc = [[[0.0f32; 4]; 8]; MAX_ROW_TILES];
     let mut b = ks;
-    let mut cur = [[0u32; 4]; 8];
+    let mut cur = [[[0u32; 4]; 8]; MAX_ROW_TILES];
     if p.weights_early && b < nblk {
         // SAFETY: the launch contract; weights_early promises B is not written by the
         // preceding kernel, so it may be read before griddepcontrol.wait.
-        cur = unsafe { load_block::<U>(&p, b, rows, ok, t) };
+        cur = unsafe { load_blocks::<U, R>(&p, b, &rows, &ok, t) };
     }
     pdl::wait();
     if !p.weights_early && b < nblk {
         // SAFETY: the launch contract.
-        cur = unsafe { load_block::<U>(&p, b, rows, ok, t) };
+        cur = unsafe { load_blocks::<U, R>(&p, b, &rows, &ok, t) };
+    }
+    let mut xa = [[[0u32; 4]; 8]; 4];
+    if PA && b < nblk {
+        // SAFETY: the launch contract; after griddepcontrol.wait.
+        xa = unsafe { load_a::<T, U>(&p, b, g, t) };
     }
     let mut signalled = false;
     while b < nblk {
         let nb = b + p.ksplit;
-        let mut nxt = [[0u32; 4]; 8];
+        let mut nxt = [[[0u32; 4]; 8]; MAX_ROW_TILES];
+        let mut xn = [[[0u32; 4]; 8]; 4];
         if nb < nblk {
             // SAFETY: the launch contract.
-            nxt = unsafe { load_block::<U>(&p, nb, rows, ok, t) };
+            nxt = unsafe { load_blocks::<U, R>(&p, nb, &rows, &ok, t) };
+            if PA {
+                // SAFETY: the launch contract; after griddepcontrol.wait.
+                xn = unsafe { load_a::<T, U>(&p, nb, g, t) };
+            }
         } else {
             pdl::launch_dependents();
             signalled = true;
         }
         // SAFETY: the launch contract; b, ks and nblk are warp-uniform, so all 32 lanes run
         // the MMAs together.
-        unsafe { mma_block::<BF16, T, U>(&p, b, &cur, &mut acc, g, t) };
+        unsafe { mma_block::<BF16, T, U, R, PA>(&p, b, &cur, &xa, &mut acc, g, t) };
         cur = nxt;
+        xa = xn;
         b = nb;
     }
     if !signalled {
         pdl::launch_dependents();
     }
 
-    // Split-K exchange: [warp][q][i][lane] f32, conflict-free.
+    // Split-K exchange: [warp][row tile][q][i][lane] f32, conflict-free.
     let smem = Shared::<f32>::at(dynamic_smem_base());
-    let slot = |w: u32, q: usize, i: usize| {
-        smem.add(((w * T as u32 + q as u32) * 4 + i as u32) * 32 + lane)
+    let slot = |w: u32, rt: usize, q: usize, i: usize| {
+        smem.add((((w * R as u32 + rt as u32) * T as u32 + q as u32) * 4 + i as u32) * 32 + lane)
     };
     if ks != 0 {
-        unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
-            if Q < T {
-                unroll!(I in [0, 1, 2, 3] {
-                    // SAFETY: slot < warps * T * 4 * 32 floats <= dynamic_smem_size (checked
-                    // above); each thread writes only its own lane's slots.
-                    unsafe { slot(warp, Q, I).store(acc[Q][I]) };
-                });
-            }
+        unroll!(RT in [0, 1] {
+            unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if RT < R && Q < T {
+                    unroll!(I in [0, 1, 2, 3] {
+                        // SAFETY: slot < warps * R * T * 4 * 32 floats <= dynamic_smem_size
+                        // (checked above); each thread writes only its own lane's slots.
+                        unsafe { slot(warp, RT, Q, I).store(acc[RT][Q][I]) };
+                    });
+                }
+            });
         });
     }
     // SAFETY: every thread of the CTA reaches this barrier once (no early return above).
@@ -307,25 +419,29 @@ unsafe fn decode<const BF16: bool, const T: usize, const U: usize>(p: Params) {
     }
     let mut s = 1;
     while s < p.ksplit {
-        unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
-            if Q < T {
-                unroll!(I in [0, 1, 2, 3] {
-                    // SAFETY: written before the barrier by warp `warp + s` of this row tile.
-                    acc[Q][I] += unsafe { slot(warp + s, Q, I).load() };
-                });
-            }
+        unroll!(RT in [0, 1] {
+            unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if RT < R && Q < T {
+                    unroll!(I in [0, 1, 2, 3] {
+                        // SAFETY: written before the barrier by warp `warp + s` of this row
+                        // tile.
+                        acc[RT][Q][I] += unsafe { slot(warp + s, RT, Q, I).load() };
+                    });
+                }
+            });
         });
         s += 1;
     }
 
     // Epilogue: C[token][row] = alpha * acc + beta * C.
+    unroll!(RT in [0, 1] {
     unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
         unroll!(I in [0, 1, 2, 3] {
-            let row = r0 + 8 * (I as u64 / 2);
+            let row = r0[RT] + 8 * (I as u64 / 2);
             let tok = (Q * TOKENS_PER_TILE) as u32 + 2 * t + (I as u32 % 2);
-            if Q < T && row < p.n as u64 && tok < p.m {
+            if RT < R && Q < T && row < p.n as u64 && tok < p.m {
                 let idx = tok as usize * p.ldc as usize + row as usize;
-                let mut v = p.alpha * acc[Q][I];
+                let mut v = p.alpha * acc[RT][Q][I];
                 if p.out_f32 {
                     // SAFETY: C holds m rows of pitch ldc >= n f32 (launch contract).
                     let cp = unsafe { (p.c as *mut f32).add(idx) };
@@ -359,12 +475,16 @@ unsafe fn decode<const BF16: bool, const T: usize, const U: usize>(p: Params) {
             }
         });
     });
+    });
 }
 
 macro_rules! entry {
     ($name:ident, $bf16:literal, $t:literal, $u:literal) => {
-        /// Entry of [`crate::contract::decode_gemm`] (input type, token tiles, unroll in the
-        /// name; see `contract::decode_gemm::VARIANTS`).
+        entry!($name, $bf16, $t, $u, 1, false);
+    };
+    ($name:ident, $bf16:literal, $t:literal, $u:literal, $r:literal, $pa:literal) => {
+        /// Entry of [`crate::contract::decode_gemm`] (input type, token tiles, unroll, row tiles
+        /// and A prefetch in the name; see `contract::decode_gemm::VARIANTS`).
         ///
         /// # Safety
         /// The launch contract of [`crate::contract::decode_gemm`]: `a` is `m x k` (pitch `lda`),
@@ -411,7 +531,7 @@ macro_rules! entry {
                 l2_prefetch: flags & FLAG_L2_PREFETCH_256 != 0,
             };
             // SAFETY: the caller's launch contract.
-            unsafe { decode::<$bf16, $t, $u>(p) }
+            unsafe { decode::<$bf16, $t, $u, $r, $pa>(p) }
         }
     };
 }
@@ -432,3 +552,29 @@ entry!(decode_gemm_f16_t4_u2, false, 4, 2);
 entry!(decode_gemm_f16_t4_u4, false, 4, 4);
 entry!(decode_gemm_f16_t8_u2, false, 8, 2);
 entry!(decode_gemm_f16_t8_u4, false, 8, 4);
+entry!(decode_gemm_bf16_t1_u2_r2, true, 1, 2, 2, false);
+entry!(decode_gemm_bf16_t1_u4_r2, true, 1, 4, 2, false);
+entry!(decode_gemm_bf16_t2_u2_r2, true, 2, 2, 2, false);
+entry!(decode_gemm_bf16_t2_u4_r2, true, 2, 4, 2, false);
+entry!(decode_gemm_bf16_t4_u2_r2, true, 4, 2, 2, false);
+entry!(decode_gemm_bf16_t4_u4_r2, true, 4, 4, 2, false);
+entry!(decode_gemm_f16_t1_u2_r2, false, 1, 2, 2, false);
+entry!(decode_gemm_f16_t1_u4_r2, false, 1, 4, 2, false);
+entry!(decode_gemm_f16_t2_u2_r2, false, 2, 2, 2, false);
+entry!(decode_gemm_f16_t2_u4_r2, false, 2, 4, 2, false);
+entry!(decode_gemm_f16_t4_u2_r2, false, 4, 2, 2, false);
+entry!(decode_gemm_f16_t4_u4_r2, false, 4, 4, 2, false);
+entry!(decode_gemm_bf16_t1_u2_pa, true, 1, 2, 1, true);
+entry!(decode_gemm_bf16_t2_u2_pa, true, 2, 2, 1, true);
+entry!(decode_gemm_bf16_t4_u2_pa, true, 4, 2, 1, true);
+entry!(decode_gemm_bf16_t8_u2_pa, true, 8, 2, 1, true);
+entry!(decode_gemm_bf16_t1_u2_r2_pa, true, 1, 2, 2, true);
+entry!(decode_gemm_bf16_t2_u2_r2_pa, true, 2, 2, 2, true);
+entry!(decode_gemm_bf16_t4_u2_r2_pa, true, 4, 2, 2, true);
+entry!(decode_gemm_f16_t1_u2_pa, false, 1, 2, 1, true);
+entry!(decode_gemm_f16_t2_u2_pa, false, 2, 2, 1, true);
+entry!(decode_gemm_f16_t4_u2_pa, false, 4, 2, 1, true);
+entry!(decode_gemm_f16_t8_u2_pa, false, 8, 2, 1, true);
+entry!(decode_gemm_f16_t1_u2_r2_pa, false, 1, 2, 2, true);
+entry!(decode_gemm_f16_t2_u2_r2_pa, false, 2, 2, 2, true);
+entry!(decode_gemm_f16_t4_u2_r2_pa, false, 4, 2, 2, true);

@@ -109,6 +109,17 @@ pub struct DecodeConfig {
     /// Stream the weights with the `.L2::256B` prefetch-size hint (`ld.global.nc.L1::no_allocate
     /// .L2::256B`): L2 fetches 256-byte blocks of a weight row from DRAM.
     pub l2_prefetch: bool,
+    /// Row tiles (16 output columns each) per warp: 1, or 2 (`contract::MAX_ROW_TILES`; entries
+    /// `..._r2`, up to 32 tokens): each token fragment a warp loads feeds the MMAs of both
+    /// tiles, halving the token (A) reads per weight byte, and each lane keeps twice the weight
+    /// bytes in flight (issue 20, notes/decode-m16.md).
+    pub row_tiles: u32,
+    /// Load the token (A) fragments of the next k-block one k-block ahead, with its weights
+    /// (entries `..._pa`; `unroll` 2 only; with 2 row tiles up to 32 tokens), so the A latency
+    /// leaves each
+    /// k-block's critical path (issue 20, notes/decode-m16.md). Still after
+    /// `griddepcontrol.wait`.
+    pub prefetch_a: bool,
 }
 
 impl Default for DecodeConfig {
@@ -118,26 +129,39 @@ impl Default for DecodeConfig {
             ksplit: None,
             unroll: 4,
             l2_prefetch: true,
+            row_tiles: 1,
+            prefetch_a: false,
         }
     }
 }
 
 impl DecodeConfig {
     /// Every combination the bench sweeps: warps {4, 8, 16} x ksplit {1, 2, 4, 8, 16 dividing
-    /// warps} x unroll {2, 4} x L2 prefetch {on, off}.
+    /// warps} x unroll {2, 4} x L2 prefetch {on, off} x row tiles {1, 2} x A prefetch {off, on
+    /// (unroll 2 only)}. (Row tiles 2 has entries for up to 32 tokens only: [`launch_shape`]
+    /// refuses it above.)
     pub fn sweep() -> Vec<Self> {
         let mut v = Vec::new();
-        for warps in contract::WARPS {
-            for ks in [1u32, 2, 4, 8, 16] {
-                if ks <= warps && warps.is_multiple_of(ks) {
-                    for unroll in [2u32, 4] {
-                        for l2_prefetch in [true, false] {
-                            v.push(Self {
-                                warps,
-                                ksplit: Some(ks),
-                                unroll,
-                                l2_prefetch,
-                            });
+        for row_tiles in [1u32, 2] {
+            for warps in contract::WARPS {
+                for ks in [1u32, 2, 4, 8, 16] {
+                    if ks <= warps && warps.is_multiple_of(ks) {
+                        for unroll in [2u32, 4] {
+                            for prefetch_a in [false, true] {
+                                if prefetch_a && unroll != 2 {
+                                    continue;
+                                }
+                                for l2_prefetch in [true, false] {
+                                    v.push(Self {
+                                        warps,
+                                        ksplit: Some(ks),
+                                        unroll,
+                                        l2_prefetch,
+                                        row_tiles,
+                                        prefetch_a,
+                                    });
+                                }
+                            }
                         }
                     }
                 }
@@ -146,11 +170,18 @@ impl DecodeConfig {
         v
     }
 
-    /// `w{warps}_ks{ksplit|auto}_u{unroll}` plus `_pf` with the L2 prefetch, for tables.
+    /// `w{warps}_ks{ksplit|auto}_u{unroll}` plus `_pf` with the L2 prefetch, `_r{row_tiles}`
+    /// for more than one row tile per warp and `_pa` with the A prefetch, for tables.
     pub fn label(&self) -> String {
         let ks = self.ksplit.map_or("auto".to_string(), |k| k.to_string());
         let pf = if self.l2_prefetch { "_pf" } else { "" };
-        format!("w{}_ks{ks}_u{}{pf}", self.warps, self.unroll)
+        let r = if self.row_tiles == 1 {
+            String::new()
+        } else {
+            format!("_r{}", self.row_tiles)
+        };
+        let pa = if self.prefetch_a { "_pa" } else { "" };
+        format!("w{}_ks{ks}_u{}{pf}{r}{pa}", self.warps, self.unroll)
     }
 }
 
@@ -231,7 +262,11 @@ pub struct DecodeLaunchShape {
     pub ksplit: u32,
     /// k-steps per k-block.
     pub unroll: u32,
-    /// CTAs: `ceil(ceil(N / 16) / (warps / ksplit))`.
+    /// Row tiles (16 output columns) per warp.
+    pub row_tiles: u32,
+    /// Token fragments loaded one k-block ahead.
+    pub prefetch_a: bool,
+    /// CTAs: `ceil(ceil(N / (16 * row_tiles)) / (warps / ksplit))`.
     pub grid: u32,
     /// Dynamic shared memory, bytes.
     pub smem_bytes: u32,
@@ -242,7 +277,8 @@ pub struct DecodeLaunchShape {
 ///
 /// Errors: [`Error::BadShape`] for `M` above 64 (the decode kernel's limit; use the cooperative
 /// configuration), warps not in `contract::WARPS`, `ksplit` 0 or not dividing `warps`, `unroll`
-/// not 2 or 4, or a grid above `MAX_GRID`.
+/// not 2 or 4, `row_tiles` not 1 or 2, no entry for the combination (2 row tiles serve at most
+/// 32 tokens; the A prefetch needs unroll 2), or a grid above `MAX_GRID`.
 pub fn launch_shape(
     shape: GemmShape,
     bf16: bool,
@@ -269,6 +305,17 @@ pub fn launch_shape(
             detail: format!("{}; allowed: 2 or 4", cfg.unroll),
         });
     }
+    if cfg.row_tiles == 0 || cfg.row_tiles as usize > contract::MAX_ROW_TILES {
+        return Err(Error::BadShape {
+            what: "decode gemm row tiles per warp",
+            detail: format!(
+                "{}; allowed: 1 to {}",
+                cfg.row_tiles,
+                contract::MAX_ROW_TILES
+            ),
+        });
+    }
+    let row_tiles = cfg.row_tiles as usize;
     let ksplit = match cfg.ksplit {
         Some(ks) => {
             if ks == 0 || !cfg.warps.is_multiple_of(ks) {
@@ -282,21 +329,34 @@ pub fn launch_shape(
             }
             ks
         }
-        None => default_ksplit(shape.n, shape.k, sms, cfg.warps, cfg.unroll),
+        // ceil(ceil(N / R) / 16) = ceil(N / (16 R)): the warps' tiles of 16 R columns.
+        None => default_ksplit(
+            shape.n.div_ceil(row_tiles),
+            shape.k,
+            sms,
+            cfg.warps,
+            cfg.unroll,
+        ),
     };
     let variant = contract::VARIANTS
         .iter()
-        .find(|v| v.bf16 == bf16 && v.token_tiles == tiles && v.unroll == cfg.unroll as usize)
+        .find(|v| {
+            v.bf16 == bf16
+                && v.token_tiles == tiles
+                && v.unroll == cfg.unroll as usize
+                && v.row_tiles == row_tiles
+                && v.prefetch_a == cfg.prefetch_a
+        })
         .ok_or_else(|| Error::BadShape {
             what: "decode gemm variant",
             detail: format!(
-                "no entry for bf16 = {bf16}, {tiles} token tiles, unroll {}",
-                cfg.unroll
+                "no entry for bf16 = {bf16}, {tiles} token tiles (M = {}), unroll {}, {row_tiles} row tiles per warp, A prefetch {}; 2 row tiles serve at most 32 tokens, the A prefetch needs unroll 2",
+                shape.m, cfg.unroll, cfg.prefetch_a
             ),
         })?;
-    let row_tiles = shape.n.div_ceil(contract::ROWS) as u64;
+    let warp_tiles = shape.n.div_ceil(contract::ROWS * row_tiles) as u64;
     let per_cta = (cfg.warps / ksplit) as u64;
-    let grid = row_tiles.div_ceil(per_cta);
+    let grid = warp_tiles.div_ceil(per_cta);
     if grid == 0 || grid > super::MAX_GRID as u64 {
         return Err(Error::BadShape {
             what: "decode gemm grid",
@@ -309,8 +369,10 @@ pub fn launch_shape(
         warps: cfg.warps,
         ksplit,
         unroll: cfg.unroll,
+        row_tiles: cfg.row_tiles,
+        prefetch_a: cfg.prefetch_a,
         grid: grid as u32,
-        smem_bytes: contract::smem_bytes(cfg.warps, tiles) as u32,
+        smem_bytes: contract::smem_bytes(cfg.warps, tiles * row_tiles) as u32,
     })
 }
 
@@ -784,14 +846,14 @@ mod tests {
                 Err(Error::BadShape { .. })
             ));
         }
-        // Every swept config is accepted and its grid covers N.
+        // Every swept config is accepted (M = 16) and its grid covers N.
         for cfg in DecodeConfig::sweep() {
             let ls = launch_shape(s, false, &cfg, 132).unwrap();
             let ks = cfg.ksplit.unwrap();
             assert_eq!(ls.ksplit, ks);
-            let tiles_per_cta = cfg.warps / ks;
-            assert!(ls.grid as usize * tiles_per_cta as usize * 16 >= 4096);
-            assert!((ls.grid as usize - 1) * (tiles_per_cta as usize) * 16 < 4096);
+            let cols_per_cta = (cfg.warps / ks * cfg.row_tiles) as usize * 16;
+            assert!(ls.grid as usize * cols_per_cta >= 4096);
+            assert!((ls.grid as usize - 1) * cols_per_cta < 4096);
             assert!(ls.smem_bytes as usize <= contract::MAX_SMEM_BYTES);
         }
     }
@@ -815,6 +877,130 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Issue 20 (M = 16): the two-row-tile entries exist for 1 to 32 tokens, a warp covers 32
+    /// columns (so the grid halves), the split-K exchange holds both tiles, 2 row tiles above
+    /// 32 tokens and 0 or 3 row tiles are refused with typed errors, and the label says `_r2`.
+    #[test]
+    fn issue20_decode_two_row_tiles_launch_shape() {
+        for bf16 in [true, false] {
+            for m in [1, 7, 16, 17, 32] {
+                for unroll in [2, 4] {
+                    let cfg = DecodeConfig {
+                        warps: 8,
+                        ksplit: Some(4),
+                        unroll,
+                        row_tiles: 2,
+                        ..Default::default()
+                    };
+                    let ls = launch_shape(shape(m, 1003, 2056), bf16, &cfg, 132).unwrap();
+                    let ty = if bf16 { "bf16" } else { "f16" };
+                    assert_eq!(
+                        ls.kernel,
+                        format!("decode_gemm_{ty}_t{}_u{unroll}_r2", ls.token_tiles)
+                    );
+                    assert_eq!(ls.row_tiles, 2);
+                    // 1003 columns: 32 warp tiles of 32 columns, 2 per CTA.
+                    assert_eq!(ls.grid, 16);
+                    assert_eq!(ls.smem_bytes as usize, 8 * ls.token_tiles * 2 * 512);
+                    assert_eq!(cfg.label(), format!("w8_ks4_u{unroll}_pf_r2"));
+                }
+            }
+            for m in [33, 64] {
+                let cfg = DecodeConfig {
+                    row_tiles: 2,
+                    ..Default::default()
+                };
+                assert!(matches!(
+                    launch_shape(shape(m, 4096, 4096), bf16, &cfg, 132),
+                    Err(Error::BadShape {
+                        what: "decode gemm variant",
+                        ..
+                    })
+                ));
+            }
+            for row_tiles in [0, 3] {
+                let cfg = DecodeConfig {
+                    row_tiles,
+                    ..Default::default()
+                };
+                assert!(matches!(
+                    launch_shape(shape(16, 4096, 4096), bf16, &cfg, 132),
+                    Err(Error::BadShape {
+                        what: "decode gemm row tiles per warp",
+                        ..
+                    })
+                ));
+            }
+        }
+        // The default ksplit counts the warps' 32-column tiles: 4096 columns = 128 of them.
+        let cfg = DecodeConfig {
+            row_tiles: 2,
+            ..Default::default()
+        };
+        let ls = launch_shape(shape(16, 28672, 4096), true, &cfg, 132).unwrap();
+        assert_eq!(ls.ksplit, default_ksplit(14336, 4096, 132, 8, 4));
+        // Every variant's accumulator tiles fit the raised shared-memory limit at 16 warps.
+        for v in contract::VARIANTS {
+            assert!(
+                contract::smem_bytes(16, v.token_tiles * v.row_tiles) <= contract::MAX_SMEM_BYTES
+            );
+        }
+    }
+
+    /// Issue 20: the A-prefetch entries (`..._u2[_r2]_pa`) exist for unroll 2, with one row tile
+    /// for 1 to 64 tokens and two for 1 to 32; unroll 4, or two row tiles above 32 tokens, is
+    /// refused (typed).
+    #[test]
+    fn issue20_decode_prefetch_a_launch_shape() {
+        for row_tiles in [1u32, 2] {
+            let ms: &[usize] = if row_tiles == 1 {
+                &[1, 9, 17, 32, 33, 64]
+            } else {
+                &[1, 9, 17, 32]
+            };
+            for &m in ms {
+                let cfg = DecodeConfig {
+                    unroll: 2,
+                    row_tiles,
+                    prefetch_a: true,
+                    ..Default::default()
+                };
+                let ls = launch_shape(shape(m, 4096, 4096), true, &cfg, 132).unwrap();
+                let r = if row_tiles == 2 { "_r2" } else { "" };
+                assert_eq!(
+                    ls.kernel,
+                    format!("decode_gemm_bf16_t{}_u2{r}_pa", ls.token_tiles)
+                );
+                assert!(ls.prefetch_a);
+                assert!(cfg.label().ends_with("_pa"));
+            }
+            let bad: &[(usize, u32)] = if row_tiles == 1 {
+                &[(16, 4), (64, 4)]
+            } else {
+                &[(16, 4), (33, 2), (64, 2)]
+            };
+            for &(m, unroll) in bad {
+                let cfg = DecodeConfig {
+                    unroll,
+                    row_tiles,
+                    prefetch_a: true,
+                    ..Default::default()
+                };
+                assert!(matches!(
+                    launch_shape(shape(m, 4096, 4096), false, &cfg, 132),
+                    Err(Error::BadShape {
+                        what: "decode gemm variant",
+                        ..
+                    })
+                ));
+            }
+        }
+        // The sweep never asks for an A prefetch with unroll 4 (no such entry).
+        assert!(DecodeConfig::sweep()
+            .iter()
+            .all(|c| !c.prefetch_a || c.unroll == 2));
     }
 
     /// CPU model of one warp's k-step of `decode_gemm_*` (gpu/src/kernels/decode_gemm.rs,
@@ -910,25 +1096,37 @@ mod tests {
             warps_i in 0usize..3,
             ks_log in proptest::option::of(0u32..5),
             unroll in proptest::sample::select(vec![2u32, 4]),
+            row_tiles in 1u32..=2,
+            prefetch_a: bool,
             sms in 1u32..200,
         ) {
             let warps = contract::WARPS[warps_i];
             let ksplit = ks_log.map(|l| 1u32 << l);
-            let cfg = DecodeConfig { warps, ksplit, unroll, l2_prefetch: true };
+            let cfg = DecodeConfig { warps, ksplit, unroll, l2_prefetch: true, row_tiles, prefetch_a };
             match launch_shape(shape(m, n, k), true, &cfg, sms) {
                 Ok(ls) => {
                     proptest::prop_assert!(ls.token_tiles * 8 >= m);
                     proptest::prop_assert!(warps.is_multiple_of(ls.ksplit));
-                    let per_cta = (warps / ls.ksplit) as usize;
-                    proptest::prop_assert!(ls.grid as usize * per_cta * 16 >= n);
-                    proptest::prop_assert!((ls.grid as usize - 1) * per_cta * 16 < n);
+                    proptest::prop_assert_eq!(ls.row_tiles, row_tiles);
+                    let cols = (warps / ls.ksplit * row_tiles) as usize * 16;
+                    proptest::prop_assert!(ls.grid as usize * cols >= n);
+                    proptest::prop_assert!((ls.grid as usize - 1) * cols < n);
                     proptest::prop_assert!(ls.smem_bytes as usize <= contract::MAX_SMEM_BYTES);
+                    let v = contract::VARIANTS.iter().find(|v| v.kernel == ls.kernel).unwrap();
+                    proptest::prop_assert_eq!(v.row_tiles as u32, row_tiles);
+                    proptest::prop_assert_eq!(v.token_tiles, ls.token_tiles);
+                    proptest::prop_assert_eq!(v.prefetch_a, prefetch_a);
                 }
                 Err(e) => {
-                    // Only an explicit ksplit that does not divide the warps is refused here.
+                    // Only an explicit ksplit that does not divide the warps, 2 row tiles with
+                    // more than 32 tokens, or the A prefetch with unroll 4 is refused here.
                     let bad_shape = matches!(e, Error::BadShape { .. });
                     proptest::prop_assert!(bad_shape, "{}", e);
-                    proptest::prop_assert!(ksplit.is_some_and(|ks| ks > warps));
+                    proptest::prop_assert!(
+                        ksplit.is_some_and(|ks| ks > warps)
+                            || (row_tiles == 2 && m > 32)
+                            || (prefetch_a && unroll == 4)
+                    );
                 }
             }
         }
