@@ -412,7 +412,10 @@ fn issue20_decode_gemm_two_row_tiles() {
                         cfg: c,
                         ..Case::new(m, n, k)
                     };
-                    assert!(run_case::<f16, f16>(&dev, &dg, None, case));
+                    // As above: a 16-warp CTA may exceed the entry's register-limited size
+                    // (a typed refusal, reported by run_case as not run).
+                    let ran = run_case::<f16, f16>(&dev, &dg, None, case);
+                    assert!(ran || c.warps > 8, "{case:?} did not fit");
                 }
             }
         }
@@ -467,9 +470,11 @@ fn issue20_decode_gemm_is_deterministic() {
         for _ in 0..2 {
             let mut dc = pool.alloc_async::<f32>(&stream, m * n).unwrap();
             dc.fill_async(f32::NAN).unwrap();
+            // 8 warps: the two-row-tile entries with A prefetch fit at most 384 threads per CTA
+            // (their register-limited maximum; 16 warps was refused on the H100 with TooLarge).
             let cfg = DecodeConfig {
-                warps: 16,
-                ksplit: Some(16),
+                warps: 8,
+                ksplit: Some(8),
                 unroll: 2,
                 l2_prefetch: true,
                 row_tiles,
