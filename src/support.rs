@@ -193,6 +193,55 @@ pub fn gpu_in_new_context_or_skip(test: &str) -> Option<warpline::Device> {
     )
 }
 
+/// The seed of a randomised GEMM test: `WARPLINE_SEED` if set, else a fresh one; printed with
+/// `label` so that a failure can be replayed.
+pub fn gemm_seed(label: &str) -> u64 {
+    use rand::Rng;
+    let s = std::env::var("WARPLINE_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("{label} seed: {s} (WARPLINE_SEED={s} replays it)");
+    s
+}
+
+/// `n` standard normal samples (Box-Muller).
+pub fn normal(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
+    use rand::Rng;
+    (0..n)
+        .map(|_| {
+            let u1: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
+            let u2: f64 = rng.random();
+            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+        })
+        .collect()
+}
+
+/// A `rows x cols` matrix of normal samples with row pitch `pitch` (elements), padding NaN,
+/// uploaded to a new buffer of `pool` on `stream`. Returns the buffer and the host values
+/// (rounded to `T` and widened; padding NaN). Panics on allocation or copy errors (tests only).
+pub fn upload<T: warpline::kernels::tc_gemm::TcInput>(
+    pool: &warpline::MemPool,
+    stream: &warpline::Stream,
+    rng: &mut rand::rngs::StdRng,
+    rows: usize,
+    cols: usize,
+    pitch: usize,
+) -> (warpline::DeviceBuffer<T>, Vec<f32>) {
+    let vals = normal(rng, rows * cols);
+    let len = (rows - 1) * pitch + cols;
+    let mut host = vec![f32::NAN; len];
+    for r in 0..rows {
+        for c in 0..cols {
+            host[r * pitch + c] = T::from_f32(vals[r * cols + c]).to_f32();
+        }
+    }
+    let typed: Vec<T> = host.iter().map(|&v| T::from_f32(v)).collect();
+    let mut buf = pool.alloc_async::<T>(stream, len).unwrap();
+    buf.copy_from_host(&typed).unwrap();
+    (buf, host)
+}
+
 #[cfg(test)]
 mod tests {
     use super::skip_or_fail;

@@ -14,56 +14,17 @@
 //!
 //! The GPU tests skip without a driver (`WARPLINE_REQUIRE_GPU=1` makes a skip fail).
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use warpline::kernels::decode_gemm::{DecodeConfig, DecodeGemm, DecodeGemmOptions, GemmConfig};
 use warpline::kernels::tc_gemm::{
     reference_entry, tolerance, BLayout, HostB, Matrix, MatrixMut, TcGemm, TcGemmOptions, TcInput,
     TcOutput,
 };
-use warpline::{bf16, f16, Device, DeviceBuffer, Error, MemPool, Stream};
-use warpline_suite::support::gpu_or_skip;
+use warpline::{bf16, f16, Device, Error, MemPool};
+use warpline_suite::support::{gpu_or_skip, normal, upload};
 
 fn seed() -> u64 {
-    let s = std::env::var("WARPLINE_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| rand::rng().random());
-    eprintln!("decode_gemm seed: {s} (WARPLINE_SEED={s} replays it)");
-    s
-}
-
-fn normal(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let u1: f64 = rng.random_range(f64::MIN_POSITIVE..1.0);
-            let u2: f64 = rng.random();
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
-        })
-        .collect()
-}
-
-/// A `rows x cols` matrix with pitch `pitch`, padding NaN; the device buffer and the host values
-/// (rounded to `T`, widened).
-fn upload<T: TcInput>(
-    pool: &MemPool,
-    stream: &Stream,
-    rng: &mut rand::rngs::StdRng,
-    rows: usize,
-    cols: usize,
-    pitch: usize,
-) -> (DeviceBuffer<T>, Vec<f32>) {
-    let vals = normal(rng, rows * cols);
-    let len = (rows - 1) * pitch + cols;
-    let mut host = vec![f32::NAN; len];
-    for r in 0..rows {
-        for c in 0..cols {
-            host[r * pitch + c] = T::from_f32(vals[r * cols + c]).to_f32();
-        }
-    }
-    let typed: Vec<T> = host.iter().map(|&v| T::from_f32(v)).collect();
-    let mut buf = pool.alloc_async::<T>(stream, len).unwrap();
-    buf.copy_from_host(&typed).unwrap();
-    (buf, host)
+    warpline_suite::support::gemm_seed("decode_gemm")
 }
 
 /// Pitch of `cols` elements of `bytes` bytes rounded up to 16 bytes.
