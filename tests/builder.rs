@@ -254,6 +254,61 @@ fn issue22_item02_a_ptxas_warning_fails_the_build_and_is_named() {
     fs::remove_dir_all(&out).unwrap();
 }
 
+/// Issue 22, item 2, the wgmma case: a deliberate C7515 (builder/tests/fixtures/
+/// wgmma-serialized-kernel, a mainloop whose zero-trip path re-zeroes the accumulators before the
+/// final `wgmma.wait_group`, so ptxas serializes the wgmmas) fails the build with the warning
+/// named, and with the opt-out it builds and the report still carries C7515.
+#[test]
+fn issue22_item02_a_deliberate_c7515_fails_the_build_and_is_named() {
+    const NAME: &str = "issue22_item02_a_deliberate_c7515_fails_the_build_and_is_named";
+    if let Err(e) = DeviceToolchain::discover() {
+        println!("SKIPPED {NAME}: no device toolchain ({e})");
+        return;
+    }
+    if warpline_builder::ptxas::find().is_none() {
+        println!("SKIPPED {NAME}: no ptxas");
+        return;
+    }
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let out = tmp.join(format!(
+        "wgmma-serialized-kernel-out-{}",
+        std::process::id()
+    ));
+    let b = PtxBuilder::new(fixture("wgmma-serialized-kernel"))
+        .arch(warpline_builder::Arch::Sm90a)
+        .out_dir(&out)
+        .target_dir(tmp.join("wgmma-serialized-kernel-nvptx-sm90a"));
+    match b.build() {
+        Err(e @ warpline_builder::BuildError::PtxasWarnings { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("C7515")
+                    && msg.contains("wgmma.mma_async instructions are serialized")
+                    && msg.contains("'serialized'"),
+                "{msg}"
+            );
+            assert!(
+                msg.contains("deny_ptxas_warnings(false)")
+                    && msg.contains(warpline_builder::ENV_ALLOW_PTXAS_WARNINGS),
+                "the opt-out is not named: {msg}"
+            );
+        }
+        r => panic!("a module whose wgmmas ptxas serializes (C7515) built: {r:?}"),
+    }
+    // The opt-out: the build succeeds and the report still carries the warning.
+    let built = b.deny_ptxas_warnings(false).build().unwrap();
+    assert!(
+        built
+            .ptxas_diagnostics
+            .iter()
+            .any(|d| d.code.as_deref() == Some("C7515") && d.is_harmful()),
+        "{:?}",
+        built.ptxas_diagnostics
+    );
+    assert!(built.path.exists(), "{}", built.path.display());
+    fs::remove_dir_all(&out).unwrap();
+}
+
 /// Issue 22, item 4: a build script writes only under `OUT_DIR`. host/build.rs hands the builder
 /// only folders under `out_dir` (the module and the device cargo's target directory), never the
 /// checkout's `target/` or `CARGO_TARGET_DIR`.
