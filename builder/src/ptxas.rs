@@ -326,7 +326,7 @@ ptxas info    : Used 4 registers, used 0 barriers\n";
     #[test]
     fn issue22_item02_diagnostics_are_parsed_and_judged() {
         let text = "ptxas info    : (C7508) Potential Performance Loss: 'setmaxnreg' ignored; unable to determine register count at entry.\n\
-ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to the presence of Extern calls in the function 'k' in line 12\n\
+ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline stage in the function 'k'\n\
 ptxas m.ptx, line 218; warning : Advisory: '.multicast::cluster' modifier on instruction 'cp.async.bulk{.tensor}' should be used on .target 'sm_90a'\n\
 ptxas m.ptx, line 7; warning : Double is not supported. Demoting to float\n\
 ptxas info    : 0 bytes gmem\n\
