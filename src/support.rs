@@ -242,6 +242,49 @@ pub fn upload<T: warpline::kernels::tc_gemm::TcInput>(
     (buf, host)
 }
 
+/// A hand-written sm_90 module with one kernel, `y[i] = a * x[i] + y[i]` for `i < n`.
+pub const SAXPY_PTX: &str = r#"
+// saxpy, written by hand
+.version 8.0
+.target sm_90
+.address_size 64
+
+.visible .entry saxpy(
+	.param .u64 .ptr .align 1 saxpy_param_0,
+	.param .u64 .ptr .align 1 saxpy_param_1,
+	.param .f32 saxpy_param_2,
+	.param .u32 saxpy_param_3
+)
+{
+	.reg .pred 	%p<2>;
+	.reg .b32 	%r<6>;
+	.reg .f32 	%f<5>;
+	.reg .b64 	%rd<8>;
+
+	ld.param.u64 	%rd1, [saxpy_param_0];
+	ld.param.u64 	%rd2, [saxpy_param_1];
+	ld.param.f32 	%f1, [saxpy_param_2];
+	ld.param.u32 	%r1, [saxpy_param_3];
+	mov.u32 	%r2, %ctaid.x;
+	mov.u32 	%r3, %ntid.x;
+	mov.u32 	%r4, %tid.x;
+	mad.lo.s32 	%r5, %r2, %r3, %r4;
+	setp.ge.u32 	%p1, %r5, %r1;
+	@%p1 bra 	$L__done;
+	cvta.to.global.u64 	%rd3, %rd1;
+	cvta.to.global.u64 	%rd4, %rd2;
+	mul.wide.u32 	%rd5, %r5, 4;
+	add.s64 	%rd6, %rd3, %rd5;
+	add.s64 	%rd7, %rd4, %rd5;
+	ld.global.f32 	%f2, [%rd6];
+	ld.global.f32 	%f3, [%rd7];
+	fma.rn.f32 	%f4, %f1, %f2, %f3;
+	st.global.f32 	[%rd7], %f4;
+$L__done:
+	ret;
+}
+"#;
+
 #[cfg(test)]
 mod tests {
     use super::skip_or_fail;

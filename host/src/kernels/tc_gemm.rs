@@ -571,6 +571,17 @@ pub const ENTRIES: [&str; 5] = [
     contract::KERNEL_BF16_BCOL_PINGPONG,
 ];
 
+/// The raster band must hold at least one tile (`TcGemmOptions::group`), in every configuration.
+fn check_group(opts: &TcGemmOptions) -> Result<()> {
+    if opts.group == 0 {
+        return Err(Error::BadShape {
+            what: "tc_gemm raster group",
+            detail: "0 tiles; allowed: 1 or more".into(),
+        });
+    }
+    Ok(())
+}
+
 /// Checks that `ptx` has every entry of [`ENTRIES`] with the contract's parameter list
 /// (`(u64, u64, u64, u64, u32, u32, u32, u32, f32, f32, u32, u32, u32)`), without a device.
 /// Errors: [`Error::MissingKernel`], [`Error::KernelSignatureMismatch`], [`Error::PtxSignature`].
@@ -780,12 +791,7 @@ impl<'d> TcGemm<'d> {
         check_stream("tc_gemm A", a.view.stream(), stream)?;
         check_stream("tc_gemm B", b.view.stream(), stream)?;
         check_stream("tc_gemm C", c.view.stream(), stream)?;
-        if opts.group == 0 {
-            return Err(Error::BadShape {
-                what: "tc_gemm raster group",
-                detail: "0 tiles; allowed: 1 or more".into(),
-            });
-        }
+        check_group(opts)?;
         let name = if opts.pingpong {
             T::pingpong_entry(layout).ok_or_else(|| Error::BadShape {
                 what: "tc_gemm ping-pong",
@@ -913,12 +919,7 @@ impl<'d> TcGemm<'d> {
             &c.dims(size_of::<O>()),
         )?;
         // Options of every configuration are checked before one is chosen.
-        if opts.group == 0 {
-            return Err(Error::BadShape {
-                what: "tc_gemm raster group",
-                detail: "0 tiles; allowed: 1 or more".into(),
-            });
-        }
+        check_group(opts)?;
         if self.select(shape, layout, opts) == GemmConfig::Decode {
             if opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some() {
                 return Err(Error::BadShape {
