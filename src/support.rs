@@ -285,6 +285,67 @@ $L__done:
 }
 "#;
 
+/// Runs the ignored test `name` of the current test binary in a child process with `env` (after
+/// removing `CUDA_DEVICE_MAX_CONNECTIONS` and `CUDA_MODULE_LOADING`, which the driver reads once
+/// at initialisation), echoing its output, and fails unless it exits successfully within
+/// `limit`: a hang is a failure, never a hung test. With `done_marker`, a child that printed that
+/// line counts as finished and is killed if it has not exited 10 s later (a child whose stream
+/// stays blocked on purpose cannot tear its context down).
+pub fn run_child_test(
+    name: &str,
+    env: &[(&str, &str)],
+    limit: std::time::Duration,
+    done_marker: Option<&str>,
+) {
+    use std::io::BufRead;
+    use std::time::{Duration, Instant};
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([name, "--exact", "--ignored", "--nocapture"])
+        .env_remove("CUDA_DEVICE_MAX_CONNECTIONS")
+        .env_remove("CUDA_MODULE_LOADING")
+        .stdout(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            println!("{line}");
+            let _ = tx.send(line);
+        }
+    });
+    let mut deadline = Instant::now() + limit;
+    let mut marked = false;
+    loop {
+        while let Ok(line) = rx.try_recv() {
+            if !marked && done_marker.is_some_and(|m| line.contains(m)) {
+                marked = true;
+                deadline = Instant::now() + Duration::from_secs(10);
+            }
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "{name} with {env:?} failed: {status}");
+            assert!(
+                done_marker.is_none() || marked,
+                "{name} exited without printing its marker"
+            );
+            return;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            assert!(marked, "{name} with {env:?} hung for {limit:?}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::skip_or_fail;

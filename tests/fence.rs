@@ -14,7 +14,6 @@
 //!   `one_context_design_hangs_with_one_connection` shows that hang (it times out and is
 //!   released), which is why the fence has a private context.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -52,53 +51,9 @@ fn run_child(name: &str, env: &[(&str, &str)]) {
 /// is killed if it has not exited 10 s later (a negative control whose stream stays blocked
 /// cannot tear its context down).
 fn run_child_until(name: &str, env: &[(&str, &str)], done_marker: Option<&str>) {
-    use std::io::BufRead;
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([name, "--exact", "--ignored", "--nocapture"])
-        .env(CHILD_ENV, "1")
-        .env_remove("CUDA_DEVICE_MAX_CONNECTIONS")
-        .env_remove("CUDA_MODULE_LOADING")
-        .stdout(std::process::Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            println!("{line}");
-            let _ = tx.send(line);
-        }
-    });
-    let mut deadline = Instant::now() + Duration::from_secs(300);
-    let mut marked = false;
-    loop {
-        while let Ok(line) = rx.try_recv() {
-            if !marked && done_marker.is_some_and(|m| line.contains(m)) {
-                marked = true;
-                deadline = Instant::now() + Duration::from_secs(10);
-            }
-        }
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "{name} with {env:?} failed: {status}");
-            assert!(
-                done_marker.is_none() || marked,
-                "{name} exited without printing its marker"
-            );
-            return;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            assert!(marked, "{name} with {env:?} hung for 300 s");
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut env = env.to_vec();
+    env.push((CHILD_ENV, "1"));
+    warpline_suite::support::run_child_test(name, &env, Duration::from_secs(300), done_marker);
 }
 
 fn in_child() -> bool {

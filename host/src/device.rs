@@ -154,6 +154,8 @@ pub(crate) struct ContextState {
     /// Every module loaded into the context through warpline (for
     /// [`Device::all_kernels_loaded`]); entries of dropped modules are pruned.
     modules: Mutex<Vec<Weak<ModuleInner>>>,
+    /// Idle pinned staging buffers of the context's host copies (`memory::staging`).
+    pub(crate) staging: crate::memory::staging::StagingCache,
 }
 
 impl ContextState {
@@ -164,6 +166,7 @@ impl ContextState {
             launches: Mutex::new(VecDeque::with_capacity(LAUNCH_HISTORY)),
             deferred: Mutex::new(Vec::new()),
             modules: Mutex::new(Vec::new()),
+            staging: Default::default(),
         }
     }
 

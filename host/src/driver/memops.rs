@@ -3,7 +3,7 @@
 //! signal words (`cuMemAlloc`, `cuMemsetD32`, `cuMemcpyDtoH`, `cuMemFree`) plus the device copy
 //! of task graphs (`cuMemcpyDtoDAsync`).
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::c_uint;
 
 use cudarc::driver::sys;
 
@@ -99,14 +99,6 @@ pub(crate) unsafe fn mem_free(ptr: u64) -> Result<()> {
 /// `ptr` is a live device allocation of at least `4 * count` bytes, 4-byte aligned.
 pub(crate) unsafe fn memset_d32(ptr: u64, value: u32, count: usize) -> Result<()> {
     sys::cuMemsetD32_v2(ptr, value, count).call("cuMemsetD32_v2")
-}
-
-/// `cuMemcpyDtoH_v2`: a synchronous copy of `bytes` bytes from device to pageable host memory.
-///
-/// # Safety
-/// `src` is a live device allocation of at least `bytes` bytes; `dst` is valid for `bytes` writes.
-pub(crate) unsafe fn memcpy_dtoh(dst: *mut c_void, src: u64, bytes: usize) -> Result<()> {
-    sys::cuMemcpyDtoH_v2(dst, src, bytes).call("cuMemcpyDtoH_v2")
 }
 
 /// `cuMemcpyDtoDAsync_v2`.

@@ -341,23 +341,23 @@ pub fn generate(seed: u64, ops: usize, threads: usize) -> Program {
         threads: (0..threads)
             .map(|t| {
                 let n = ops / threads + usize::from(t < ops % threads);
-                generate_thread(seed, t, n, threads == 1)
+                generate_thread(seed, t, n)
             })
             .collect(),
     }
 }
 
-/// `lone`: the program has one thread. Only then are signal waits that never fire generated:
-/// releasing one (`synchronize_timeout`, `OnTimeout::Release`) makes driver calls, and on the
-/// H100 those blocked behind another thread's synchronous copy, itself queued behind the
-/// pending wait (a process-wide hang; see docs/safety.md, "Not checked").
-fn generate_thread(seed: u64, t: usize, n: usize, lone: bool) -> Vec<Op> {
+/// Signal waits that never fire are generated in programs of any thread count: releasing one
+/// (`synchronize_timeout`, `OnTimeout::Release`) makes driver calls, which on the H100 once
+/// blocked behind another thread's synchronous copy queued behind the pending wait; host copies
+/// now poll instead (`memory::staging`, issue 19).
+fn generate_thread(seed: u64, t: usize, n: usize) -> Vec<Op> {
     let mut rng = rng_for(seed, 0xF022, t as u64);
     // The generator's view: every feature present (the executor's model knows the device).
     let mut model = ThreadModel::new(Caps::all());
     let mut ops = Vec::with_capacity(n);
     for _ in 0..n {
-        let op = gen_op(&mut rng, &model, lone);
+        let op = gen_op(&mut rng, &model);
         model.step(&op);
         ops.push(op);
     }
@@ -419,7 +419,7 @@ fn slot_of(rng: &mut StdRng, model: &ThreadModel, elem: Option<Elem>) -> u8 {
     pick(rng, &live).unwrap_or_else(|| slot_any(rng))
 }
 
-fn gen_op(rng: &mut StdRng, model: &ThreadModel, lone: bool) -> Op {
+fn gen_op(rng: &mut StdRng, model: &ThreadModel) -> Op {
     let total: u32 = WEIGHTS.iter().map(|w| w.0).sum();
     let mut r = rng.random_range(0..total);
     let mut kind = 0;
@@ -556,9 +556,9 @@ fn gen_op(rng: &mut StdRng, model: &ThreadModel, lone: bool) -> Op {
         },
         14 => {
             let v = model.signal();
-            // Mostly waits that fire; in one-thread programs one in ten never fires (released on
-            // timeout; see generate_thread).
-            let (cmp, value) = if !lone || rng.random_bool(0.9) {
+            // Mostly waits that fire; one in ten never fires (released on timeout; see
+            // generate_thread).
+            let (cmp, value) = if rng.random_bool(0.9) {
                 match rng.random_range(0..3u32) {
                     0 => (Cmp::Geq, rng.random_range(0..=v)),
                     1 => (Cmp::Eq, v),

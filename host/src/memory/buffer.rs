@@ -174,28 +174,47 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok(())
     }
 
-    /// Copies `src` into the buffer and waits for the copy (H2D on the buffer's stream,
-    /// `cuMemcpyHtoDAsync` + `cuStreamSynchronize`). Returns only after the copy finished (or
-    /// was never queued), also on error.
+    /// Copies `src` into the buffer and waits for the copy (H2D on the buffer's stream, after its
+    /// earlier work). The copy goes through warpline's pinned staging memory and the wait polls
+    /// an event (`cuMemcpyHtoDAsync` + `cuEventQuery`), so this thread never blocks inside the
+    /// driver, where it would hold a lock that other threads' release calls need (issue 19,
+    /// `memory::staging`). Returns only after the copy finished or, on error, with nothing in
+    /// flight that reads `src`.
     /// Errors: [`Error::LengthMismatch`] unless `src.len() == self.len()`; [`Error::Cuda`],
-    /// [`Error::ContextPoisoned`].
+    /// [`Error::ContextPoisoned`]; [`Error::InHostCallback`] inside a task graph host callback.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
         check_len("copy_from_host", self.len, src.len())?;
-        // SAFETY: lengths match; the host slice is borrowed until the stream synchronises below
-        // (Stream::synchronize waits before returning any error).
-        unsafe { self.copy_from_host_async(src) }?;
-        self.stream.synchronize()
+        // SAFETY: the allocation holds `len` elements, all of its uses are ordered on its stream
+        // (type invariant), and `&mut self` keeps other host-side users out until we return.
+        unsafe {
+            super::staging::copy_htod_polled(
+                &self.ctx,
+                self.stream.raw(),
+                bytemuck::cast_slice(src),
+                self.ptr,
+                "copy_from_host",
+            )
+        }
     }
 
-    /// Copies the buffer into `dst` and waits (D2H on the buffer's stream). Returns only after
-    /// the copy finished (or was never queued), also on error.
+    /// Copies the buffer into `dst` and waits (D2H on the buffer's stream, after its earlier
+    /// work), through pinned staging with event polling like [`DeviceBuffer::copy_from_host`]:
+    /// the GPU never writes `dst` itself. Returns only after the copy finished.
     /// Errors: [`Error::LengthMismatch`] unless `dst.len() == self.len()`; [`Error::Cuda`],
-    /// [`Error::ContextPoisoned`].
+    /// [`Error::ContextPoisoned`]; [`Error::InHostCallback`] inside a task graph host callback.
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
         check_len("copy_to_host", self.len, dst.len())?;
-        // SAFETY: lengths match; the host slice is borrowed until the stream synchronises below.
-        unsafe { self.copy_to_host_async(dst) }?;
-        self.stream.synchronize()
+        // SAFETY: the allocation holds `len` elements and all of its uses are ordered on its
+        // stream, so the copy reads it after every earlier write.
+        unsafe {
+            super::staging::copy_dtoh_polled(
+                &self.ctx,
+                self.stream.raw(),
+                self.ptr,
+                bytemuck::cast_slice_mut(dst),
+                "copy_to_host",
+            )
+        }
     }
 
     /// Fills every element with `value`, queued on the buffer's stream (for poisoning outputs):

@@ -4,6 +4,7 @@ mod buffer;
 mod pinned;
 mod pool;
 pub mod reaper;
+pub(crate) mod staging;
 
 pub use buffer::{DeviceBuffer, DeviceView, DeviceViewMut};
 pub use pinned::PinnedBuffer;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use cudarc::driver::{sys, CudaContext};
 
-use crate::device::{bind_context_unchecked, defer_error, Device};
+use crate::device::{bind_context, bind_context_unchecked, defer_error, Device};
 use crate::driver::core as drv;
 use crate::error::{Error, Result};
 
@@ -34,6 +34,11 @@ impl<T: Pod> PinnedBuffer<T> {
     /// [`Error::TooLarge`] when the byte count overflows, [`Error::OutOfMemory`] (bytes asked for,
     /// host memory available from `/proc/meminfo`), [`Error::ContextPoisoned`], [`Error::Cuda`].
     pub fn new(dev: &Device, len: usize) -> Result<Self> {
+        Self::new_in(dev.context(), len)
+    }
+
+    /// As [`PinnedBuffer::new`], in context `ctx` (bound here).
+    pub(crate) fn new_in(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
         let size = size_of::<T>();
         if size == 0 {
             return Err(Error::ZeroSizedType {
@@ -51,7 +56,7 @@ impl<T: Pod> PinnedBuffer<T> {
             value: len as u64,
             max: (usize::MAX / size) as u64,
         })?;
-        dev.bind()?;
+        bind_context(ctx, "cuMemHostAlloc")?;
         let ptr = match drv::mem_host_alloc(bytes, CU_MEMHOSTALLOC_PORTABLE) {
             Err(Error::Cuda { source, .. })
                 if source.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY =>
@@ -72,7 +77,7 @@ impl<T: Pod> PinnedBuffer<T> {
         Ok(Self {
             ptr,
             len,
-            ctx: dev.context().clone(),
+            ctx: ctx.clone(),
         })
     }
 

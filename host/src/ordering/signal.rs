@@ -294,15 +294,30 @@ impl<T: SignalWord> Signal<T> {
         self.enqueue_write(stream, value)
     }
 
-    /// Reads the current value from the host (`cuMemcpyDtoH`, synchronous, on the legacy
-    /// default stream, so after the zeroing). For tests and diagnostics; it does not order
-    /// anything. Errors: [`Error::Cuda`].
+    /// Reads the current value from the host. For tests and diagnostics; it does not order
+    /// anything. The read is queued on a fresh non-blocking stream of the signal's context,
+    /// ordered after the word's zeroing, and its completion is polled
+    /// (`cuMemcpyDtoHAsync` into pinned staging + `cuEventQuery`, `memory::staging`): the thread
+    /// never blocks inside the driver, so a read cannot stop another thread's release calls
+    /// (issue 19). With one hardware queue, the read completes only after the on-stream waits
+    /// queued before it have fired.
+    /// Errors: [`Error::Cuda`], [`Error::ContextPoisoned`], [`Error::InHostCallback`].
     pub fn read(&self) -> Result<T> {
+        crate::device::refuse_in_host_callback("Signal::read")?;
+        crate::device::bind_context(&self.inner.ctx, "cuStreamCreate")?;
+        let stream = Stream::new(self.inner.ctx.new_stream().call("cuStreamCreate")?);
+        self.order_after_init(&stream)?;
         let mut v = T::zeroed();
-        crate::device::bind_context(&self.inner.ctx, "cuCtxSetCurrent")?;
-        // SAFETY: the word is a live allocation of one T; `v` is a valid T-sized destination.
+        // SAFETY: the word is a live allocation of one T (kept alive by `self` until we return,
+        // after the copy completed) and `stream` is a live stream of its context.
         unsafe {
-            memops::memcpy_dtoh((&mut v as *mut T).cast(), self.device_ptr(), size_of::<T>())
+            crate::memory::staging::copy_dtoh_polled(
+                &self.inner.ctx,
+                stream.raw(),
+                self.device_ptr(),
+                bytemuck::bytes_of_mut(&mut v),
+                "Signal::read",
+            )
         }?;
         Ok(v)
     }
