@@ -23,6 +23,7 @@ fn issue19_fuzz_smoke_20_seeds_x_50_ops() {
         seed_timeout: Duration::from_secs(120),
         minimize: true,
         progress: false,
+        pause_on_hang: Duration::ZERO,
     };
     let rep = fuzz::run(dev, &opts).expect("fuzz setup");
     println!("{rep}");

@@ -81,7 +81,12 @@ impl Stream {
         &self.inner
     }
 
-    /// Blocks the host until all work queued on the stream has finished (`cuStreamSynchronize`).
+    /// Blocks the host until all work queued on the stream has finished. The wait never blocks
+    /// inside the driver: it records an event (`cuEventRecord`, no timing) and polls it with
+    /// `cuEventQuery` (`driver::core::event_wait_polled`), because a thread blocked in
+    /// `cuStreamSynchronize` behind another thread's on-stream wait can hold a driver lock that the
+    /// releasing thread needs (issue 19). If the event cannot be created or recorded for a reason
+    /// other than a sticky error, it falls back to `cuStreamSynchronize`.
     ///
     /// It really waits before returning any error: errors cudarc left over from earlier `Drop`s
     /// are not returned in place of the wait (see [`crate::Device::take_deferred_errors`]), and a
@@ -92,11 +97,31 @@ impl Stream {
         // Inside a host callback the wait would never return (issue 19, item 9).
         crate::device::refuse_in_host_callback("Stream::synchronize")?;
         let bound = bind_context_unchecked(self.ctx());
-        // cuStreamSynchronize takes the stream's own context; it is called even if binding failed.
-        let synced = drv::stream_synchronize(self.raw());
+        let synced = match bound.as_ref().map(|()| self.marker_raw()) {
+            Ok(Ok(ev)) => {
+                let r = drv::event_wait_polled(ev);
+                let _ = drv::event_destroy(ev);
+                r
+            }
+            // cuStreamSynchronize takes the stream's own context; it is called even if binding
+            // or the marker failed (on a poisoned context it returns the sticky error at once).
+            _ => drv::stream_synchronize(self.raw()),
+        };
         synced?;
         bound?;
         state_for(self.context_raw()).check("cuStreamSynchronize")
+    }
+
+    /// A fresh non-timing event recorded at this point of the stream (the caller destroys it).
+    fn marker_raw(&self) -> Result<sys::CUevent> {
+        let ev = drv::event_create_with(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
+        match drv::event_record(ev, self.raw()) {
+            Ok(()) => Ok(ev),
+            Err(e) => {
+                let _ = drv::event_destroy(ev);
+                Err(e)
+            }
+        }
     }
 
     /// Records a timing event at this point of the stream (`cuEventCreate` + `cuEventRecord`).
@@ -180,13 +205,14 @@ impl Event {
         drv::event_elapsed_ms(self.raw, later.raw)
     }
 
-    /// Blocks the host until the event has completed (`cuEventSynchronize`); it really waits
-    /// before returning any error, as [`Stream::synchronize`] (and, like it, refuses to wait
-    /// inside a task graph host callback: [`crate::Error::InHostCallback`]).
+    /// Blocks the host until the event has completed, polling `cuEventQuery` rather than
+    /// blocking in `cuEventSynchronize` (see [`Stream::synchronize`]); it really waits before
+    /// returning any error, as [`Stream::synchronize`] (and, like it, refuses to wait inside a
+    /// task graph host callback: [`crate::Error::InHostCallback`]).
     pub fn synchronize(&self) -> Result<()> {
         crate::device::refuse_in_host_callback("Event::synchronize")?;
         let bound = bind_context_unchecked(&self.ctx);
-        drv::event_synchronize(self.raw)?;
+        drv::event_wait_polled(self.raw)?;
         bound?;
         state_for(self.ctx.cu_ctx()).check("cuEventSynchronize")
     }

@@ -162,18 +162,36 @@ pub(crate) fn event_destroy(e: sys::CUevent) -> Result<()> {
     unsafe { sys::cuEventDestroy_v2(e) }.call("cuEventDestroy")
 }
 
-/// `cuEventSynchronize`.
-pub(crate) fn event_synchronize(e: sys::CUevent) -> Result<()> {
-    // SAFETY: live event handle.
-    unsafe { sys::cuEventSynchronize(e) }.call("cuEventSynchronize")
-}
-
 /// `cuEventQuery`: `Ok(true)` once complete, `Ok(false)` while `CUDA_ERROR_NOT_READY`.
 pub(crate) fn event_query(e: sys::CUevent) -> Result<bool> {
     // SAFETY: live event handle.
     match unsafe { sys::cuEventQuery(e) } {
         sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
         r => r.call("cuEventQuery").map(|()| true),
+    }
+}
+
+/// Waits until `e` has completed by polling `cuEventQuery`, a short call that returns at once,
+/// instead of blocking in `cuEventSynchronize`: a thread blocked inside the driver can hold a
+/// lock that other threads' calls (`cuStreamCreate`, `cuEventCreate`) need, and when what it
+/// waits for is released by one of those threads the process hangs (issue 19, found by
+/// `warpline fuzz` on the H100). Backoff: 64 `yield_now` spins, then sleeps doubling from 20 us to
+/// 200 us (so a wait overshoots the event by at most about 200 us). Errors: the event's
+/// `cuEventQuery` error (a sticky error of its context, say).
+pub(crate) fn event_wait_polled(e: sys::CUevent) -> Result<()> {
+    let mut spins = 0u32;
+    let mut sleep = std::time::Duration::from_micros(20);
+    loop {
+        if event_query(e)? {
+            return Ok(());
+        }
+        if spins < 64 {
+            spins += 1;
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(sleep);
+            sleep = (sleep * 2).min(std::time::Duration::from_micros(200));
+        }
     }
 }
 

@@ -76,6 +76,10 @@ pub struct FuzzOptions {
     pub minimize: bool,
     /// Progress lines on stderr (every 100 seeds, and each failure).
     pub progress: bool,
+    /// When a seed's watchdog fires, print `warpline fuzz: HANG pid P seed S` on stderr and
+    /// sleep this long before going on, so that a debugger can attach to the hung threads
+    /// (`cuda-gdb -p P -batch -ex "thread apply all bt"`). Zero: no pause.
+    pub pause_on_hang: Duration,
 }
 
 impl Default for FuzzOptions {
@@ -89,6 +93,7 @@ impl Default for FuzzOptions {
             seed_timeout: DEFAULT_SEED_TIMEOUT,
             minimize: true,
             progress: false,
+            pause_on_hang: Duration::ZERO,
         }
     }
 }
@@ -140,6 +145,13 @@ impl FuzzOptions {
             return Err(bad_option(format!(
                 "seed timeout {:?}: from the bound ({:?}) to 4 hours",
                 self.seed_timeout, self.bound
+            )));
+        }
+        if self.pause_on_hang > max {
+            return Err(bad_option(format!(
+                "--pause-on-hang-s {}: 0 to {} seconds are allowed",
+                self.pause_on_hang.as_secs(),
+                max.as_secs()
             )));
         }
         Ok(())
@@ -467,6 +479,14 @@ pub fn run_shared(sh: &Arc<Shared>, opts: &FuzzOptions) -> FuzzReport {
         let seed = opts.start_seed + i;
         let program = generate(seed, opts.ops, opts.threads);
         let res = run_program(sh, &program, opts.seed_timeout);
+        if res.watchdog.is_some() && !opts.pause_on_hang.is_zero() {
+            eprintln!(
+                "warpline fuzz: HANG pid {} seed {seed}; pausing {:?} for a debugger",
+                std::process::id(),
+                opts.pause_on_hang
+            );
+            std::thread::sleep(opts.pause_on_hang);
+        }
         rep.seeds_run += 1;
         rep.ops += res.ops;
         rep.skipped += res.skipped;

@@ -20,7 +20,6 @@
 //! be seen complete (a poisoned context) is leaked, never reused or freed under the GPU.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use cudarc::driver::{sys, CudaContext};
 
@@ -91,25 +90,6 @@ impl Drop for Markers {
     }
 }
 
-/// Waits until `ev` has completed, polling `cuEventQuery` (never blocking in the driver): a
-/// short spin with `yield_now`, then sleeps doubling from 20 us to 1 ms.
-pub(crate) fn poll_event(ev: sys::CUevent) -> Result<()> {
-    let mut spins = 0u32;
-    let mut sleep = Duration::from_micros(20);
-    loop {
-        if drv::event_query(ev)? {
-            return Ok(());
-        }
-        if spins < 64 {
-            spins += 1;
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(sleep);
-            sleep = (sleep * 2).min(Duration::from_millis(1));
-        }
-    }
-}
-
 /// One staged copy: the staging buffer, its two half-buffer events and which are pending.
 struct Staged<'c> {
     ctx: &'c Arc<CudaContext>,
@@ -143,7 +123,7 @@ impl<'c> Staged<'c> {
 
     fn wait(&mut self, slot: usize) -> Result<()> {
         if self.pending[slot] {
-            poll_event(self.marks.0[slot])?;
+            drv::event_wait_polled(self.marks.0[slot])?;
             self.pending[slot] = false;
         }
         Ok(())
@@ -171,7 +151,8 @@ impl Drop for Staged<'_> {
     fn drop(&mut self) {
         let Some(b) = self.buf.take() else { return };
         // An error path: the buffer may be reused only once no copy into or out of it is pending.
-        let settled = (0..2).all(|s| !self.pending[s] || poll_event(self.marks.0[s]).is_ok());
+        let settled =
+            (0..2).all(|s| !self.pending[s] || drv::event_wait_polled(self.marks.0[s]).is_ok());
         if settled {
             state_for(self.ctx.cu_ctx()).staging.give_back(b);
         } else {

@@ -38,6 +38,10 @@ pub struct FuzzArgs {
     /// Progress lines on stderr (every 100 seeds, and each failure).
     #[arg(long)]
     progress: bool,
+    /// On a hang, print `warpline fuzz: HANG pid P seed S` and pause this many seconds (for
+    /// `cuda-gdb -p P`) before going on; 0: no pause.
+    #[arg(long, default_value_t = 0)]
+    pause_on_hang_s: u64,
 }
 
 pub fn run(ctx: &Ctx, args: FuzzArgs) -> CliResult<Value> {
@@ -50,6 +54,7 @@ pub fn run(ctx: &Ctx, args: FuzzArgs) -> CliResult<Value> {
         seed_timeout: Duration::from_secs(args.seed_timeout_s),
         minimize: !args.no_minimize,
         progress: args.progress,
+        pause_on_hang: Duration::from_secs(args.pause_on_hang_s),
     };
     if let Err(e) = opts.validate() {
         return Err(usage(match e {
