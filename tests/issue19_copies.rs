@@ -72,7 +72,7 @@ fn issue19_fuzzhang_staged_copies_are_exact_at_every_piece_boundary() {
 }
 
 /// The H100 hang: a copy queued behind a fence guard's on-stream wait, while another thread
-/// creates a stream, takes a second guard (`cuEventCreate`) and then releases the first. With
+/// takes a second guard (`cuEventCreate`) and then releases the first. With
 /// blocking copies this hung; now the reader polls and the release goes through. Run in child
 /// processes (default queues and one hardware queue), killed after 120 s: a hang fails the test.
 #[test]
@@ -117,6 +117,7 @@ fn copy_behind_wait_child() {
     let signal = Signal::<u64>::new(&dev, "copies probe").unwrap();
     signal.set(&other, 41).unwrap();
     other.synchronize().unwrap();
+    let extra = dev.new_stream().unwrap();
     let ticket = fence.guard(&held).unwrap();
     // `other` is ordered after `held`'s wait, so its copy cannot run before the release.
     let mark = held.record().unwrap();
@@ -128,8 +129,7 @@ fn copy_behind_wait_child() {
             buf.copy_to_host(&mut v).map(|()| (v, t0.elapsed()))
         });
         std::thread::sleep(Duration::from_millis(300));
-        // The calls that queued behind the blocking copy on the H100.
-        let extra = dev.new_stream().unwrap();
+        // Calls that queued behind the blocking copy on the H100 (cuEventCreate, launches).
         let second = fence.guard(&extra).unwrap();
         ticket.submit(|_, _| Ok(())).unwrap();
         second.submit(|_, _| Ok(())).unwrap();
@@ -149,4 +149,50 @@ fn copy_behind_wait_child() {
         "{DONE} (connections {:?}, copy returned after {waited:?})",
         std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok()
     );
+}
+
+/// `cuStreamCreate` can wait for the device inside the driver, holding a lock that a pending
+/// wait's release needs (cuda-gdb stacks of hung `warpline fuzz` runs on the H100), so
+/// `Device::new_stream` waits for registered waits to clear: it returns once another thread
+/// releases the wait, and refuses with `WaitPending` after `STREAM_CREATE_WAIT` when nobody does.
+#[test]
+fn issue19_fuzzhang_stream_creation_waits_for_pending_waits() {
+    let Some(dev) = gpu_or_skip("issue19 stream creation gate") else {
+        return;
+    };
+    let fence = Fence::new(&dev).unwrap();
+    let held = dev.new_stream().unwrap();
+    // Released by another thread while this one waits to create a stream.
+    let ticket = fence.guard(&held).unwrap();
+    let t0 = std::time::Instant::now();
+    let made = std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            ticket.submit(|_, _| Ok(())).unwrap();
+        });
+        dev.new_stream()
+    });
+    let waited = t0.elapsed();
+    made.unwrap();
+    assert!(
+        waited >= Duration::from_millis(250),
+        "the stream was created after {waited:?}, while the guard's wait was pending"
+    );
+    synchronize_timeout(&held, Duration::from_secs(10), OnTimeout::Abandon).unwrap();
+    // Held by this thread itself: refused after the bound instead of a hang.
+    let ticket = fence.guard(&held).unwrap();
+    let t0 = std::time::Instant::now();
+    let r = dev.new_stream();
+    let waited = t0.elapsed();
+    assert!(
+        matches!(r, Err(warpline::Error::WaitPending { .. })),
+        "expected WaitPending, got {r:?}"
+    );
+    assert!(
+        waited >= warpline::Device::STREAM_CREATE_WAIT,
+        "refused after {waited:?}"
+    );
+    ticket.submit(|_, _| Ok(())).unwrap();
+    synchronize_timeout(&held, Duration::from_secs(10), OnTimeout::Abandon).unwrap();
+    dev.new_stream().unwrap();
 }

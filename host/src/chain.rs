@@ -262,7 +262,9 @@ impl<'a> Chain<'a> {
     /// error path.
     pub fn capture(&self) -> Result<Graph<'_>> {
         self.dev.bind()?;
-        let private = self.dev.new_stream()?;
+        // A spare stream of the context's stock (no cuStreamCreate behind a pending wait).
+        let spare = crate::stream::SpareStream::take(self.dev)?;
+        let private = spare.stream().clone();
         let guard = CaptureGuard::begin(&private, Vec::new())?;
         // An error (or a panic) here drops `guard`, which ends the capture.
         // SAFETY: a private stream nobody else reaches, capturing a graph replayed only on the

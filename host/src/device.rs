@@ -156,6 +156,8 @@ pub(crate) struct ContextState {
     modules: Mutex<Vec<Weak<ModuleInner>>>,
     /// Idle pinned staging buffers of the context's host copies (`memory::staging`).
     pub(crate) staging: crate::memory::staging::StagingCache,
+    /// Streams made when the context's first device opened (`stream::StreamStock`).
+    pub(crate) streams: crate::stream::StreamStock,
 }
 
 impl ContextState {
@@ -167,6 +169,7 @@ impl ContextState {
             deferred: Mutex::new(Vec::new()),
             modules: Mutex::new(Vec::new()),
             staging: Default::default(),
+            streams: Default::default(),
         }
     }
 
@@ -549,6 +552,8 @@ impl Device {
             module: Module { inner },
             caps,
         };
+        // warpline's own streams (release, private captures), made now, before any wait.
+        dev.state.streams.fill(|| dev.new_stream())?;
         let embedded = std::ptr::eq(ptx, crate::PTX) || ptx == crate::PTX;
         for spec in KERNEL_SPECS {
             let kernel = match dev.kernel(spec.name) {
@@ -721,22 +726,35 @@ impl Device {
         Ok(true)
     }
 
+    /// How long [`Device::new_stream`] waits for pending on-stream waits to clear before it
+    /// returns [`Error::WaitPending`].
+    pub const STREAM_CREATE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
     /// A new non-blocking stream (never synchronises with the legacy default stream).
+    ///
+    /// `cuStreamCreate` can wait for the device inside the driver while holding a lock that
+    /// every other driver call needs; behind a pending on-stream wait whose release needs another
+    /// host thread (a fence ticket, a signal wait released by `synchronize_timeout`), the process
+    /// would hang (found by `warpline fuzz` on the H100; issue 19). So no stream is created while
+    /// a registered wait is pending: the call first waits up to [`Self::STREAM_CREATE_WAIT`] for
+    /// the waits to clear (other threads can release them meanwhile). Create streams before
+    /// setting up waits.
+    ///
+    /// Errors: [`Error::WaitPending`] when a wait stayed pending (or is being enqueued) for
+    /// [`Self::STREAM_CREATE_WAIT`]; [`Error::Cuda`].
     pub fn new_stream(&self) -> Result<Stream> {
-        self.bind()?;
-        Ok(Stream::new(self.ctx.new_stream().call("cuStreamCreate")?))
+        crate::stream::gated_new_stream(&self.ctx, None, "Device::new_stream")
     }
 
     /// A new non-blocking stream with `priority` (`cuStreamCreateWithPriority`; lower numbers are
     /// higher priorities, see [`Self::stream_priority_range`]; the driver clamps values outside
-    /// the range).
+    /// the range). Gated like [`Self::new_stream`], with the same errors.
     pub fn new_stream_with_priority(&self, priority: i32) -> Result<Stream> {
-        self.bind()?;
-        Ok(Stream::new(
-            self.ctx
-                .new_stream_with_priority(priority)
-                .call("cuStreamCreateWithPriority")?,
-        ))
+        crate::stream::gated_new_stream(
+            &self.ctx,
+            Some(priority),
+            "Device::new_stream_with_priority",
+        )
     }
 
     /// Stream priorities of the device as `(least, greatest)` (`cuCtxGetStreamPriorityRange`):

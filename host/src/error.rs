@@ -259,8 +259,10 @@ pub enum Error {
     /// The parameter list of a PTX entry could not be read.
     #[error("kernel `{kernel}`: its PTX parameter list could not be read: {detail}; supported: `.param [.align N] .type [.ptr [.space] [.align N]] name[[N]]` with .b/.u/.s 8..64, .f16/.bf16/.f32/.f64")]
     PtxSignature { kernel: String, detail: String },
-    /// A call that may need the device idle was made while an on-stream wait is pending.
-    #[error("{what}: an on-stream wait (a Fence guard or Signal wait) is pending; loading code (cuModuleLoadData/cuFuncLoad) may need the device idle and would hang behind it; load modules before setting up waits, or after they are released")]
+    /// A call that may wait for the device inside the driver (a module load, a stream creation)
+    /// was made while an on-stream wait is pending (stream creation first waits up to
+    /// `Device::STREAM_CREATE_WAIT` for the waits to clear).
+    #[error("{what}: an on-stream wait (a Fence guard or Signal wait) is pending; loading code (cuModuleLoadData/cuFuncLoad) and creating streams (cuStreamCreate) may wait for the device inside the driver, holding a lock the wait's release needs, so they would hang behind it; load modules and create streams before setting up waits, or after they are released")]
     WaitPending { what: &'static str },
     /// The PTX module was built from another `gpu/src/contract.rs` than the host (tile sizes,
     /// warp roles, shared-memory layout could differ): a stale module. `ptx_hash` is `None` when

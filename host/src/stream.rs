@@ -2,14 +2,14 @@
 //! or implicitly ordered with, the legacy default stream.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::device::{bind_context, bind_context_unchecked, defer_error, state_for};
 use crate::driver::core as drv;
-use crate::error::Result;
+use crate::error::{CudaCall, Result};
 
 /// A non-blocking CUDA stream. Clones share the same stream.
 #[derive(Clone, Debug)]
@@ -222,4 +222,130 @@ impl Event {
         bind_context(&self.ctx, "cuEventQuery")?;
         drv::event_query(self.raw)
     }
+}
+
+/// Streams a context keeps for warpline's own short-lived uses, created when a [`crate::Device`]
+/// opens, so that no `cuStreamCreate` runs while an on-stream wait may be pending (it can wait
+/// for the device inside the driver holding a lock the wait's release needs; issue 19):
+/// - `rescue`: the streams [`crate::ordering::synchronize_timeout`] writes release values from
+///   (several, so that one lands on a hardware queue the pending wait does not block);
+/// - `spare`: private capture streams (task graphs, chains) and `Signal::read`, taken and given
+///   back ([`SpareStream`]).
+#[derive(Debug, Default)]
+pub(crate) struct StreamStock {
+    rescue: Mutex<Vec<Stream>>,
+    spare: Mutex<Vec<Stream>>,
+}
+
+/// Rescue streams made when a context's first device opens.
+pub(crate) const RESCUE_STREAMS: usize = 4;
+/// Spare streams made when a context's first device opens; at most [`SPARE_KEPT`] are kept.
+const SPARE_STREAMS: usize = 16;
+const SPARE_KEPT: usize = 32;
+
+impl StreamStock {
+    /// Fills the stock once (no-op when it already holds streams), creating streams with
+    /// `create` (the gated `Device::new_stream`).
+    pub(crate) fn fill(&self, mut create: impl FnMut() -> Result<Stream>) -> Result<()> {
+        {
+            let mut rescue = self.rescue.lock().unwrap_or_else(|e| e.into_inner());
+            while rescue.len() < RESCUE_STREAMS {
+                rescue.push(create()?);
+            }
+        }
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.is_empty() {
+            for _ in 0..SPARE_STREAMS {
+                spare.push(create()?);
+            }
+        }
+        Ok(())
+    }
+
+    /// The rescue streams (clones).
+    pub(crate) fn rescue(&self) -> Vec<Stream> {
+        self.rescue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn take_spare(&self) -> Option<Stream> {
+        self.spare.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    }
+
+    fn give_back(&self, s: Stream) {
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.len() < SPARE_KEPT {
+            spare.push(s);
+        }
+    }
+}
+
+/// A stream taken from the context's [`StreamStock`] (or created when the stock is empty), given
+/// back on drop if nothing else holds it and its queued work has completed; otherwise dropped.
+pub(crate) struct SpareStream {
+    stream: Option<Stream>,
+    state: Arc<crate::device::ContextState>,
+}
+
+impl SpareStream {
+    /// A spare stream of `dev`'s context: from the stock, else a new one (gated: see
+    /// `Device::new_stream`).
+    pub(crate) fn take(dev: &crate::Device) -> Result<Self> {
+        Self::take_in(dev.context())
+    }
+
+    /// As [`SpareStream::take`], for context `ctx`.
+    pub(crate) fn take_in(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let state = state_for(ctx.cu_ctx());
+        let stream = match state.streams.take_spare() {
+            Some(s) => s,
+            None => gated_new_stream(ctx, None, "a spare stream (cuStreamCreate)")?,
+        };
+        Ok(Self {
+            stream: Some(stream),
+            state,
+        })
+    }
+
+    /// The stream (a clone: a clone kept past this guard's drop keeps the stream out of the
+    /// stock).
+    pub(crate) fn stream(&self) -> &Stream {
+        self.stream.as_ref().expect("present until drop")
+    }
+}
+
+impl Drop for SpareStream {
+    fn drop(&mut self) {
+        let Some(s) = self.stream.take() else { return };
+        if crate::device::in_host_callback() {
+            return; // Stream's own drop defers the destroy
+        }
+        // Only a stream nobody else holds and with nothing queued goes back: its next user must
+        // not wait for this one's work or share it with code that kept a clone.
+        let alone = Arc::strong_count(&s.inner) == 1;
+        if alone && drv::stream_query(s.raw()).unwrap_or(false) {
+            self.state.streams.give_back(s);
+        }
+    }
+}
+
+/// A new non-blocking stream of `ctx` (with `priority` if given), created only while no
+/// registered on-stream wait is pending: waits up to `Device::STREAM_CREATE_WAIT` for them to
+/// clear (see `Device::new_stream`), else [`crate::Error::WaitPending`].
+pub(crate) fn gated_new_stream(
+    ctx: &Arc<CudaContext>,
+    priority: Option<i32>,
+    what: &'static str,
+) -> Result<Stream> {
+    bind_context(ctx, "cuStreamCreate")?;
+    let _gate = crate::memory::reaper::close_for_create(what, crate::Device::STREAM_CREATE_WAIT)?;
+    let s = match priority {
+        None => ctx.new_stream().call("cuStreamCreate")?,
+        Some(p) => ctx
+            .new_stream_with_priority(p)
+            .call("cuStreamCreateWithPriority")?,
+    };
+    Ok(Stream::new(s))
 }

@@ -131,6 +131,16 @@ pub(crate) fn stream_synchronize(s: sys::CUstream) -> Result<()> {
     unsafe { sys::cuStreamSynchronize(s) }.call("cuStreamSynchronize")
 }
 
+/// `cuStreamQuery`: `Ok(true)` when all queued work has completed, `Ok(false)` while
+/// `CUDA_ERROR_NOT_READY`.
+pub(crate) fn stream_query(s: sys::CUstream) -> Result<bool> {
+    // SAFETY: `s` is a live stream handle held by the caller.
+    match unsafe { sys::cuStreamQuery(s) } {
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        r => r.call("cuStreamQuery").map(|()| true),
+    }
+}
+
 /// `cuStreamWaitEvent`.
 pub(crate) fn stream_wait_event(s: sys::CUstream, e: sys::CUevent) -> Result<()> {
     // SAFETY: live stream and event handles held by the caller.

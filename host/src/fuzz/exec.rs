@@ -252,11 +252,15 @@ pub struct ThreadReport {
 }
 
 impl<'s> ThreadState<'s> {
-    /// Streams of the thread, and its signal when signals work.
-    pub fn new(sh: &'s Shared) -> Result<Self> {
-        let streams = (0..STREAMS)
-            .map(|_| sh.dev.new_stream())
-            .collect::<Result<Vec<_>>>()?;
+    /// The thread's streams, made before any thread of the seed starts (no stream is created
+    /// while another thread's wait may be pending: `Device::new_stream` would wait for it).
+    pub fn streams(sh: &Shared) -> Result<Vec<Stream>> {
+        (0..STREAMS).map(|_| sh.dev.new_stream()).collect()
+    }
+
+    /// The thread's state over `streams` (from [`ThreadState::streams`]), and its signal when
+    /// signals work.
+    pub fn new(sh: &'s Shared, streams: Vec<Stream>) -> Result<Self> {
         let signal = if sh.caps.signals {
             Some(Signal::new(sh.dev, "fuzz thread signal")?)
         } else {
@@ -325,9 +329,14 @@ impl<'s> ThreadState<'s> {
 /// Runs `ops` on a fresh [`ThreadState`], judging each against a fresh model; stops at the
 /// first failure.
 /// `at` is set to each op's index as it starts (the watchdog reports it).
-pub fn run_thread(sh: &Shared, ops: &[Op], at: &std::sync::atomic::AtomicUsize) -> ThreadReport {
+pub fn run_thread(
+    sh: &Shared,
+    streams: Vec<Stream>,
+    ops: &[Op],
+    at: &std::sync::atomic::AtomicUsize,
+) -> ThreadReport {
     let mut rep = ThreadReport::default();
-    let mut st = match ThreadState::new(sh) {
+    let mut st = match ThreadState::new(sh, streams) {
         Ok(s) => s,
         Err(e) => {
             rep.failure = Some((

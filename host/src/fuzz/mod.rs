@@ -210,12 +210,30 @@ pub fn run_program(sh: &Arc<Shared>, program: &Program, timeout: Duration) -> Se
             .map(|_| AtomicUsize::new(0))
             .collect(),
     );
-    for (t, ops) in program.threads.iter().enumerate() {
+    // Every thread's streams are made here, before any thread runs (see ThreadState::streams).
+    let mut all_streams = Vec::with_capacity(program.threads.len());
+    for t in 0..program.threads.len() {
+        match exec::ThreadState::streams(sh) {
+            Ok(s) => all_streams.push(Some(s)),
+            Err(e) => {
+                all_streams.push(None);
+                res.failures.push((
+                    t,
+                    0,
+                    "setup",
+                    FailKind::UnexpectedError,
+                    format!("could not create the thread's streams: {e}"),
+                ));
+            }
+        }
+    }
+    for ((t, ops), streams) in program.threads.iter().enumerate().zip(all_streams) {
+        let Some(streams) = streams else { continue };
         let (sh, ops, tx, at) = (sh.clone(), ops.clone(), tx.clone(), at.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("warpline-fuzz-{t}"))
             .spawn(move || {
-                let rep = exec::run_thread(&sh, &ops, &at[t]);
+                let rep = exec::run_thread(&sh, streams, &ops, &at[t]);
                 let _ = tx.send((t, rep));
             });
         match spawned {

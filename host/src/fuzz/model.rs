@@ -381,7 +381,9 @@ impl ThreadModel {
                 } else if *batch_elems == 0 {
                     err(&[kinds::EMPTY])
                 } else {
-                    ok()
+                    // The pipeline makes its streams (Device::new_stream), which waits for
+                    // pending on-stream waits (this thread's or another's) and then refuses.
+                    Step::new(Expect::OkOr(&[kinds::WAIT_PENDING]))
                 }
             }
             Op::Chain {

@@ -25,7 +25,7 @@
 
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Condvar, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaEvent;
 
@@ -283,6 +283,30 @@ pub(crate) fn close_for_load() -> Option<Gate> {
         std::thread::sleep(Duration::from_millis(1));
     }
     None
+}
+
+/// Closes the gate for a stream creation: `cuStreamCreate` can wait for the device while it holds
+/// a driver lock (stacks of hung `warpline fuzz` runs on the H100 showed it deep in the driver,
+/// with every other thread waiting on that lock, while a signal wait whose release needed one of
+/// them was pending; yaksa reports the same behind a running wait kernel). Waits up to `bound`
+/// for registered waits to clear (other threads' releases go on meanwhile: this thread holds no
+/// driver lock), then [`crate::Error::WaitPending`].
+pub(crate) fn close_for_create(what: &'static str, bound: Duration) -> crate::Result<Gate> {
+    let deadline = Instant::now() + bound;
+    let mut sleep = Duration::from_micros(50);
+    loop {
+        {
+            let mut g = gate();
+            if g.entering == 0 && g.try_close(crate::ordering::any_wait_pending) {
+                return Ok(Gate);
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(crate::Error::WaitPending { what });
+        }
+        std::thread::sleep(sleep);
+        sleep = (sleep * 2).min(Duration::from_millis(5));
+    }
 }
 
 impl Gate {

@@ -295,7 +295,7 @@ impl<T: SignalWord> Signal<T> {
     }
 
     /// Reads the current value from the host. For tests and diagnostics; it does not order
-    /// anything. The read is queued on a fresh non-blocking stream of the signal's context,
+    /// anything. The read is queued on a spare non-blocking stream of the signal's context,
     /// ordered after the word's zeroing, and its completion is polled
     /// (`cuMemcpyDtoHAsync` into pinned staging + `cuEventQuery`, `memory::staging`): the thread
     /// never blocks inside the driver, so a read cannot stop another thread's release calls
@@ -304,9 +304,11 @@ impl<T: SignalWord> Signal<T> {
     /// Errors: [`Error::Cuda`], [`Error::ContextPoisoned`], [`Error::InHostCallback`].
     pub fn read(&self) -> Result<T> {
         crate::device::refuse_in_host_callback("Signal::read")?;
-        crate::device::bind_context(&self.inner.ctx, "cuStreamCreate")?;
-        let stream = Stream::new(self.inner.ctx.new_stream().call("cuStreamCreate")?);
-        self.order_after_init(&stream)?;
+        // A spare stream of the context's stock: no cuStreamCreate behind a pending wait.
+        let spare = crate::stream::SpareStream::take_in(&self.inner.ctx)?;
+        let stream = spare.stream();
+        crate::device::bind_context(&self.inner.ctx, "cuCtxSetCurrent")?;
+        self.order_after_init(stream)?;
         let mut v = T::zeroed();
         // SAFETY: the word is a live allocation of one T (kept alive by `self` until we return,
         // after the copy completed) and `stream` is a live stream of its context.

@@ -9,7 +9,7 @@ use super::graph::GraphRun;
 use super::registry;
 use super::types::{PendingOp, Release};
 use crate::driver::memops;
-use crate::error::{CudaCall, Error, Result};
+use crate::error::{Error, Result};
 use crate::stream::Stream;
 
 /// What [`synchronize_timeout`] does when the bound passes.
@@ -176,12 +176,18 @@ fn release(target: &Watched<'_>, pending: &[PendingOp], bound: Duration) -> Resu
         });
     };
     let ctx = first.signal.context().clone();
+    // The context's rescue streams, made when its device opened: no stream is created here,
+    // behind the pending wait (cuStreamCreate can block there holding a driver lock; issue 19).
+    let rescue = crate::device::state_for(ctx.cu_ctx()).streams.rescue();
+    if rescue.is_empty() {
+        return Ok(false);
+    }
     let per_attempt = bound / RELEASE_ATTEMPTS;
-    for _ in 0..RELEASE_ATTEMPTS {
-        crate::device::bind_context(&ctx, "cuStreamCreate")?;
-        let rescue = Stream::new(ctx.new_stream().call("cuStreamCreate")?);
+    for attempt in 0..RELEASE_ATTEMPTS {
+        crate::device::bind_context(&ctx, "cuStreamWriteValue")?;
+        let rescue = &rescue[attempt as usize % rescue.len()];
         for (r, v) in &stream_writes {
-            r.signal.write_on(&rescue, *v)?;
+            r.signal.write_on(rescue, *v)?;
         }
         if poll_until(deadline_after(Instant::now(), per_attempt), || {
             target.is_complete()

@@ -180,7 +180,9 @@ impl Recorder {
     /// A recorder for `dev`: records the origin event on a new stream of `dev` and waits for it
     /// (so it completes before any work traced later). Errors: [`Error::Cuda`].
     pub fn new(dev: &Device) -> Result<Self> {
-        let s = dev.new_stream()?;
+        // A spare stream of the device's stock: no stream creation behind a pending wait.
+        let spare = crate::stream::SpareStream::take(dev)?;
+        let s = spare.stream();
         let origin = s.record()?;
         origin.synchronize()?;
         let host_origin = Instant::now();

@@ -19,6 +19,7 @@ use crate::error::{CudaCall, Error, Result};
 use crate::kernels::TcGemmPlan;
 use crate::ordering::signal::Signal;
 use crate::ordering::types::Release;
+use crate::stream::SpareStream;
 use crate::stream::Stream;
 
 /// Everything a captured graph's nodes use. Dropped only once no launch can still run (the last
@@ -98,22 +99,25 @@ pub struct CapturedGraph<'g> {
 
 /// One private stream of `dev` per distinct stream of `streams`, in the same positions: a
 /// capture runs on streams that no other code (no other thread) can reach (issue 19, item 2).
-fn private_streams(dev: &Device, streams: &[Stream]) -> Result<Vec<Stream>> {
+/// They are spare streams of the context's stock (made when the device opened, so that no
+/// `cuStreamCreate` runs behind a pending wait); the guards give them back once the returned
+/// clones are dropped (declare the guards first, so that they drop last).
+fn private_streams(dev: &Device, streams: &[Stream]) -> Result<(Vec<SpareStream>, Vec<Stream>)> {
     let mut users: Vec<&Stream> = Vec::new();
-    let mut privs: Vec<Stream> = Vec::new();
+    let mut spares: Vec<SpareStream> = Vec::new();
     let mut out = Vec::with_capacity(streams.len());
     for s in streams {
         match users.iter().position(|u| *u == s) {
-            Some(i) => out.push(privs[i].clone()),
+            Some(i) => out.push(spares[i].stream().clone()),
             None => {
                 users.push(s);
-                let p = dev.new_stream()?;
-                privs.push(p.clone());
-                out.push(p);
+                let p = SpareStream::take(dev)?;
+                out.push(p.stream().clone());
+                spares.push(p);
             }
         }
     }
-    Ok(out)
+    Ok((spares, out))
 }
 
 impl<'g> TaskGraph<'g> {
@@ -210,7 +214,8 @@ impl<'g> TaskGraph<'g> {
             // Outside the capture: every launch on `streams[0]` comes after the signals' zeroing.
             s.order_after_init(&streams[0])?;
         }
-        let private = private_streams(dev, streams)?;
+        // `_spares` is declared first so that it drops after every clone of its streams.
+        let (_spares, private) = private_streams(dev, streams)?;
         let guard = CaptureGuard::begin(&private[0], distinct_others(&private))?;
         let mut host_calls = Vec::new();
         let panics = PanicLog::default();
