@@ -258,8 +258,10 @@ impl<'a> Chain<'a> {
     ///
     /// Errors: [`Error::Cuda`] naming the failing call (`cuStreamCreate`,
     /// `cuStreamBeginCapture`, `cuLaunchKernelEx`, `cuStreamEndCapture`,
-    /// `cuGraphInstantiateWithFlags`); capture is ended and the partial graph freed on every
-    /// error path.
+    /// `cuGraphInstantiateWithFlags`); [`Error::WaitPending`] when an on-stream wait stayed
+    /// pending for `Device::STREAM_CREATE_WAIT` (the instantiation, which can wait for the device
+    /// inside the driver, runs only while none is); capture is ended and the partial graph freed
+    /// on every error path.
     pub fn capture(&self) -> Result<Graph<'_>> {
         self.dev.bind()?;
         // A spare stream of the context's stock (no cuStreamCreate behind a pending wait).
@@ -271,7 +273,10 @@ impl<'a> Chain<'a> {
         // chain's stream (Graph::launch).
         unsafe { self.launch_all(&private) }?;
         let graph = guard.end()?;
-        let exec = GraphExec::instantiate(&graph)?;
+        let exec = crate::memory::reaper::without_pending_waits(
+            "Chain::capture (cuGraphInstantiate)",
+            || GraphExec::instantiate(&graph),
+        )?;
         Ok(Graph {
             dev: self.dev,
             stream: self.stream.clone(),

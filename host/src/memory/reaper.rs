@@ -309,6 +309,17 @@ pub(crate) fn close_for_create(what: &'static str, bound: Duration) -> crate::Re
     }
 }
 
+/// Runs `f` (a driver call that may wait for the device while holding a driver lock: graph
+/// instantiation) with the gate closed as for a stream creation ([`close_for_create`], bounded
+/// by `Device::STREAM_CREATE_WAIT`). Errors: [`crate::Error::WaitPending`], or `f`'s.
+pub(crate) fn without_pending_waits<T>(
+    what: &'static str,
+    f: impl FnOnce() -> crate::Result<T>,
+) -> crate::Result<T> {
+    let _gate = close_for_create(what, crate::Device::STREAM_CREATE_WAIT)?;
+    f()
+}
+
 impl Gate {
     /// Waits until no wait is pending or being enqueued, then keeps new ones out until dropped.
     fn close_for_free() -> Gate {

@@ -143,7 +143,11 @@ impl<'g> TaskGraph<'g> {
     ///
     /// On an error or a panic the capture is ended and the partial graph destroyed before it
     /// leaves this call. Errors: as [`TaskGraph::enqueue`], plus
-    /// [`Error::UncheckedCapture`](crate::Error::UncheckedCapture).
+    /// [`Error::UncheckedCapture`](crate::Error::UncheckedCapture), and
+    /// [`Error::WaitPending`](crate::Error::WaitPending) when an on-stream wait stayed pending
+    /// for `Device::STREAM_CREATE_WAIT`: `cuGraphInstantiate` can wait for the device inside the
+    /// driver holding a lock the wait's release needs (seen on the H100), so it runs only while
+    /// no registered wait is pending.
     pub fn capture(
         &self,
         dev: &Device,
@@ -232,7 +236,10 @@ impl<'g> TaskGraph<'g> {
             },
         )?;
         let graph = guard.end()?;
-        let exec = GraphExec::instantiate(&graph)?;
+        let exec = crate::memory::reaper::without_pending_waits(
+            "TaskGraph::capture (cuGraphInstantiate)",
+            || GraphExec::instantiate(&graph),
+        )?;
         let kernels = self
             .tasks
             .iter()
