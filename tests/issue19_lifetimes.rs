@@ -106,6 +106,7 @@ fn issue19_item04_module_outlives_its_queued_launches() {
     let s = dev.new_stream().unwrap();
     let mut data = SaxpyData::new(&dev, &s);
     let gate = Signal::<u64>::new(&dev, "item 4 gate").unwrap();
+    let user = dev.new_stream().unwrap();
     gate.wait_until(&s, Cmp::Geq, 1).unwrap();
     data.queue(&saxpy, &s);
     // The launch is queued behind the wait: drop every handle of the module now.
@@ -113,7 +114,6 @@ fn issue19_item04_module_outlives_its_queued_launches() {
         drop(saxpy);
         drop(module);
     });
-    let user = dev.new_stream().unwrap();
     gate.set(&user, 1).unwrap();
     assert!(
         dropped.is_some(),
@@ -143,6 +143,8 @@ fn issue19_review_item04_module_dropped_in_a_host_callback_outlives_its_launches
     // callbacks one at a time, so a held one would also hold the callback that drops the module
     // (the first H100 run of this test timed out that way).
     let hold = Signal::<u64>::new(&dev, "review item 4 hold").unwrap();
+    let s = dev.new_stream().unwrap();
+    let user = dev.new_stream().unwrap();
     hold.wait_until(&s2, Cmp::Geq, 1).unwrap();
     data.queue(&saxpy, &s2);
     let handles = Arc::new(std::sync::Mutex::new(Some((module, saxpy))));
@@ -153,7 +155,6 @@ fn issue19_review_item04_module_dropped_in_a_host_callback_outlives_its_launches
         drop(in_callback.lock().unwrap().take());
     })
     .unwrap();
-    let s = dev.new_stream().unwrap();
     let run = g.enqueue(&dev, std::slice::from_ref(&s), &[]).unwrap();
     synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
     assert!(
@@ -162,7 +163,6 @@ fn issue19_review_item04_module_dropped_in_a_host_callback_outlives_its_launches
     );
     // Time for the reaper to unload the module if nothing kept it.
     std::thread::sleep(Duration::from_millis(100));
-    let user = dev.new_stream().unwrap();
     hold.set(&user, 1).unwrap();
     synchronize_timeout(&s2, BOUND, OnTimeout::Abandon).unwrap();
     data.check();
@@ -188,9 +188,10 @@ fn issue19_item04_device_drop_keeps_its_module_for_queued_launches() {
     da.copy_from_host(&a).unwrap();
     db.copy_from_host(&b).unwrap();
     let gate = Signal::<u64>::new(&dev, "item 4 device gate").unwrap();
+    // Made before the wait: no stream is created while a wait is pending (Device::new_stream).
+    let user = dev.new_stream().unwrap();
     gate.wait_until(&s, Cmp::Geq, 1).unwrap();
     warpline::kernels::vector_add(&dev, &s, da.as_view(), db.as_view(), dc.as_view_mut()).unwrap();
-    let user = dev.new_stream().unwrap();
     assert!(
         within(BOUND, move || drop(dev)).is_some(),
         "Device drop blocked"
@@ -290,11 +291,11 @@ fn issue19_item08_gate_keeps_the_wait_of_a_dropped_stream_handle() {
     };
     let gate = Signal::<u64>::new(&dev, "item 8 gate").unwrap();
     let waiter = dev.new_stream().unwrap();
+    let user = dev.new_stream().unwrap();
     gate.wait_until(&waiter, Cmp::Geq, 1).unwrap();
     drop(waiter);
     let e = dev.load_module(SAXPY_PTX).unwrap_err();
     assert!(matches!(e, Error::WaitPending { .. }), "{e}");
-    let user = dev.new_stream().unwrap();
     gate.set(&user, 1).unwrap();
     user.synchronize().unwrap();
     load_module_once_no_wait_pending(&dev, "the wait fired");

@@ -258,6 +258,8 @@ fn finding_20_signal_creation_never_blocks_behind_a_pending_wait() {
         return;
     };
     let blocked = dev.new_stream().unwrap();
+    // Made before the wait: no stream is created while a wait is pending (Device::new_stream).
+    let user = dev.new_stream().unwrap();
     let gate = Signal::<u64>::new(&dev, "gate").unwrap();
     gate.wait_until(&blocked, Cmp::Geq, 1).unwrap();
     let t0 = Instant::now();
@@ -265,7 +267,6 @@ fn finding_20_signal_creation_never_blocks_behind_a_pending_wait() {
         .map(|i| Signal::new(&dev, format!("s{i}")).unwrap())
         .collect();
     assert!(t0.elapsed() < BOUND, "creation took {:?}", t0.elapsed());
-    let user = dev.new_stream().unwrap();
     for (i, s) in sigs.iter().enumerate() {
         s.set(&user, i as u64 + 1).unwrap();
     }
