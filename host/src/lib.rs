@@ -26,8 +26,8 @@ pub mod npy;
 pub mod ordering;
 pub mod pipeline;
 pub mod reference;
+pub mod rng;
 pub mod stream;
-pub mod stress;
 pub mod tensor_map;
 pub mod trace;
 
