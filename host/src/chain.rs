@@ -263,7 +263,7 @@ impl<'a> Chain<'a> {
     pub fn capture(&self) -> Result<Graph<'_>> {
         self.dev.bind()?;
         let private = self.dev.new_stream()?;
-        let guard = CaptureGuard::begin(&private, Vec::new())?;
+        let guard = CaptureGuard::begin(private.cudarc(), Vec::new())?;
         // An error (or a panic) here drops `guard`, which ends the capture.
         // SAFETY: a private stream nobody else reaches, capturing a graph replayed only on the
         // chain's stream (Graph::launch).

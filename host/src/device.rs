@@ -236,6 +236,8 @@ static STATES: Mutex<Vec<Weak<ContextState>>> = Mutex::new(Vec::new());
 
 /// The record of context `ctx`, created on first use.
 pub(crate) fn state_for(ctx: sys::CUcontext) -> Arc<ContextState> {
+    // `error::classify` (below this layer) poisons records through this from now on.
+    crate::error::set_poison_current(poison_current);
     let mut all = STATES.lock().unwrap_or_else(|e| e.into_inner());
     all.retain(|w| w.strong_count() > 0);
     if let Some(s) = all
@@ -263,11 +265,7 @@ fn existing_state(ctx: sys::CUcontext) -> Option<Arc<ContextState>> {
 pub(crate) fn poison_current(call: &'static str, source: DriverError) -> Error {
     match drv::ctx_get_current_unclassified().and_then(existing_state) {
         Some(s) => s.poison(call, source),
-        None => Error::ContextPoisoned {
-            call,
-            first: format!("{:?} reported by {call}", source.0),
-            recent_launches: Vec::new(),
-        },
+        None => crate::error::poisoned_without_record(call, source),
     }
 }
 
@@ -302,46 +300,11 @@ pub(crate) fn bind_context_unchecked(ctx: &CudaContext) -> Result<()> {
     drv::ctx_set_current(ctx.cu_ctx())
 }
 
-thread_local! {
-    /// True while this thread runs a task graph host callback (issue 19, item 9).
-    static IN_HOST_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// [`Error::InHostCallback`] naming `call` when this thread is running a task graph host
-/// callback (the driver's callback thread, where CUDA calls are forbidden and a wait for GPU
-/// work never returns). Every warpline path that binds a context, enqueues or waits checks it.
-pub(crate) fn refuse_in_host_callback(call: &'static str) -> Result<()> {
-    if IN_HOST_CALLBACK.with(|f| f.get()) {
-        return Err(Error::InHostCallback { call });
-    }
-    Ok(())
-}
-
-/// True while this thread runs a task graph host callback (issue 19, item 9).
-pub(crate) fn in_host_callback() -> bool {
-    IN_HOST_CALLBACK.with(|f| f.get())
-}
-
-/// Marks this thread as running a host callback until dropped (set by the callback
-/// trampolines around the user's closure; nesting restores the previous value).
-pub(crate) struct HostCallbackScope {
-    was: bool,
-}
-
-impl HostCallbackScope {
-    pub(crate) fn enter() -> Self {
-        Self {
-            was: IN_HOST_CALLBACK.with(|f| f.replace(true)),
-        }
-    }
-}
-
-impl Drop for HostCallbackScope {
-    fn drop(&mut self) {
-        let was = self.was;
-        IN_HOST_CALLBACK.with(|f| f.set(was));
-    }
-}
+// The host-callback flag lives in the driver layer (`driver::callback`), whose graph handles'
+// drops read it; re-exported here, where the rest of the crate finds it.
+pub(crate) use crate::driver::callback::{
+    in_host_callback, refuse_in_host_callback, HostCallbackScope,
+};
 
 /// Keeps an error from a `Drop` in the record of `ctx`.
 pub(crate) fn defer_error(ctx: &CudaContext, e: &Error) {

@@ -211,7 +211,11 @@ impl<'g> TaskGraph<'g> {
             s.order_after_init(&streams[0])?;
         }
         let private = private_streams(dev, streams)?;
-        let guard = CaptureGuard::begin(&private[0], distinct_others(&private))?;
+        let forked = distinct_others(&private)
+            .iter()
+            .map(|s| s.cudarc().clone())
+            .collect();
+        let guard = CaptureGuard::begin(private[0].cudarc(), forked)?;
         let mut host_calls = Vec::new();
         let panics = PanicLog::default();
         // A failure or panic here drops `guard`, which ends the capture.
