@@ -98,7 +98,9 @@ struct Import {
 
 #[test]
 fn host_src_modules_import_only_lower_layers() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let Some(src) = host_src("host_src_modules_import_only_lower_layers") else {
+        return;
+    };
     let imports = crate_imports(&src);
     let tops = top_level_modules(&src);
     let pos: BTreeMap<&str, usize> = LAYERS.iter().enumerate().map(|(i, m)| (*m, i)).collect();
@@ -160,7 +162,9 @@ fn host_src_modules_import_only_lower_layers() {
 /// The two bottom layers, said on their own so a failure names them plainly.
 #[test]
 fn error_and_driver_import_nothing_above_them() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let Some(src) = host_src("error_and_driver_import_nothing_above_them") else {
+        return;
+    };
     let bad: Vec<Import> = crate_imports(&src)
         .into_iter()
         .filter(|i| match i.from.as_str() {
@@ -203,6 +207,22 @@ fn the_scanner_sees_imports_and_only_imports() {
         ["b", "c", "d", "e", "h"].map(String::from).into(),
         "a.rs imports"
     );
+}
+
+/// host/src, or `None` (after printing `SKIPPED`) where the sources are absent: the gpu-bundle
+/// carries this test's binary to a GPU host without the checkout. The check needs no GPU, so it
+/// always runs where the sources are (`cargo test`, CI).
+fn host_src(test: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    if src.join("lib.rs").is_file() {
+        Some(src)
+    } else {
+        eprintln!(
+            "SKIPPED {test}: {} is not here (a gpu-bundle run); the layering is checked where the sources are",
+            src.display()
+        );
+        None
+    }
 }
 
 /// Whether `to` is reachable from `from` along imports.
