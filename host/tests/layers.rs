@@ -69,7 +69,7 @@ const KNOWN_UPWARD: &[(&str, &str, &str)] = &[
     (
         "device",
         "ordering",
-        "Device::synchronize refuses while an ordering wait is pending (any_wait_pending)",
+        "Device::load_module refuses while an ordering wait is pending (any_wait_pending)",
     ),
     (
         "stream",
