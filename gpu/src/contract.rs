@@ -159,9 +159,9 @@ pub mod vector_add {
 /// chunk of B once and multicasts it into every CTA of the cluster) and `tile_gemm` (one CTA per
 /// tile, loads everything itself).
 ///
-/// The register tile and the stage shape below (from [`VEC`] to [`A_PITCH`]) are those of every
-/// FP32 GEMM of the module: the split-K GEMM of [`super::pdl`] runs the same mainloop and epilogue
-/// (gpu/src/kernels/gemm.rs) with its own `TILE_M x TILE_N` tile and [`super::pdl::K_CHUNK`].
+/// The register tile and the stage shape below (from [`VEC`](gemm::VEC) to [`A_PITCH`](gemm::A_PITCH)) are those of every
+/// FP32 GEMM of the module: the split-K GEMM of [`pdl`] runs the same mainloop and epilogue
+/// (gpu/src/kernels/gemm.rs) with its own `TILE_M x TILE_N` tile and [`pdl::K_CHUNK`].
 pub mod gemm {
     use super::*;
 
@@ -583,8 +583,8 @@ pub mod tc_gemm {
 /// [`decode_gemm::FLAG_WEIGHTS_EARLY`] and [`decode_gemm::FLAG_L2_PREFETCH_256`]; pointers are
 /// device addresses,
 /// 16-byte aligned for A and B, pitches in elements with `lda`, `ldb` multiples of 8 (16 bytes).
-/// Block: `32 * W` threads with `W` in [`WARPS`] and `ksplit` dividing `W`; dynamic shared memory
-/// at least [`smem_bytes`]`(W, TOKEN_TILES)`; grid `ceil(ceil(N / 16) / (W / ksplit))` CTAs.
+/// Block: `32 * W` threads with `W` in [`WARPS`](decode_gemm::WARPS) and `ksplit` dividing `W`; dynamic shared memory
+/// at least [`smem_bytes`](decode_gemm::smem_bytes)`(W, TOKEN_TILES)`; grid `ceil(ceil(N / 16) / (W / ksplit))` CTAs.
 /// The kernel traps on a block shape, `ksplit` or shared-memory size outside that contract.
 pub mod decode_gemm {
     /// Output columns (weight rows) per row tile: the M of `mma.m16n8k16`.

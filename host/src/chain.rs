@@ -267,7 +267,7 @@ impl<'a> Chain<'a> {
         // A spare stream of the context's stock (no cuStreamCreate behind a pending wait).
         let spare = crate::stream::SpareStream::take(self.dev)?;
         let private = spare.stream().clone();
-        let guard = CaptureGuard::begin(&private, Vec::new())?;
+        let guard = CaptureGuard::begin(private.cudarc(), Vec::new())?;
         // An error (or a panic) here drops `guard`, which ends the capture.
         // SAFETY: a private stream nobody else reaches, capturing a graph replayed only on the
         // chain's stream (Graph::launch).

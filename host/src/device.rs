@@ -154,13 +154,25 @@ pub(crate) struct ContextState {
     /// Every module loaded into the context through warpline (for
     /// [`Device::all_kernels_loaded`]); entries of dropped modules are pruned.
     modules: Mutex<Vec<Weak<ModuleInner>>>,
-    /// Idle pinned staging buffers of the context's host copies (`memory::staging`).
-    pub(crate) staging: crate::memory::staging::StagingCache,
+    /// Per-context state of higher layers, one value per type (the staging buffers of
+    /// `memory::staging`): kept here, type-erased, so that this module imports none of them.
+    ext: Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
     /// Streams made when the context's first device opened (`stream::StreamStock`).
     pub(crate) streams: crate::stream::StreamStock,
 }
 
 impl ContextState {
+    /// The context's value of type `T` (made with `T::default()` on first use).
+    pub(crate) fn ext<T: std::any::Any + Send + Sync + Default>(&self) -> Arc<T> {
+        let mut ext = self.ext.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = ext.iter().find_map(|v| v.clone().downcast::<T>().ok()) {
+            return found;
+        }
+        let made = Arc::new(T::default());
+        ext.push(made.clone());
+        made
+    }
+
     fn new(ctx: sys::CUcontext) -> Self {
         Self {
             ctx: ctx as usize,
@@ -168,7 +180,7 @@ impl ContextState {
             launches: Mutex::new(VecDeque::with_capacity(LAUNCH_HISTORY)),
             deferred: Mutex::new(Vec::new()),
             modules: Mutex::new(Vec::new()),
-            staging: Default::default(),
+            ext: Mutex::new(Vec::new()),
             streams: Default::default(),
         }
     }
@@ -242,6 +254,8 @@ static STATES: Mutex<Vec<Weak<ContextState>>> = Mutex::new(Vec::new());
 
 /// The record of context `ctx`, created on first use.
 pub(crate) fn state_for(ctx: sys::CUcontext) -> Arc<ContextState> {
+    // `error::classify` (below this layer) poisons records through this from now on.
+    crate::error::set_poison_current(poison_current);
     let mut all = STATES.lock().unwrap_or_else(|e| e.into_inner());
     all.retain(|w| w.strong_count() > 0);
     if let Some(s) = all
@@ -269,11 +283,7 @@ fn existing_state(ctx: sys::CUcontext) -> Option<Arc<ContextState>> {
 pub(crate) fn poison_current(call: &'static str, source: DriverError) -> Error {
     match drv::ctx_get_current_unclassified().and_then(existing_state) {
         Some(s) => s.poison(call, source),
-        None => Error::ContextPoisoned {
-            call,
-            first: format!("{:?} reported by {call}", source.0),
-            recent_launches: Vec::new(),
-        },
+        None => crate::error::poisoned_without_record(call, source),
     }
 }
 
@@ -308,46 +318,11 @@ pub(crate) fn bind_context_unchecked(ctx: &CudaContext) -> Result<()> {
     drv::ctx_set_current(ctx.cu_ctx())
 }
 
-thread_local! {
-    /// True while this thread runs a task graph host callback (issue 19, item 9).
-    static IN_HOST_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// [`Error::InHostCallback`] naming `call` when this thread is running a task graph host
-/// callback (the driver's callback thread, where CUDA calls are forbidden and a wait for GPU
-/// work never returns). Every warpline path that binds a context, enqueues or waits checks it.
-pub(crate) fn refuse_in_host_callback(call: &'static str) -> Result<()> {
-    if IN_HOST_CALLBACK.with(|f| f.get()) {
-        return Err(Error::InHostCallback { call });
-    }
-    Ok(())
-}
-
-/// True while this thread runs a task graph host callback (issue 19, item 9).
-pub(crate) fn in_host_callback() -> bool {
-    IN_HOST_CALLBACK.with(|f| f.get())
-}
-
-/// Marks this thread as running a host callback until dropped (set by the callback
-/// trampolines around the user's closure; nesting restores the previous value).
-pub(crate) struct HostCallbackScope {
-    was: bool,
-}
-
-impl HostCallbackScope {
-    pub(crate) fn enter() -> Self {
-        Self {
-            was: IN_HOST_CALLBACK.with(|f| f.replace(true)),
-        }
-    }
-}
-
-impl Drop for HostCallbackScope {
-    fn drop(&mut self) {
-        let was = self.was;
-        IN_HOST_CALLBACK.with(|f| f.set(was));
-    }
-}
+// The host-callback flag lives in the driver layer (`driver::callback`), whose graph handles'
+// drops read it; re-exported here, where the rest of the crate finds it.
+pub(crate) use crate::driver::callback::{
+    in_host_callback, refuse_in_host_callback, HostCallbackScope,
+};
 
 /// Keeps an error from a `Drop` in the record of `ctx`.
 pub(crate) fn defer_error(ctx: &CudaContext, e: &Error) {

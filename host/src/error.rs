@@ -224,7 +224,7 @@ pub enum Error {
     #[error("tensor map: {rule}: {detail}")]
     TensorMap {
         /// The rule that was broken.
-        rule: crate::tensor_map::TensorMapRule,
+        rule: TensorMapRule,
         /// What was given and what is allowed.
         detail: String,
     },
@@ -340,9 +340,36 @@ impl CudaCall<()> for cudarc::driver::sys::CUresult {
 /// context is then marked poisoned).
 pub(crate) fn classify(call: &'static str, source: DriverError) -> Error {
     if is_sticky(source.0) {
-        crate::device::poison_current(call, source)
+        match POISON_CURRENT.get() {
+            Some(poison) => poison(call, source),
+            None => poisoned_without_record(call, source),
+        }
     } else {
         Error::Cuda { call, source }
+    }
+}
+
+/// Marks the current context's record poisoned and returns its [`Error::ContextPoisoned`]
+/// (`device::poison_current`). The records belong to the device layer, above this one and above
+/// `driver/`, which call [`classify`]: the device layer installs this with [`set_poison_current`]
+/// when it makes its first record, so this layer imports nothing above it. Before that there is
+/// no record to poison.
+static POISON_CURRENT: std::sync::OnceLock<fn(&'static str, DriverError) -> Error> =
+    std::sync::OnceLock::new();
+
+/// Installs the device layer's `poison_current` for [`classify`] (the first call wins; every
+/// call passes the same function).
+pub(crate) fn set_poison_current(poison: fn(&'static str, DriverError) -> Error) {
+    let _ = POISON_CURRENT.set(poison);
+}
+
+/// [`Error::ContextPoisoned`] for a sticky `source` seen by `call` where warpline keeps no record
+/// of the current context (so no launch history).
+pub(crate) fn poisoned_without_record(call: &'static str, source: DriverError) -> Error {
+    Error::ContextPoisoned {
+        call,
+        first: format!("{:?} reported by {call}", source.0),
+        recent_launches: Vec::new(),
     }
 }
 
@@ -368,14 +395,83 @@ pub fn is_sticky(r: cudarc::driver::sys::CUresult) -> bool {
 /// What to do about [`Error::MissingKernel`]: rebuild warpline's module for one of warpline's own
 /// kernels, check the name or the module otherwise (issue 19, item 19).
 fn missing_kernel_hint(kernel: &str) -> &'static str {
-    let own = crate::kernels::KERNEL_SPECS
-        .iter()
-        .any(|s| s.name == kernel)
-        || crate::kernels::tc_gemm::ENTRIES.contains(&kernel);
-    if own {
+    if is_warpline_entry(kernel) {
         "it is one of warpline's kernels, so the module is stale or from another build: rebuild it (`cargo build` rebuilds it from gpu/, or `cargo xtask build-ptx`)"
     } else {
         "load a module that defines it, or use the entry name as the PTX spells it (`Module::entry_names`)"
+    }
+}
+
+/// True when `kernel` is an `.entry` of one of warpline's embedded modules ([`crate::PTX`],
+/// [`crate::SM90A_PTX`]), that is one of the kernels gpu/ builds. Read from the PTX text (the
+/// entry names are parsed once), not from `kernels::KERNEL_SPECS`, so that this bottom layer
+/// imports nothing above it and every kernel gpu/ builds is covered.
+fn is_warpline_entry(kernel: &str) -> bool {
+    static ENTRIES: std::sync::OnceLock<std::collections::HashSet<&'static str>> =
+        std::sync::OnceLock::new();
+    ENTRIES
+        .get_or_init(|| {
+            [crate::PTX, crate::SM90A_PTX]
+                .into_iter()
+                .flat_map(ptx_entry_names)
+                .collect()
+        })
+        .contains(kernel)
+}
+
+/// The names declared by `.entry` in `ptx` (`.visible .entry name(`; PTX ISA, "Kernel and
+/// Function Directives: .entry"). A plain scan: a `.entry` inside a comment would also count,
+/// which at worst picks the other hint.
+fn ptx_entry_names(ptx: &'static str) -> impl Iterator<Item = &'static str> {
+    ptx.match_indices(".entry").filter_map(move |(at, m)| {
+        let rest = &ptx[at + m.len()..];
+        if !rest.starts_with(|c: char| c.is_ascii_whitespace()) {
+            return None;
+        }
+        let rest = rest.trim_start();
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'))
+            .unwrap_or(rest.len());
+        (end > 0).then(|| &rest[..end])
+    })
+}
+
+/// The rule of `cuTensorMapEncodeTiled` that a description breaks ([`Error::TensorMap`]; checked
+/// by [`crate::tensor_map::TensorMapDesc::validate`], also reachable as
+/// `warpline::tensor_map::TensorMapRule`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorMapRule {
+    /// Rank 1 to 5, and as many dims, box dims and (rank - 1) strides.
+    Rank,
+    /// The global address is 16-byte aligned.
+    BaseAlignment,
+    /// Every global dimension is at least 1 and below 2^32.
+    Dim,
+    /// Every global stride is a multiple of 16 bytes, below 2^40, and at least the extent of the
+    /// dimension below it (rows do not overlap).
+    Stride,
+    /// Every box dimension is 1 to 256, and the inner box dimension spans a multiple of 16 bytes.
+    Box,
+    /// With a swizzle, the inner box dimension spans at most the swizzle span (32, 64 or 128 B).
+    SwizzleSpan,
+    /// The element type is one TMA supports, and matches the memory's element type.
+    Dtype,
+    /// The elements the map can address lie inside the device view it was made from.
+    Extent,
+}
+
+impl std::fmt::Display for TensorMapRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Rank => "rank",
+            Self::BaseAlignment => "base address alignment",
+            Self::Dim => "global dimension",
+            Self::Stride => "global stride",
+            Self::Box => "box dimension",
+            Self::SwizzleSpan => "inner box versus swizzle span",
+            Self::Dtype => "element type",
+            Self::Extent => "extent within the device view",
+        })
     }
 }
 
@@ -451,6 +547,25 @@ mod tests {
         assert!(
             m.contains("1099511627776") && m.contains("123 bytes"),
             "{m}"
+        );
+    }
+
+    /// The hint's list of warpline's kernels comes from the embedded PTX (issue 22, item 11: this
+    /// layer imports nothing above it): it must still cover every kernel the host launches.
+    #[test]
+    fn every_launched_kernel_is_an_embedded_entry() {
+        for name in crate::kernels::KERNEL_SPECS
+            .iter()
+            .map(|s| s.name)
+            .chain(crate::kernels::tc_gemm::ENTRIES)
+        {
+            assert!(is_warpline_entry(name), "{name}");
+        }
+        assert!(!is_warpline_entry("saxpy"));
+        assert!(!is_warpline_entry(""));
+        assert_eq!(
+            ptx_entry_names(".visible .entry a_1(\n.entry  b$2 (\n.entryx c(").collect::<Vec<_>>(),
+            ["a_1", "b$2"]
         );
     }
 }

@@ -8,7 +8,7 @@
 //! typed kernel handles), [`launch`] (cuLaunchKernelEx configurations),
 //! [`memory`] (memory pools, stream-bound device buffers, pinned host buffers), [`stream`] (streams
 //! and events), [`kernels`] (one typed launcher per kernel), [`pipeline`] (the multi-stream batch
-//! pipeline), [`bandwidth`] (reference copy measurements), [`reference`] (CPU references), [`npy`].
+//! pipeline), [`bandwidth`] (reference copy measurements), [`reference`](mod@reference) (CPU references), [`npy`].
 
 pub mod bandwidth;
 pub mod chain;
@@ -26,8 +26,8 @@ pub mod npy;
 pub mod ordering;
 pub mod pipeline;
 pub mod reference;
+pub mod rng;
 pub mod stream;
-pub mod stress;
 pub mod tensor_map;
 pub mod trace;
 

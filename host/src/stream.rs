@@ -194,7 +194,7 @@ impl Drop for Event {
 
 impl Event {
     /// Milliseconds from `self` to `later` (`cuEventElapsedTime`), after waiting for both to
-    /// complete. Errors: [`Error::Cuda`], or the poisoned-context error.
+    /// complete. Errors: [`Error::Cuda`](crate::Error::Cuda), or the poisoned-context error.
     pub fn elapsed_ms(&self, later: &Event) -> Result<f32> {
         // cuEventElapsedTime returns NOT_READY while either event is pending: wait for both
         // first (as cudarc's CudaEvent::elapsed_ms did), so a timing read right after the

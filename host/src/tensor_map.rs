@@ -46,42 +46,9 @@ pub const MAX_STRIDE: u64 = 1 << 40;
 /// Global dimensions are below this many elements (2^32).
 pub const MAX_DIM: u64 = 1 << 32;
 
-/// The rule of `cuTensorMapEncodeTiled` that a description breaks ([`Error::TensorMap`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TensorMapRule {
-    /// Rank 1 to 5, and as many dims, box dims and (rank - 1) strides.
-    Rank,
-    /// The global address is 16-byte aligned.
-    BaseAlignment,
-    /// Every global dimension is at least 1 and below 2^32.
-    Dim,
-    /// Every global stride is a multiple of 16 bytes, below 2^40, and at least the extent of the
-    /// dimension below it (rows do not overlap).
-    Stride,
-    /// Every box dimension is 1 to 256, and the inner box dimension spans a multiple of 16 bytes.
-    Box,
-    /// With a swizzle, the inner box dimension spans at most the swizzle span (32, 64 or 128 B).
-    SwizzleSpan,
-    /// The element type is one TMA supports, and matches the memory's element type.
-    Dtype,
-    /// The elements the map can address lie inside the device view it was made from.
-    Extent,
-}
-
-impl std::fmt::Display for TensorMapRule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Rank => "rank",
-            Self::BaseAlignment => "base address alignment",
-            Self::Dim => "global dimension",
-            Self::Stride => "global stride",
-            Self::Box => "box dimension",
-            Self::SwizzleSpan => "inner box versus swizzle span",
-            Self::Dtype => "element type",
-            Self::Extent => "extent within the device view",
-        })
-    }
-}
+/// Defined in [`crate::error`] (the error type's layer, below this one); re-exported here, its
+/// documented path.
+pub use crate::error::TensorMapRule;
 
 /// Element types of a tensor map (`CUtensorMapDataType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -50,7 +50,7 @@ enum Cmd {
     /// --workspace.
     Test,
     /// The main job from a fresh clone: setup when the device toolchain or ptxas is missing,
-    /// build-ptx, then `cargo run --release -p warpline --features cli -- pipeline --streams 3
+    /// build-ptx, then `cargo run --release -p warpline-cli -- pipeline --streams 3
     /// --batches 16 --batch-elems 16777216 --verify --compare-one-stream`.
     RunMain,
     /// Release test binaries, the CLI, the example programs (packages under examples/) and bench
@@ -395,24 +395,6 @@ fn test() -> Result<()> {
     Ok(())
 }
 
-/// Whether the host package `warpline` has a cargo feature `name` (from `cargo metadata`).
-fn warpline_has_feature(name: &str) -> bool {
-    let Ok(out) = cargo()
-        .current_dir(root())
-        .args(["metadata", "--format-version", "1", "--no-deps"])
-        .output()
-    else {
-        return false;
-    };
-    let Ok(meta) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-        return false;
-    };
-    meta["packages"].as_array().is_some_and(|ps| {
-        ps.iter()
-            .any(|p| p["name"] == "warpline" && p["features"].get(name).is_some())
-    })
-}
-
 fn run_main() -> Result<()> {
     setup_if_needed("run-main")?;
     build_ptx(false)?;
@@ -428,20 +410,12 @@ fn run_main() -> Result<()> {
         "--compare-one-stream",
     ];
     println!(
-        "run-main: cargo run --release -p warpline --features cli -- {}",
+        "run-main: cargo run --release -p warpline-cli -- {}",
         args.join(" ")
     );
     run(cargo()
         .current_dir(root())
-        .args([
-            "run",
-            "--release",
-            "-p",
-            "warpline",
-            "--features",
-            "cli",
-            "--",
-        ])
+        .args(["run", "--release", "-p", "warpline-cli", "--"])
         .args(args))
 }
 
@@ -549,10 +523,15 @@ fn gpu_bundle() -> Result<()> {
     for (name, exe) in built_executables(&["bench", "--bench", "*", "--no-run"])? {
         copy(&name, &exe, "benches")?;
     }
-    let mut cli = vec!["build", "--release", "-p", "warpline", "--bin", "warpline"];
-    if warpline_has_feature("cli") {
-        cli.extend(["--features", "cli"]);
-    }
+    // The CLI: package warpline-cli (cli/), binary `warpline`.
+    let cli = [
+        "build",
+        "--release",
+        "-p",
+        "warpline-cli",
+        "--bin",
+        "warpline",
+    ];
     for (name, exe) in built_executables(&cli)? {
         copy(&name, &exe, ".")?;
     }

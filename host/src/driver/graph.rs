@@ -5,8 +5,9 @@
 
 use std::ffi::c_void;
 use std::ptr::null_mut;
+use std::sync::Arc;
 
-use cudarc::driver::sys;
+use cudarc::driver::{sys, CudaStream};
 
 use crate::error::{CudaCall, Result};
 
@@ -135,7 +136,7 @@ impl CudaGraph {
 impl Drop for CudaGraph {
     fn drop(&mut self) {
         // No CUDA call inside a task graph host callback (issue 19, item 9): leaked there.
-        if !self.0.is_null() && !crate::device::in_host_callback() {
+        if !self.0.is_null() && !super::callback::in_host_callback() {
             // SAFETY: the graph is ours and used by no one else; failures cannot be reported.
             let _ = unsafe { graph_destroy(self.0) };
         }
@@ -172,7 +173,7 @@ impl Drop for GraphExec {
     fn drop(&mut self) {
         // No CUDA call inside a task graph host callback (issue 19, item 9): leaked there (a
         // launch in flight keeps running; what its nodes touch is its owner's to keep).
-        if !self.0.is_null() && !crate::device::in_host_callback() {
+        if !self.0.is_null() && !super::callback::in_host_callback() {
             // SAFETY: ours, not used afterwards; failures cannot be reported.
             let _ = unsafe { graph_exec_destroy(self.0) };
         }
@@ -183,21 +184,22 @@ impl Drop for GraphExec {
 /// the guard instead (an error path or a panic unwinding through the capture) joins the forked
 /// streams back, ends the capture and destroys the partial graph, so no stream is left in capture
 /// mode (where stream-ordered frees fail).
+///
+/// It holds the cudarc streams (`Arc<CudaStream>`, what [`crate::Stream`] wraps) so that this
+/// layer imports nothing above it; callers pass `Stream::cudarc()` and keep their `Stream`s
+/// alive past the guard.
 pub(crate) struct CaptureGuard {
-    origin: crate::stream::Stream,
-    forked: Vec<crate::stream::Stream>,
+    origin: Arc<CudaStream>,
+    forked: Vec<Arc<CudaStream>>,
     active: bool,
 }
 
 impl CaptureGuard {
     /// Begins a thread-local capture on `origin`; `forked` are the streams the capture will fork
     /// to (joined back on every path).
-    pub(crate) fn begin(
-        origin: &crate::stream::Stream,
-        forked: Vec<crate::stream::Stream>,
-    ) -> Result<Self> {
+    pub(crate) fn begin(origin: &Arc<CudaStream>, forked: Vec<Arc<CudaStream>>) -> Result<Self> {
         // SAFETY: a live stream; the caller bound its context.
-        if unsafe { stream_is_capturing(origin.raw()) }? {
+        if unsafe { stream_is_capturing(origin.cu_stream()) }? {
             return Err(crate::error::Error::BadShape {
                 what: "stream capture",
                 detail: "the stream is already capturing; allowed: a stream outside any capture"
@@ -205,7 +207,7 @@ impl CaptureGuard {
             });
         }
         // SAFETY: as above.
-        unsafe { stream_begin_capture(origin.raw()) }?;
+        unsafe { stream_begin_capture(origin.cu_stream()) }?;
         Ok(Self {
             origin: origin.clone(),
             forked,
@@ -215,10 +217,7 @@ impl CaptureGuard {
 
     fn join_forked(&self) -> Result<()> {
         for s in &self.forked {
-            self.origin
-                .cudarc()
-                .join(s.cudarc())
-                .call("cuStreamWaitEvent")?;
+            self.origin.join(s).call("cuStreamWaitEvent")?;
         }
         Ok(())
     }
@@ -228,7 +227,7 @@ impl CaptureGuard {
         let joined = self.join_forked();
         self.active = false;
         // SAFETY: the capture begun in `begin` on a live stream.
-        let (graph, ended) = unsafe { stream_end_capture(self.origin.raw()) };
+        let (graph, ended) = unsafe { stream_end_capture(self.origin.cu_stream()) };
         let graph = CudaGraph(graph);
         joined?;
         ended?;
@@ -241,7 +240,7 @@ impl Drop for CaptureGuard {
         if self.active {
             let _ = self.join_forked();
             // SAFETY: the capture begun in `begin`; the partial graph (if any) is destroyed.
-            let (graph, _) = unsafe { stream_end_capture(self.origin.raw()) };
+            let (graph, _) = unsafe { stream_end_capture(self.origin.cu_stream()) };
             drop(CudaGraph(graph));
         }
     }

@@ -13,7 +13,12 @@
 //! - [`peer`]: peer access between GPUs, peer copies, pool access for peers, stream priorities.
 //! - [`nccl`]: NCCL (cudarc `nccl`, loaded at run time) communicators and collectives.
 //! - [`tensor_map`]: TMA tensor maps (`cuTensorMapEncodeTiled`).
+//! - [`callback`]: the thread-local "inside a host callback" flag (no CUDA call there).
+//!
+//! Layering (cudarc's `sys` -> `result` -> safe): this layer imports only [`crate::error`] and
+//! itself, never a module above it (host/tests/layers.rs checks it).
 
+pub(crate) mod callback;
 pub(crate) mod core;
 pub(crate) mod graph;
 pub(crate) mod hostmem;

@@ -40,7 +40,7 @@ pub(crate) fn encode_tiled(args: &EncodeTiled<'_>) -> Result<sys::CUtensorMap> {
         && args.strides.len() + 1 == rank)
     {
         return Err(crate::Error::TensorMap {
-            rule: crate::tensor_map::TensorMapRule::Rank,
+            rule: crate::error::TensorMapRule::Rank,
             detail: format!(
                 "rank {rank} with {} dims, {} strides, {} box dims, {} element strides; allowed: rank 1 to 5 with rank values each (rank - 1 strides)",
                 args.dims.len(),

@@ -9,7 +9,7 @@
 //! GEMM multiplies bf16 integers in -3..=3 with f32 accumulation: every partial sum is an integer
 //! below 2^24, so it is exact too.
 
-use crate::stress::mix64;
+use crate::rng::mix64;
 
 use super::program::{
     Elem, GraphMode, ModuleAction, Op, TicketAction, GRAPH_SLOTS, SLOTS, STREAMS,

@@ -10,7 +10,7 @@
 //! freely.
 
 use crate::ordering::Cmp;
-use crate::stress::{rng_for, StdRng};
+use crate::rng::{rng_for, StdRng};
 
 use super::model::{Caps, ThreadModel};
 

@@ -15,7 +15,7 @@ use super::program::{
 };
 use super::{without, FuzzOptions};
 use crate::ordering::Cmp;
-use crate::stress::rng_for;
+use crate::rng::rng_for;
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]

@@ -5,7 +5,7 @@
 //! `C[M,N] = alpha * A[M,K] * B[K,N] + beta * C` for few tokens, `1 <= M <= 64`, with B
 //! column-major (the weights, stored as `N` rows of `K`: a PyTorch `Linear` weight), BF16 or
 //! FP16 inputs, FP32 accumulation, FP32 or 16-bit (the input type) output. Layouts and pitch
-//! rules are [`super::tc_gemm`]'s ([`check_shapes`]): every row pitch a multiple of 16 bytes,
+//! rules are [`tc_gemm`](crate::kernels::tc_gemm)'s ([`check_shapes`](crate::kernels::tc_gemm::check_shapes)): every row pitch a multiple of 16 bytes,
 //! every base 16-byte aligned, any M (up to 64), N, K >= 1.
 //!
 //! The kernel streams the weights once from DRAM with 16-byte loads, `mma.sync.m16n8k16` in
@@ -13,7 +13,8 @@
 //! with a deterministic shared-memory reduction (fixed order): the result is bitwise the same
 //! from run to run for the same [`DecodeConfig`].
 //!
-//! [`TcGemm`](super::TcGemm) uses it through [`GemmConfig`] (see [`select_config`] for the rule
+//! [`TcGemm`](crate::kernels::TcGemm) uses it through [`GemmConfig`] (see
+//! [`select_config`](crate::kernels::decode_gemm::select_config) for the rule
 //! `Auto` follows); [`DecodeGemm`] is the launcher on its own.
 
 use cudarc::cublas::sys as cublas_sys;

@@ -2,7 +2,7 @@
 //! device addresses because the probes deliberately use one allocation from several streams (the
 //! ordering under test is what makes that safe), so they are `unsafe`: the caller guarantees the
 //! addresses and the cross-stream ordering. None needs dynamic shared memory, so none is in
-//! [`super::KERNEL_SPECS`]; each is looked up by name.
+//! [`KERNEL_SPECS`](crate::kernels::KERNEL_SPECS); each is looked up by name.
 
 use warpline_gpu::contract::signal as contract;
 

@@ -22,7 +22,7 @@
 //! (A: dims `{K, M}`, box `A_BOX`; B: `{K, N}` box `B_BOX_KMAJOR` or `{N, K}` box
 //! `B_BOX_NMAJOR`; C: `{N, M}`, box `C_BOX_F32` or `C_BOX_16`; all 128-byte swizzle, L2
 //! promotion 256 B, no interleave, element strides 1, out-of-bounds fill NONE = zeros) and
-//! uploads them stream-ordered into a [`TensorMapTable`] in device global memory; the kernel
+//! uploads them stream-ordered into a [`TensorMapTable`](crate::TensorMapTable) in device global memory; the kernel
 //! gets the three map addresses as `u64` parameters. [`TcGemmPlan::launch`] then launches with
 //! no further copies (so PDL overlaps consecutive launches), as often as wanted; dropping the
 //! plan frees the table stream-ordered after the last launch. [`TcGemm::gemm`] is plan + launch.
@@ -513,7 +513,7 @@ pub struct TcGemmOptions {
     /// tile). BF16 with a column-major B only; otherwise [`Error::BadShape`].
     pub pingpong: bool,
     /// Kernel configuration (issue 20): [`GemmConfig::Auto`] follows
-    /// [`select_config`](super::decode_gemm::select_config) (the decode kernel for `M <= 64`
+    /// [`select_config`] (the decode kernel for `M <= 64`
     /// with a column-major B and none of `pingpong`, `cluster`, `clusters` set; else the
     /// cooperative kernel). [`TcGemm::plan_chain2`] always uses the cooperative kernel.
     pub config: GemmConfig,
@@ -962,7 +962,7 @@ impl<'d> TcGemm<'d> {
 
     /// The configuration a [`TcGemm::plan`] of `shape` with `opts` uses: `opts.config`, with
     /// [`GemmConfig::Auto`] resolved by
-    /// [`select_config`](super::decode_gemm::select_config) (and to the cooperative kernel when
+    /// [`select_config`] (and to the cooperative kernel when
     /// this device's module lacks the decode entries).
     pub fn select(&self, shape: GemmShape, layout: BLayout, opts: &TcGemmOptions) -> GemmConfig {
         let knobs = opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some();

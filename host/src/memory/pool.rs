@@ -172,6 +172,26 @@ impl MemPool {
         )
     }
 
+    /// Bytes of the pool's allocations not yet freed (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`; a
+    /// stream-ordered free counts once the driver has run it).
+    pub fn used_bytes(&self) -> Result<u64> {
+        bind_context(&self.inner.ctx, "cuMemPoolGetAttribute")?;
+        drv::mem_pool_get_attribute_u64(
+            self.inner.pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+        )
+    }
+
+    /// The most bytes the pool has held from the device since it was created or this watermark
+    /// was last reset (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`).
+    pub fn reserved_high_bytes(&self) -> Result<u64> {
+        bind_context(&self.inner.ctx, "cuMemPoolGetAttribute")?;
+        drv::mem_pool_get_attribute_u64(
+            self.inner.pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+        )
+    }
+
     /// Allocates `len` elements of `T` on `stream` (`cuMemAllocFromPoolAsync`); the buffer is bound
     /// to `stream` and freed on it when dropped. Contents are uninitialised device memory (never
     /// read by the host before a write: reading it back gives whatever bytes were there).

@@ -16,7 +16,7 @@
 //! thread to finish. The price: while some wait stays pending (a ticket held for long, or
 //! forgotten), frees are postponed, not lost.
 //!
-//! Some jobs must also wait for GPU work first ([`defer_after`]): a module is unloaded only once
+//! Some jobs must also wait for GPU work first (`defer_after`): a module is unloaded only once
 //! every launch from it has completed, a host staging copy is freed only once the copy that reads
 //! it has, a signal's word only once every use of it has. The reaper polls their events (`cuEventQuery`, which never blocks) instead of
 //! synchronising on them, so it never sleeps in the driver, and a job that needs no gate (freeing
@@ -171,7 +171,7 @@ pub(crate) fn defer_after<E: Polled>(
 }
 
 /// Blocks until every job handed over before this call has run (tests, and callers that want
-/// the memory back), including jobs that wait for GPU work ([`defer_after`]). Do not call while
+/// the memory back), including jobs that wait for GPU work (`defer_after`). Do not call while
 /// holding an unreleased on-stream wait. Inside a task graph host callback it returns at once
 /// without waiting (a free behind that callback's stream could never run; issue 19, item 9).
 pub fn flush() {

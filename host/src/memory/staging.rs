@@ -103,7 +103,7 @@ impl<'c> Staged<'c> {
         refuse_in_host_callback(call)?;
         bind_context(ctx, call)?;
         let marks = Markers::new()?;
-        let buf = state_for(ctx.cu_ctx()).staging.take(ctx)?;
+        let buf = state_for(ctx.cu_ctx()).ext::<StagingCache>().take(ctx)?;
         Ok(Self {
             ctx,
             buf: Some(buf),
@@ -141,7 +141,9 @@ impl<'c> Staged<'c> {
         self.wait(0)?;
         self.wait(1)?;
         if let Some(b) = self.buf.take() {
-            state_for(self.ctx.cu_ctx()).staging.give_back(b);
+            state_for(self.ctx.cu_ctx())
+                .ext::<StagingCache>()
+                .give_back(b);
         }
         state_for(self.ctx.cu_ctx()).check(call)
     }
@@ -154,7 +156,9 @@ impl Drop for Staged<'_> {
         let settled =
             (0..2).all(|s| !self.pending[s] || drv::event_wait_polled(self.marks.0[s]).is_ok());
         if settled {
-            state_for(self.ctx.cu_ctx()).staging.give_back(b);
+            state_for(self.ctx.cu_ctx())
+                .ext::<StagingCache>()
+                .give_back(b);
         } else {
             // A copy may still be in flight: leak the staging memory rather than free or reuse
             // it under the GPU.

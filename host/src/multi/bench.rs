@@ -342,32 +342,25 @@ pub enum StepMode {
 /// SMs the data-parallel step's GEMM leaves free for NCCL's all-reduce kernels.
 pub const DP_NCCL_SMS: u32 = 16;
 
-/// Options of the data-parallel step ([`data_parallel_step_with`]); with the `cli` feature also
-/// the flags of `warpline mgpu dp-step` (defaults as [`DataParallelConfig::default`]).
+/// Options of the data-parallel step ([`data_parallel_step_with`]), also the flags of
+/// `warpline mgpu dp-step` (defaults as [`DataParallelConfig::default`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct DataParallelConfig {
     /// Gradient buckets per step (>= 1).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = DataParallelConfig::default().buckets))]
     pub buckets: usize,
     /// 128x128 f32 tiles per bucket (bucket = `tiles` x 64 KiB per GPU).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = DataParallelConfig::default().tiles))]
     pub tiles: usize,
     /// GEMM layers per bucket (>= 1).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = DataParallelConfig::default().layers))]
     pub layers: usize,
     /// Timed steps per mode, after one warm-up step (>= 1).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = DataParallelConfig::default().steps))]
     pub steps: usize,
     /// Also capture each GPU's compute into CUDA graphs (one per bucket, see
     /// `multi::graphs`), replay them with `cuGraphLaunch` (NCCL outside the graphs), and time
     /// the graph-replayed step next to the eager one in the same run.
-    #[cfg_attr(feature = "cli", arg(long))]
     pub graphs: bool,
     /// Check the step's result: every bucket of every GPU against the f64 CPU reference (first
     /// and last tile, bound 1e-4), and, with `graphs`, the graph-replayed step bit for bit
     /// against the eager step.
-    #[cfg_attr(feature = "cli", arg(long))]
     pub verify: bool,
 }
 

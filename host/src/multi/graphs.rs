@@ -190,7 +190,7 @@ impl<'d> DpGpu<'d> {
         self.dev.bind()?;
         let mut graphs = Vec::with_capacity(self.grads.len());
         for k in 0..self.grads.len() {
-            let guard = CaptureGuard::begin(&self.compute, Vec::new())?;
+            let guard = CaptureGuard::begin(self.compute.cudarc(), Vec::new())?;
             // An error (or a panic) here drops `guard`, which ends the capture.
             self.gemms(k)?;
             let graph = guard.end()?;

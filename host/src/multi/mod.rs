@@ -17,7 +17,6 @@
 //! of another context, CUDA driver API "Stream Management").
 
 pub mod bench;
-pub mod commands;
 mod graphs;
 pub mod nccl;
 mod pipeline;

@@ -756,7 +756,7 @@ fn capture_stages(
     dev.bind()?;
     let mut out = Vec::with_capacity(parts.len());
     for (src, pp) in parts {
-        let guard = CaptureGuard::begin(stream, Vec::new())?;
+        let guard = CaptureGuard::begin(stream.cudarc(), Vec::new())?;
         // An error (or a panic) here drops `guard`, which ends the capture.
         let mut cur = 0;
         for (k, w) in weights.iter().enumerate() {

@@ -259,7 +259,7 @@ impl std::fmt::Debug for Fence {
 }
 
 impl Fence {
-    /// A fence with [`DEFAULT_SLOTS`] slots; see [`Fence::with_capacity`].
+    /// A fence with `DEFAULT_SLOTS` (4096) slots; see [`Fence::with_capacity`].
     pub fn new(dev: &Device) -> Result<Self> {
         Self::with_capacity(dev, DEFAULT_SLOTS)
     }

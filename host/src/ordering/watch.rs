@@ -16,7 +16,7 @@ use crate::stream::Stream;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnTimeout {
     /// Release every pending signal wait by writing a value that satisfies it
-    /// ([`Cmp::satisfying_value`]) from a fresh stream, then wait up to the same bound again for
+    /// ([`Cmp::satisfying_value`](crate::Cmp::satisfying_value)) from a fresh stream, then wait up to the same bound again for
     /// the work to drain. The work after the waits runs (on whatever its inputs hold); the
     /// streams and signals stay usable; the error says `released: true` if everything drained.
     Release,

@@ -220,7 +220,11 @@ impl<'g> TaskGraph<'g> {
         }
         // `_spares` is declared first so that it drops after every clone of its streams.
         let (_spares, private) = private_streams(dev, streams)?;
-        let guard = CaptureGuard::begin(&private[0], distinct_others(&private))?;
+        let forked = distinct_others(&private)
+            .iter()
+            .map(|s| s.cudarc().clone())
+            .collect();
+        let guard = CaptureGuard::begin(private[0].cudarc(), forked)?;
         let mut host_calls = Vec::new();
         let panics = PanicLog::default();
         // A failure or panic here drops `guard`, which ends the capture.

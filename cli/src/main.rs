@@ -10,12 +10,11 @@
 //! "message": ...}, "exit_code": ...}` on stdout too (flag errors clap finds included), so a
 //! caller can always parse stdout; `--help` and `--version` stay text.
 
-#[path = "warpline/cli_json.rs"]
 mod cli_json;
-#[path = "warpline/demo.rs"]
 mod demo;
-#[path = "warpline/fuzz_cmd.rs"]
 mod fuzz_cmd;
+mod mgpu_cmd;
+mod stress;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,7 +23,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
-use warpline::stress::{self, StressOptions};
+use stress::StressOptions;
+use warpline::multi::bench::DataParallelConfig;
 use warpline::{
     bandwidth, npy, reference, BatchPipeline, Device, Error, PinnedBuffer, PipelineReport, Result,
 };
@@ -152,7 +152,7 @@ enum MgpuCmd {
     },
     /// Data-parallel step: bucket all-reduces overlapped with the next bucket's compute, against
     /// sequential and the ideal max(compute, communication).
-    DpStep(warpline::multi::bench::DataParallelConfig),
+    DpStep(DpStepArgs),
     /// The cross-GPU seed scenarios: opposite-order signals (must complete every run) and a
     /// cyclic dependency (must be rejected).
     Seeds {
@@ -164,8 +164,57 @@ enum MgpuCmd {
     },
 }
 
+/// The flags of `mgpu dp-step`: [`DataParallelConfig`]'s fields, defaults from
+/// [`DataParallelConfig::default`].
+#[derive(Args, Clone, Copy, Debug)]
+struct DpStepArgs {
+    /// Gradient buckets per step (>= 1).
+    #[arg(long, default_value_t = DataParallelConfig::default().buckets)]
+    buckets: usize,
+    /// 128x128 f32 tiles per bucket (bucket = `tiles` x 64 KiB per GPU).
+    #[arg(long, default_value_t = DataParallelConfig::default().tiles)]
+    tiles: usize,
+    /// GEMM layers per bucket (>= 1).
+    #[arg(long, default_value_t = DataParallelConfig::default().layers)]
+    layers: usize,
+    /// Timed steps per mode, after one warm-up step (>= 1).
+    #[arg(long, default_value_t = DataParallelConfig::default().steps)]
+    steps: usize,
+    /// Also capture each GPU's compute into CUDA graphs (one per bucket), replay them with
+    /// `cuGraphLaunch` (NCCL outside the graphs), and time the graph-replayed step next to the
+    /// eager one in the same run.
+    #[arg(long)]
+    graphs: bool,
+    /// Check the step's result: every bucket of every GPU against the f64 CPU reference (first
+    /// and last tile, bound 1e-4), and, with `--graphs`, the graph-replayed step bit for bit
+    /// against the eager step.
+    #[arg(long)]
+    verify: bool,
+}
+
+impl DpStepArgs {
+    fn config(self) -> DataParallelConfig {
+        let DpStepArgs {
+            buckets,
+            tiles,
+            layers,
+            steps,
+            graphs,
+            verify,
+        } = self;
+        DataParallelConfig {
+            buckets,
+            tiles,
+            layers,
+            steps,
+            graphs,
+            verify,
+        }
+    }
+}
+
 fn mgpu(cmd: MgpuCmd) -> CliResult<Value> {
-    use warpline::multi::commands as c;
+    use mgpu_cmd as c;
     if let Some(code) = c::reexec_for_nccl_if_needed()? {
         std::process::exit(code);
     }
@@ -197,7 +246,8 @@ fn mgpu(cmd: MgpuCmd) -> CliResult<Value> {
         // SAFETY: the hidden subcommand is started only by `mgpu allreduce --procs N`
         // (`c::allreduce`), which passes the same `--world` and `--iters` to every rank.
         MgpuCmd::NcclRank { rank, world, iters } => unsafe { c::nccl_rank(rank, world, iters)? },
-        MgpuCmd::DpStep(cfg) => {
+        MgpuCmd::DpStep(args) => {
+            let cfg = args.config();
             // Under --json stdout holds only the JSON object: the text goes to stderr.
             let r = if cli_json::enabled() {
                 c::dp_step(&cfg, &mut std::io::stderr())?
@@ -218,7 +268,7 @@ fn pipeline_json(
     microbatches: usize,
     verify: bool,
     graphs: bool,
-    r: &warpline::multi::commands::PipelineRun,
+    r: &mgpu_cmd::PipelineRun,
 ) -> Value {
     let one = |p: &warpline::multi::LayerPipelineReport| {
         json!({
@@ -261,10 +311,7 @@ fn pipeline_json(
 }
 
 /// `mgpu dp-step --json`: options, times per step (ms), ratios and the verification.
-fn dp_step_json(
-    cfg: &warpline::multi::bench::DataParallelConfig,
-    r: &warpline::multi::bench::DataParallelReport,
-) -> Value {
+fn dp_step_json(cfg: &DataParallelConfig, r: &warpline::multi::bench::DataParallelReport) -> Value {
     json!({
         "options": {
             "buckets": cfg.buckets, "tiles": cfg.tiles, "layers": cfg.layers,

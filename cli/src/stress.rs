@@ -30,18 +30,16 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys;
+use warpline::device::Device;
+use warpline::error::{Error, Result};
+use warpline::kernels::signal as probe;
+use warpline::memory::{DeviceBuffer, MemPool, PinnedBuffer};
+use warpline::ordering::{synchronize_timeout, Cmp, Fence, OnTimeout, Signal, TaskGraph};
+use warpline::pipeline::{BatchPipeline, MAX_STREAMS};
+use warpline::reference;
+use warpline::rng::{mix64, rng_for, StdRng};
+use warpline::stream::Stream;
 use warpline_gpu::contract::signal::pattern;
-
-use crate::device::Device;
-use crate::driver::core as drv;
-use crate::error::{Error, Result};
-use crate::kernels::signal as probe;
-use crate::memory::{DeviceBuffer, MemPool, PinnedBuffer};
-use crate::ordering::{synchronize_timeout, Cmp, Fence, OnTimeout, Signal, TaskGraph};
-use crate::pipeline::{BatchPipeline, MAX_STREAMS};
-use crate::reference;
-use crate::stream::Stream;
 
 /// Default `--fence-tickets`.
 pub const DEFAULT_FENCE_TICKETS: usize = 1000;
@@ -571,10 +569,7 @@ pub fn run(dev: &Device, opts: &StressOptions) -> Result<StressReport> {
     let pool = MemPool::device_default(dev, threshold)?;
     let mut pools = PoolReport {
         default_reserved_before: pool.reserved_bytes()?,
-        default_used_before: default_pool_attr(
-            dev,
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-        )?,
+        default_used_before: pool.used_bytes()?,
         default_release_threshold: threshold,
         ..PoolReport::default()
     };
@@ -588,14 +583,8 @@ pub fn run(dev: &Device, opts: &StressOptions) -> Result<StressReport> {
     let host_callbacks = graph_section(dev, &pool, opts, GraphKind::HostCallbacks)?;
     progress!(opts, "sections done");
     pools.default_reserved_after = pool.reserved_bytes()?;
-    pools.default_used_after = default_pool_attr(
-        dev,
-        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-    )?;
-    pools.default_reserved_high = default_pool_attr(
-        dev,
-        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
-    )?;
+    pools.default_used_after = pool.used_bytes()?;
+    pools.default_reserved_high = pool.reserved_high_bytes()?;
     Ok(StressReport {
         seed: opts.seed,
         bound: opts.bound,
@@ -607,109 +596,6 @@ pub fn run(dev: &Device, opts: &StressOptions) -> Result<StressReport> {
         host_callbacks,
         pools,
     })
-}
-
-/// A u64 attribute of `dev`'s default memory pool (`cuMemPoolGetAttribute`).
-fn default_pool_attr(dev: &Device, attr: sys::CUmemPool_attribute) -> Result<u64> {
-    dev.bind()?;
-    let pool = drv::device_get_default_mem_pool(dev.context().cu_device())?;
-    drv::mem_pool_get_attribute_u64(pool, attr)
-}
-
-/// splitmix64: a well-mixed 64-bit value from any input.
-pub(crate) fn mix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// A generator for one part of the run (`part`, `index`), derived from the seed.
-pub(crate) fn rng_for(seed: u64, part: u64, index: u64) -> StdRng {
-    StdRng::seed_from_u64(mix64(seed ^ mix64(part ^ mix64(index))))
-}
-
-/// The stress run's random generator: splitmix64 over a 64-bit state (deterministic per seed;
-/// not cryptographic). Its methods follow `rand`'s names so the generators read the same.
-#[derive(Clone, Debug)]
-pub(crate) struct StdRng {
-    state: u64,
-}
-
-/// Integers [`StdRng::random_range`] draws.
-pub(crate) trait RangeInt: Copy {
-    fn to_u64(self) -> u64;
-    fn from_u64(v: u64) -> Self;
-}
-macro_rules! range_int {
-    ($($t:ty),*) => {$(
-        impl RangeInt for $t {
-            fn to_u64(self) -> u64 {
-                self as u64
-            }
-            fn from_u64(v: u64) -> Self {
-                v as $t
-            }
-        }
-    )*};
-}
-range_int!(u8, u16, u32, u64, usize);
-
-/// `lo..hi` and `lo..=hi` as the start and the inclusive end (`None` when empty).
-pub(crate) trait IntRange<T> {
-    fn inclusive(self) -> (u64, Option<u64>);
-}
-impl<T: RangeInt> IntRange<T> for std::ops::Range<T> {
-    fn inclusive(self) -> (u64, Option<u64>) {
-        let (lo, hi) = (self.start.to_u64(), self.end.to_u64());
-        (lo, (lo < hi).then(|| hi - 1))
-    }
-}
-impl<T: RangeInt> IntRange<T> for std::ops::RangeInclusive<T> {
-    fn inclusive(self) -> (u64, Option<u64>) {
-        let (lo, hi) = (self.start().to_u64(), self.end().to_u64());
-        (lo, (lo <= hi).then_some(hi))
-    }
-}
-
-impl StdRng {
-    /// A generator whose sequence is fixed by `seed`.
-    pub(crate) fn seed_from_u64(seed: u64) -> Self {
-        Self { state: seed }
-    }
-
-    /// The next 64 random bits (splitmix64: add the golden-ratio increment, then mix).
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        // `mix64` adds the increment itself: undo it so this is exactly splitmix64.
-        mix64(self.state.wrapping_sub(0x9E37_79B9_7F4A_7C15))
-    }
-
-    /// 32 random bits.
-    pub(crate) fn random(&mut self) -> u32 {
-        (self.next_u64() >> 32) as u32
-    }
-
-    /// A value in `range` (nearly uniform: multiply-shift, bias below 2^-32 for the small spans
-    /// used here). An empty range gives its start (never panics).
-    pub(crate) fn random_range<T: RangeInt>(&mut self, range: impl IntRange<T>) -> T {
-        let (lo, hi) = range.inclusive();
-        let Some(hi) = hi else {
-            return T::from_u64(lo);
-        };
-        let span = (hi - lo).wrapping_add(1);
-        let v = if span == 0 {
-            self.next_u64()
-        } else {
-            lo + ((self.next_u64() as u128 * span as u128) >> 64) as u64
-        };
-        T::from_u64(v)
-    }
-
-    /// `true` with probability `p` (clamped to [0, 1]).
-    pub(crate) fn random_bool(&mut self, p: f64) -> bool {
-        ((self.next_u64() >> 11) as f64) < p.clamp(0.0, 1.0) * (1u64 << 53) as f64
-    }
 }
 
 /// A float in [-1, 1) with 24 bits of `v` (exact in f32).
@@ -1669,30 +1555,6 @@ fn graph_case(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn splitmix_generator_stays_in_range_and_is_deterministic() {
-        let mut a = StdRng::seed_from_u64(42);
-        let mut b = StdRng::seed_from_u64(42);
-        // The first splitmix64 output for seed 0 is the reference value 0xE220A8397B1DCDAF.
-        assert_eq!(StdRng::seed_from_u64(0).next_u64(), 0xE220_A839_7B1D_CDAF);
-        let mut seen = [false; 4];
-        for _ in 0..1000 {
-            let x: usize = a.random_range(1..=4);
-            assert_eq!(x, b.random_range(1..=4usize));
-            seen[x - 1] = true;
-            let y: u64 = a.random_range(0..3u64);
-            assert!(y < 3);
-            b.random_range(0..3u64);
-        }
-        assert!(seen.iter().all(|&s| s));
-        assert_eq!(a.random_range(5..5u32), 5);
-        assert_eq!(
-            a.random_range(u64::MIN..=u64::MAX),
-            b.random_range(0..=u64::MAX)
-        );
-        assert!(!a.random_bool(0.0) && a.random_bool(1.0));
-    }
 
     #[test]
     fn defaults_are_valid_and_bad_values_name_their_flag() {

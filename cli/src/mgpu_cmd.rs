@@ -4,11 +4,13 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
-
-use super::bench::{self, sweep_sizes};
-use super::nccl::{self, Communicator, NcclId, NCCL_ID_ENV};
-use super::{seeds, DeviceSet, LayerPipeline, LayerPipelineConfig, LayerPipelineReport, Placement};
+use warpline::error::{Error, Result};
+use warpline::multi::bench::{self, sweep_sizes};
+use warpline::multi::nccl::{self, Communicator, NcclId, NCCL_ID_ENV};
+use warpline::multi::{
+    device_count, seeds, DeviceSet, LayerPipeline, LayerPipelineConfig, LayerPipelineReport,
+    Placement,
+};
 
 /// Set when the CLI has re-run itself with [`nccl::override_library_dir`] on `LD_LIBRARY_PATH`.
 pub const REEXEC_ENV: &str = "WARPLINE_NCCL_REEXEC";
@@ -47,7 +49,7 @@ pub fn reexec_for_nccl_if_needed() -> Result<Option<i32>> {
 
 /// `mgpu info`: GPUs, peer matrix, NCCL library and version, NCCL_NVLS_ENABLE.
 pub fn info() -> Result<()> {
-    let n = super::device_count()?;
+    let n = device_count()?;
     println!("GPUs: {n}");
     if n > 0 {
         let set = DeviceSet::open_first(n)?;
@@ -72,7 +74,7 @@ pub fn info() -> Result<()> {
 }
 
 fn two_gpus(what: &'static str) -> Result<DeviceSet> {
-    let n = super::device_count()?;
+    let n = device_count()?;
     if n < 2 {
         return Err(Error::NotEnoughDevices {
             what,
@@ -282,7 +284,7 @@ pub fn allreduce(iters: usize, procs: usize) -> Result<()> {
     nccl::library_available()?;
     nccl::require_nvls_off()?;
     if procs >= 2 {
-        let n = super::device_count()?;
+        let n = device_count()?;
         if procs > n {
             return Err(Error::NotEnoughDevices {
                 what: "mgpu allreduce --procs (one GPU per process)",
@@ -292,7 +294,7 @@ pub fn allreduce(iters: usize, procs: usize) -> Result<()> {
         }
     }
     if procs == 0 {
-        let n = super::device_count()?;
+        let n = device_count()?;
         if n < 2 {
             return Err(Error::NotEnoughDevices {
                 what: "mgpu allreduce",
@@ -410,7 +412,7 @@ pub unsafe fn nccl_rank(rank: usize, world: usize, iters: usize) -> Result<()> {
         detail: format!("{NCCL_ID_ENV} is not set; allowed: the 256 hex digits of the NCCL id from the launching process"),
     })?;
     let id = NcclId::from_hex(&hex)?;
-    let dev = crate::Device::open(rank)?;
+    let dev = warpline::Device::open(rank)?;
     let set = DeviceSet::from_devices(vec![dev])?;
     let stream = set.high_priority_stream(0)?;
     let comm = Communicator::init_rank(set.device(0)?, &stream, rank, world, &id)?;

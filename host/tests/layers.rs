@@ -1,0 +1,573 @@
+//! The layering of host/src (issue 22, item 11), checked on the source text without a GPU.
+//!
+//! Every top-level module of host/src (a file `x.rs` or a folder `x/`) has a place in [`LAYERS`],
+//! lowest first, as cudarc layers `sys` -> `result` -> safe: the error type at the
+//! bottom, then `driver/` (the one layer over raw `cu*` calls), then the safe types built on them.
+//! A module may import (`crate::...`, `super::...` up to the crate root, or a name the crate root
+//! re-exports) only modules below it. This test fails
+//!
+//! - when `error.rs` imports any other module of the crate, or `driver/` any module but `error`;
+//! - when any other import goes up the order and is not one of the [`KNOWN_UPWARD`] imports (the
+//!   import cycles that are left, each named with what it is for); the message says whether the
+//!   new import closes a cycle;
+//! - when a [`KNOWN_UPWARD`] import is gone (remove it from the list, so the list only shrinks);
+//! - when a top-level module is missing from [`LAYERS`], or [`LAYERS`] names one that is gone.
+//!
+//! Imports inside `#[cfg(test)]` items do not count (tests may reach any module). Comments, string
+//! and character literals are removed before the scan.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// host/src's top-level modules, lowest layer first.
+const LAYERS: &[&str] = &[
+    // The error type and its pieces: imports nothing of the crate.
+    "error",
+    // Raw driver calls, one `cu*` each; imports only `error`.
+    "driver",
+    // Pure helpers (no CUDA).
+    "contract_check",
+    "reference",
+    "npy",
+    "rng",
+    // The safe CUDA types.
+    "device",
+    "stream",
+    "memory",
+    "launch",
+    "module",
+    "tensor_map",
+    "kernels",
+    "trace",
+    "ordering",
+    "multi",
+    // What is built from all of them.
+    "pipeline",
+    "chain",
+    "bandwidth",
+    "fuzz",
+];
+
+/// The imports that still go up [`LAYERS`] (importer, imported, why). Each closes an import
+/// cycle; none may be added (move the item down, or invert the dependency, instead).
+const KNOWN_UPWARD: &[(&str, &str, &str)] = &[
+    (
+        "device",
+        "stream",
+        "Device::new_stream / new_stream_with_priority construct a Stream",
+    ),
+    (
+        "device",
+        "module",
+        "a Device owns its embedded Module; PTX entry parsing lives in module.rs",
+    ),
+    (
+        "device",
+        "kernels",
+        "Device::open resolves every kernel of kernels::KERNEL_SPECS",
+    ),
+    (
+        "device",
+        "ordering",
+        "Device::load_module refuses while an ordering wait is pending (any_wait_pending)",
+    ),
+    (
+        "stream",
+        "memory",
+        "Stream's Drop inside a host callback hands the stream to memory::reaper",
+    ),
+    (
+        "memory",
+        "ordering",
+        "the reaper gate waits for ordering::any_wait_pending",
+    ),
+    (
+        "ordering",
+        "multi",
+        "ordering/multi.rs (MultiTaskGraph) takes a multi::DeviceSet",
+    ),
+];
+
+/// An import of `to` by a file of top-level module `from`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Import {
+    from: String,
+    to: String,
+    file: String,
+}
+
+#[test]
+fn host_src_modules_import_only_lower_layers() {
+    let Some(src) = host_src("host_src_modules_import_only_lower_layers") else {
+        return;
+    };
+    let imports = crate_imports(&src);
+    let tops = top_level_modules(&src);
+    let pos: BTreeMap<&str, usize> = LAYERS.iter().enumerate().map(|(i, m)| (*m, i)).collect();
+
+    let unplaced: Vec<&String> = tops
+        .iter()
+        .filter(|t| !pos.contains_key(t.as_str()))
+        .collect();
+    assert!(
+        unplaced.is_empty(),
+        "host/src modules {unplaced:?} have no place in LAYERS (host/tests/layers.rs): add each \
+         above every module it imports and below every module that imports it"
+    );
+    let gone: Vec<&&str> = LAYERS.iter().filter(|m| !tops.contains(**m)).collect();
+    assert!(
+        gone.is_empty(),
+        "LAYERS names {gone:?}, which host/src no longer has: remove them"
+    );
+    for (from, to, _) in KNOWN_UPWARD {
+        assert!(
+            !matches!(*from, "error" | "driver"),
+            "{from} may not import upwards"
+        );
+        assert!(pos[from] < pos[to], "{from} -> {to} is not upward");
+    }
+
+    let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for i in &imports {
+        graph.entry(&i.from).or_default().insert(&i.to);
+    }
+    let known: BTreeSet<(&str, &str)> = KNOWN_UPWARD.iter().map(|(a, b, _)| (*a, *b)).collect();
+    let mut failures = Vec::new();
+    for i in &imports {
+        let (Some(&f), Some(&t)) = (pos.get(i.from.as_str()), pos.get(i.to.as_str())) else {
+            continue;
+        };
+        if t > f && !known.contains(&(i.from.as_str(), i.to.as_str())) {
+            let cycle = if reaches(&graph, &i.to, &i.from) {
+                format!("closes an import cycle ({} imports {} again)", i.to, i.from)
+            } else {
+                "no cycle yet: if it is right, move the importer above it in LAYERS".to_string()
+            };
+            failures.push(format!(
+                "host/src/{} ({}) imports {}, a higher layer: {cycle}",
+                i.file, i.from, i.to
+            ));
+        }
+    }
+    for (from, to, why) in KNOWN_UPWARD {
+        if !graph.get(from).is_some_and(|s| s.contains(to)) {
+            failures.push(format!(
+                "{from} no longer imports {to} ({why}): remove it from KNOWN_UPWARD"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The two bottom layers, said on their own so a failure names them plainly.
+#[test]
+fn error_and_driver_import_nothing_above_them() {
+    let Some(src) = host_src("error_and_driver_import_nothing_above_them") else {
+        return;
+    };
+    let bad: Vec<Import> = crate_imports(&src)
+        .into_iter()
+        .filter(|i| match i.from.as_str() {
+            "error" => true,
+            "driver" => i.to != "error",
+            _ => false,
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "error.rs imports nothing of the crate, driver/ only error.rs: {bad:#?}"
+    );
+}
+
+/// The scanner on a hand-written sample: comments, strings, chars, lifetimes, raw strings,
+/// `crate::{..}` groups, re-exported names, `super::` to the root, and `#[cfg(test)]` items.
+#[test]
+fn the_scanner_sees_imports_and_only_imports() {
+    let tops: BTreeSet<String> = ["a", "b", "c", "d", "e", "f", "g", "h"]
+        .map(String::from)
+        .into();
+    let reexports: BTreeMap<String, String> = [("Thing".to_string(), "h".to_string())].into();
+    let text = r##"
+        // crate::z in a comment /* crate::z */
+        /// [`crate::z`]
+        use crate::a::X;
+        use crate::{b::{Y, Z}, c};
+        fn f<'t>(x: &'t str) -> char { let _ = "crate::z {"; let _ = r#"crate::z "#; '{' }
+        fn g() { super::d::run(); crate::Thing::new(); crate::PTX; }
+        mod inner { fn k() { super::super::e::x(); super::local(); } }
+        #[cfg(test)]
+        mod tests { use crate::f::Q; fn t() { let _ = '}'; } }
+        #[cfg(test)]
+        fn only_in_tests() { crate::g::w() }
+        fn after() { crate::e::y() }
+    "##;
+    let found = imports_of(text, &["a"], &tops, &reexports);
+    assert_eq!(
+        found,
+        ["b", "c", "d", "e", "h"].map(String::from).into(),
+        "a.rs imports"
+    );
+}
+
+/// host/src, or `None` (after printing `SKIPPED`) where the sources are absent: the gpu-bundle
+/// carries this test's binary to a GPU host without the checkout. The check needs no GPU, so it
+/// always runs where the sources are (`cargo test`, CI).
+fn host_src(test: &str) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    if src.join("lib.rs").is_file() {
+        Some(src)
+    } else {
+        eprintln!(
+            "SKIPPED {test}: {} is not here (a gpu-bundle run); the layering is checked where the sources are",
+            src.display()
+        );
+        None
+    }
+}
+
+/// Whether `to` is reachable from `from` along imports.
+fn reaches(graph: &BTreeMap<&str, BTreeSet<&str>>, from: &str, to: &str) -> bool {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![from];
+    while let Some(m) = stack.pop() {
+        if m == to {
+            return true;
+        }
+        if seen.insert(m) {
+            stack.extend(graph.get(m).into_iter().flatten().copied());
+        }
+    }
+    false
+}
+
+/// host/src's top-level modules: `x.rs` files and `x/` folders, without lib.rs.
+fn top_level_modules(src: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(src)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.unwrap();
+            let name = e.file_name().into_string().unwrap();
+            if e.path().is_dir() {
+                Some(name)
+            } else {
+                name.strip_suffix(".rs")
+                    .filter(|n| *n != "lib")
+                    .map(String::from)
+            }
+        })
+        .collect()
+}
+
+/// Every import between different top-level modules of host/src, one per (module, module, file).
+fn crate_imports(src: &Path) -> Vec<Import> {
+    let tops = top_level_modules(src);
+    let reexports = lib_reexports(&std::fs::read_to_string(src.join("lib.rs")).unwrap(), &tops);
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut out = Vec::new();
+    for path in files {
+        let rel = path.strip_prefix(src).unwrap();
+        if rel == Path::new("lib.rs") {
+            continue;
+        }
+        // The module path: memory/pool.rs -> [memory, pool]; memory/mod.rs -> [memory].
+        let mut modpath: Vec<String> = rel
+            .with_extension("")
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if modpath.last().is_some_and(|m| m == "mod") {
+            modpath.pop();
+        }
+        let modpath: Vec<&str> = modpath.iter().map(String::as_str).collect();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for to in imports_of(&text, &modpath, &tops, &reexports) {
+            out.push(Import {
+                from: modpath[0].to_string(),
+                to,
+                file: rel.to_string_lossy().into_owned(),
+            });
+        }
+    }
+    out.sort();
+    out
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Names the crate root re-exports from its modules (`pub use device::{Capabilities, Device};`
+/// maps `Device` to `device`).
+fn lib_reexports(lib: &str, tops: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let code = strip(lib);
+    let mut out = BTreeMap::new();
+    for stmt in code.split(';') {
+        let Some(path) = stmt.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let module = path.split("::").next().unwrap_or("").trim();
+        if !tops.contains(module) {
+            continue;
+        }
+        for leaf in path.split(['{', '}', ',']) {
+            let leaf = leaf.trim();
+            let name = match leaf.split_once(" as ") {
+                Some((_, alias)) => alias.trim(),
+                None => leaf.rsplit("::").next().unwrap_or("").trim(),
+            };
+            if !name.is_empty() && name != "self" && name != module {
+                out.insert(name.to_string(), module.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The other top-level modules that the file of module `modpath` imports.
+fn imports_of(
+    text: &str,
+    modpath: &[&str],
+    tops: &BTreeSet<String>,
+    reexports: &BTreeMap<String, String>,
+) -> BTreeSet<String> {
+    let code = without_test_items(&strip(text));
+    let b = code.as_bytes();
+    let mut out = BTreeSet::new();
+    let mut add = |root_name: &str| {
+        let m = reexports
+            .get(root_name)
+            .map(String::as_str)
+            .unwrap_or(root_name);
+        if tops.contains(m) && m != modpath[0] {
+            out.insert(m.to_string());
+        }
+    };
+    let inline = inline_module_depths(&code);
+    let mut i = 0;
+    while i < b.len() {
+        let boundary = i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+        if boundary && code[i..].starts_with("crate::") {
+            i += "crate::".len();
+            if b.get(i) == Some(&b'{') {
+                let end = matching(b, i);
+                for item in split_top_level(&code[i + 1..end]) {
+                    add(&ident_at(item.trim_start()));
+                }
+                i = end;
+            } else {
+                add(&ident_at(&code[i..]));
+            }
+            continue;
+        }
+        if boundary && code[i..].starts_with("super::") {
+            let mut ups = 0;
+            while code[i..].starts_with("super::") {
+                ups += 1;
+                i += "super::".len();
+            }
+            // Inline `mod x { .. }` blocks around this point deepen the module path.
+            let depth = modpath.len() + inline[i];
+            if ups >= depth {
+                add(&ident_at(&code[i..]));
+            }
+            continue;
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The identifier at the start of `s`.
+fn ident_at(s: &str) -> String {
+    s.chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// The items of a `{a, b::{c, d}}` group's inside, split at its top-level commas.
+fn split_top_level(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// The index of the `}` that closes the `{` at `open` (or the end).
+fn matching(b: &[u8], open: usize) -> usize {
+    let mut depth = 0i32;
+    for (i, &c) in b.iter().enumerate().skip(open) {
+        match c {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return i;
+                }
+            }
+            _ => {}
+        }
+    }
+    b.len()
+}
+
+/// For every byte of `code`, how many inline `mod name { .. }` blocks enclose it.
+fn inline_module_depths(code: &str) -> Vec<usize> {
+    let b = code.as_bytes();
+    let mut depth = vec![0usize; b.len() + 1];
+    let mut opens: Vec<(usize, usize)> = Vec::new();
+    let mut i = 0;
+    while i + 4 <= b.len() {
+        let boundary = i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+        if boundary && code[i..].starts_with("mod ") {
+            let name_at = i + 4;
+            let name = ident_at(code[name_at..].trim_start());
+            let after = code[name_at..].trim_start()[name.len()..].trim_start();
+            if !name.is_empty() && after.starts_with('{') {
+                let open = b.len() - after.len();
+                opens.push((open, matching(b, open)));
+            }
+        }
+        i += 1;
+    }
+    for (open, close) in opens {
+        for d in &mut depth[open..=close.min(b.len())] {
+            *d += 1;
+        }
+    }
+    depth
+}
+
+/// `code` without the items marked `#[cfg(test)]` (a block item up to its closing brace, any
+/// other item up to its semicolon).
+fn without_test_items(code: &str) -> String {
+    let b = code.as_bytes();
+    let mut out = String::with_capacity(code.len());
+    let mut i = 0;
+    while let Some(rel) = code[i..].find("#[cfg(test)]") {
+        let at = i + rel;
+        out.push_str(&code[i..at]);
+        let mut j = at + "#[cfg(test)]".len();
+        while j < b.len() && b[j] != b'{' && b[j] != b';' {
+            j += 1;
+        }
+        i = if j < b.len() && b[j] == b'{' {
+            matching(b, j) + 1
+        } else {
+            j + 1
+        }
+        .min(b.len());
+    }
+    out.push_str(&code[i..]);
+    out
+}
+
+/// `text` without comments, and with string, raw string and character literals emptied
+/// (lifetimes stay), so that only code is scanned.
+fn strip(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < c.len() {
+        let next = c.get(i + 1).copied();
+        if c[i] == '/' && next == Some('/') {
+            while i < c.len() && c[i] != '\n' {
+                i += 1;
+            }
+        } else if c[i] == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < c.len() {
+                if c[i] == '/' && c.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if c[i] == '*' && c.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+            out.push(' ');
+        } else if c[i] == 'r'
+            && (next == Some('"') || next == Some('#'))
+            && (i == 0 || !(c[i - 1].is_alphanumeric() || c[i - 1] == '_'))
+        {
+            // A raw string r#*"..."#*.
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while c.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if c.get(j) != Some(&'"') {
+                out.push(c[i]);
+                i += 1;
+                continue;
+            }
+            j += 1;
+            loop {
+                if j >= c.len() {
+                    break;
+                }
+                if c[j] == '"' && (0..hashes).all(|h| c.get(j + 1 + h) == Some(&'#')) {
+                    j += 1 + hashes;
+                    break;
+                }
+                j += 1;
+            }
+            out.push_str("\"\"");
+            i = j;
+        } else if c[i] == '"' {
+            i += 1;
+            while i < c.len() && c[i] != '"' {
+                i += if c[i] == '\\' { 2 } else { 1 };
+            }
+            i += 1;
+            out.push_str("\"\"");
+        } else if c[i] == '\'' {
+            // A character literal ('x', '\n', '\u{..}'), or a lifetime / label ('a).
+            let close = if next == Some('\\') {
+                (i + 2..c.len().min(i + 12)).find(|&j| c[j] == '\'')
+            } else if c.get(i + 2) == Some(&'\'') {
+                Some(i + 2)
+            } else {
+                None
+            };
+            match close {
+                Some(j) => {
+                    out.push_str("' '");
+                    i = j + 1;
+                }
+                None => {
+                    out.push('\'');
+                    i += 1;
+                }
+            }
+        } else {
+            out.push(c[i]);
+            i += 1;
+        }
+    }
+    out
+}
