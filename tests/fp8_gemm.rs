@@ -610,3 +610,64 @@ fn fp8_entries_use_the_e4m3_wgmma() {
     }
     warpline::kernels::tc_gemm::check_module_entries(warpline::SM90A_PTX).unwrap();
 }
+
+/// The SASS of the FP8 entries holds QGMMA and no HGMMA (what `scripts/fp8-sass.sh` checks):
+/// ptxas `-arch=sm_90a` on the embedded module, then `cuobjdump -sass`. Runs where cuobjdump is
+/// found (`$CUOBJDUMP`, PATH, or `~/.cache/warpline/cuda-tools`, where `INSTALL=1
+/// scripts/fp8-sass.sh` puts it); otherwise prints why it is skipped (no GPU is involved).
+#[test]
+fn fp8_sass_has_qgmma_where_cuobjdump_is_installed() {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/tmp".into());
+    let cuobjdump = std::env::var_os("CUOBJDUMP")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("PATH").and_then(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join("cuobjdump"))
+                    .find(|c| c.is_file())
+            })
+        })
+        .or_else(|| {
+            let c = std::path::PathBuf::from(home)
+                .join(".cache/warpline/cuda-tools/nvidia/cu13/bin/cuobjdump");
+            c.is_file().then_some(c)
+        });
+    let (Some(cuobjdump), Some(ptxas)) = (cuobjdump, warpline_builder::ptxas::find()) else {
+        eprintln!("SKIPPED fp8 SASS check: cuobjdump or ptxas not found (INSTALL=1 bash scripts/fp8-sass.sh installs cuobjdump)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("warpline-fp8-sass-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ptx, cubin) = (dir.join("sm90a.ptx"), dir.join("sm90a.cubin"));
+    std::fs::write(&ptx, warpline::SM90A_PTX).unwrap();
+    let st = std::process::Command::new(&ptxas)
+        .args(["-arch=sm_90a", "-o"])
+        .arg(&cubin)
+        .arg(&ptx)
+        .status()
+        .unwrap();
+    assert!(st.success(), "ptxas failed");
+    let mut path = std::ffi::OsString::from(cuobjdump.parent().unwrap());
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap_or_default());
+    for (entry, want) in [
+        ("tc_gemm_e4m3_bcol", "QGMMA.64x256x32.F32.E4M3.E4M3"),
+        ("tc_gemm_e4m3_e5m2_bcol", "QGMMA.64x256x32.F32.E4M3.E5M2"),
+    ] {
+        let out = std::process::Command::new(&cuobjdump)
+            .args(["-sass", "-fun", entry])
+            .arg(&cubin)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cuobjdump: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let sass = String::from_utf8_lossy(&out.stdout);
+        assert!(sass.contains(want), "{entry}: no {want} in its SASS");
+        assert!(!sass.contains("HGMMA"), "{entry}: HGMMA in its SASS");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
