@@ -291,6 +291,30 @@ fn scales_alpha_beta_and_pdl() {
     }
 }
 
+/// Small cases for compute-sanitizer (`scripts/sanitize.sh`, label `fp8_gemm`): both FP8
+/// entries, clusters 1 and 2, f32 and bf16 C (N = 302: a ragged f32 row end, the direct-store
+/// chunk), beta and scales, PDL.
+#[test]
+fn sanitizer_sized_cases() {
+    let Some(dev) = tc_or_skip("fp8 sanitizer cases") else {
+        return;
+    };
+    let tc = TcGemm::new(&dev).unwrap();
+    for cluster in [Some(1), Some(2)] {
+        let case = Case {
+            cluster,
+            a_scale: Some(0.5),
+            b_scale: Some(1.5),
+            beta: 0.5,
+            pdl: true,
+            ..Case::new(300, 302, 200)
+        };
+        run_case::<F8E4M3, f32>(&tc, case);
+        run_case::<F8E4M3, bf16>(&tc, Case { beta: 0.0, ..case });
+        run_case::<F8E5M2, bf16>(&tc, case);
+    }
+}
+
 /// The scales are read when the kernel runs, not when the plan is made: one plan launched
 /// twice with the scale changed in between (stream-ordered copy) gives both results.
 #[test]
