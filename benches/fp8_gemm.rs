@@ -6,7 +6,8 @@
 //! cuBLASLt runs twice: its default (the FP8 accumulators promoted to FP32 periodically) and
 //! with `CUBLASLT_MATMUL_DESC_FAST_ACCUM` (no promotion, which is what tc_gemm does). Each
 //! tc_gemm row prints its ratio to both; the figure is the ratio to the faster of the two.
-//! tc_gemm variants: clusters 1 and 2, raster along M and along N.
+//! tc_gemm variants: cooperative and ping-pong consumers, clusters 1 and 2, raster along M and
+//! along N.
 //!
 //! Random normal inputs scaled into E4M3's range (input data changes power draw and so clocks).
 //! Per shape, after warm-up (3 launches of each kernel, then `WARM_MS` of cuBLASLt), `REPS`
@@ -118,13 +119,16 @@ fn shape_rows<O: TcOutput<bf16>>(
     let flop = 2.0 * m as f64 * n as f64 * k as f64;
     let shape = format!("{m}x{n}x{k} {}", if O::IS_F32 { "f32" } else { "bf16" });
     let mut variants = Vec::new();
-    for cluster in [1u32, 2] {
-        for raster in [Raster::AlongM, Raster::AlongN] {
-            variants.push(TcGemmOptions {
-                cluster: Some(cluster),
-                raster,
-                ..Default::default()
-            });
+    for pingpong in [false, true] {
+        for cluster in [1u32, 2] {
+            for raster in [Raster::AlongM, Raster::AlongN] {
+                variants.push(TcGemmOptions {
+                    cluster: Some(cluster),
+                    raster,
+                    pingpong,
+                    ..Default::default()
+                });
+            }
         }
     }
     // One C per kernel: a plan borrows its C exclusively.
@@ -167,6 +171,7 @@ fn shape_rows<O: TcOutput<bf16>>(
     for (opts, c) in variants.iter().zip(tc_outs.iter_mut()) {
         let cv = MatrixMut::new(c.as_view_mut(), m, n, n);
         let (x, r) = (opts.cluster.unwrap_or(0), opts.raster);
+        let kind = if opts.pingpong { "ping-pong" } else { "coop" };
         match tc.plan_fp8(
             stream,
             am,
@@ -179,7 +184,7 @@ fn shape_rows<O: TcOutput<bf16>>(
             opts,
         ) {
             Ok(plan) => {
-                names.push(format!("tc_gemm e4m3 coop x{x} {r:?}"));
+                names.push(format!("tc_gemm e4m3 {kind} x{x} {r:?}"));
                 plans.push(plan);
             }
             Err(e) => println!("{shape:>24} tc_gemm e4m3 x{x} {r:?}: {e}"),

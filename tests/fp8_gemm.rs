@@ -70,6 +70,8 @@ struct Case {
     b_scale: Option<f32>,
     cluster: Option<u32>,
     pdl: bool,
+    /// The ping-pong entry (E4M3 B only).
+    pingpong: bool,
     /// Rows and columns checked (None: all).
     sample: Option<usize>,
 }
@@ -86,6 +88,7 @@ impl Case {
             b_scale: None,
             cluster: None,
             pdl: false,
+            pingpong: false,
             sample: (m * n * k > 1 << 24).then_some(12),
         }
     }
@@ -144,6 +147,7 @@ fn run_case<B: Fp8Input, O: TcOutput<bf16>>(tc: &TcGemm<'_>, case: Case) {
     let opts = TcGemmOptions {
         cluster: case.cluster,
         pdl: case.pdl,
+        pingpong: case.pingpong,
         ..Default::default()
     };
     tc.gemm_fp8(
@@ -245,6 +249,12 @@ fn e4m3_f32_and_bf16_out_all_sizes_both_clusters() {
             };
             run_case::<F8E4M3, f32>(&tc, case);
             run_case::<F8E4M3, bf16>(&tc, case);
+            let pp = Case {
+                pingpong: true,
+                ..case
+            };
+            run_case::<F8E4M3, f32>(&tc, pp);
+            run_case::<F8E4M3, bf16>(&tc, pp);
         }
     }
 }
@@ -291,8 +301,8 @@ fn scales_alpha_beta_and_pdl() {
     }
 }
 
-/// Small cases for compute-sanitizer (`scripts/sanitize.sh`, label `fp8_gemm`): both FP8
-/// entries, clusters 1 and 2, f32 and bf16 C (N = 302: a ragged f32 row end, the direct-store
+/// Small cases for compute-sanitizer (`scripts/sanitize.sh`, label `fp8_gemm`): every FP8
+/// entry (ping-pong included), clusters 1 and 2, f32 and bf16 C (N = 302: a ragged f32 row end, the direct-store
 /// chunk), beta and scales, PDL.
 #[test]
 fn sanitizer_sized_cases() {
@@ -312,6 +322,13 @@ fn sanitizer_sized_cases() {
         run_case::<F8E4M3, f32>(&tc, case);
         run_case::<F8E4M3, bf16>(&tc, Case { beta: 0.0, ..case });
         run_case::<F8E5M2, bf16>(&tc, case);
+        run_case::<F8E4M3, f32>(
+            &tc,
+            Case {
+                pingpong: true,
+                ..case
+            },
+        );
     }
 }
 
@@ -473,6 +490,7 @@ fn bad_input_is_refused_before_launch() {
     let pool = MemPool::device_default(&dev, 0).unwrap();
     let a = pool.alloc_async::<F8E4M3>(&stream, 64 * 64).unwrap();
     let b = pool.alloc_async::<F8E4M3>(&stream, 64 * 64).unwrap();
+    let b5 = pool.alloc_async::<F8E5M2>(&stream, 64 * 64).unwrap();
     let s_empty = pool.alloc_async::<f32>(&stream, 0).ok();
     let s_other = pool.alloc_async::<f32>(&other, 1).unwrap();
     let mut c = pool.alloc_async::<f32>(&stream, 64 * 64).unwrap();
@@ -510,32 +528,41 @@ fn bad_input_is_refused_before_launch() {
         )
         .unwrap_err();
     assert!(matches!(e, Error::PitchAlignment { pitch: 40, .. }), "{e}");
-    // Ping-pong and decode.
-    for o in [
-        TcGemmOptions {
-            pingpong: true,
-            ..opts
-        },
-        TcGemmOptions {
-            config: GemmConfig::Decode,
-            ..opts
-        },
-    ] {
-        let e = tc
-            .gemm_fp8(
-                &stream,
-                am,
-                bm,
-                BLayout::ColMajor,
-                MatrixMut::new(c.as_view_mut(), 64, 64, 64),
-                Fp8Scales::default(),
-                1.0,
-                0.0,
-                &o,
-            )
-            .unwrap_err();
-        assert!(matches!(e, Error::BadShape { .. }), "{e}");
-    }
+    // Decode; ping-pong with an E5M2 B (no such entry).
+    let e = tc
+        .gemm_fp8(
+            &stream,
+            am,
+            bm,
+            BLayout::ColMajor,
+            MatrixMut::new(c.as_view_mut(), 64, 64, 64),
+            Fp8Scales::default(),
+            1.0,
+            0.0,
+            &TcGemmOptions {
+                config: GemmConfig::Decode,
+                ..opts
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::BadShape { .. }), "{e}");
+    let e = tc
+        .gemm_fp8(
+            &stream,
+            am,
+            Matrix::new(b5.as_view(), 64, 64, 64),
+            BLayout::ColMajor,
+            MatrixMut::new(c.as_view_mut(), 64, 64, 64),
+            Fp8Scales::default(),
+            1.0,
+            0.0,
+            &TcGemmOptions {
+                pingpong: true,
+                ..opts
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::BadShape { .. }), "{e}");
     // A scale on another stream; an empty scale.
     let e = tc
         .gemm_fp8(
@@ -619,6 +646,10 @@ fn fp8_entries_use_the_e4m3_wgmma() {
             "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3",
         ),
         (
+            "tc_gemm_e4m3_bcol_pingpong",
+            "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3",
+        ),
+        (
             "tc_gemm_e4m3_e5m2_bcol",
             "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e5m2",
         ),
@@ -676,6 +707,10 @@ fn fp8_sass_has_qgmma_where_cuobjdump_is_installed() {
     path.push(std::env::var_os("PATH").unwrap_or_default());
     for (entry, want) in [
         ("tc_gemm_e4m3_bcol", "QGMMA.64x256x32.F32.E4M3.E4M3"),
+        (
+            "tc_gemm_e4m3_bcol_pingpong",
+            "QGMMA.64x256x32.F32.E4M3.E4M3",
+        ),
         ("tc_gemm_e4m3_e5m2_bcol", "QGMMA.64x256x32.F32.E4M3.E5M2"),
     ] {
         let out = std::process::Command::new(&cuobjdump)

@@ -464,6 +464,9 @@ pub mod tc_gemm {
     pub const KERNEL_E4M3_BCOL: &str = "tc_gemm_e4m3_bcol";
     /// Entry: FP8 inputs, A E4M3, B E5M2, B column-major; otherwise as [`KERNEL_E4M3_BCOL`].
     pub const KERNEL_E4M3_E5M2_BCOL: &str = "tc_gemm_e4m3_e5m2_bcol";
+    /// Entry: as [`KERNEL_E4M3_BCOL`] with ping-pong consumers (as
+    /// [`KERNEL_BF16_BCOL_PINGPONG`]; A box [`A_BOX_PINGPONG_FP8`]).
+    pub const KERNEL_E4M3_BCOL_PINGPONG: &str = "tc_gemm_e4m3_bcol_pingpong";
     /// The FP8 entries' parameters after the common list: `a_scale: u64, b_scale: u64`, device
     /// addresses of one f32 each (4-byte aligned), or 0 for 1.0. Read once per consumer
     /// warpgroup after `griddepcontrol.wait`; the epilogue computes
@@ -479,6 +482,8 @@ pub mod tc_gemm {
     pub const FP8_WGMMA_K: usize = 32;
     /// TMA box of an FP8 A, `{inner (K), outer (M)}` elements, 128-byte swizzle.
     pub const A_BOX_FP8: [u32; 2] = [FP8_BK as u32, BM as u32];
+    /// TMA box of an FP8 A for the ping-pong entry (CTA tiles of `WG_M` rows).
+    pub const A_BOX_PINGPONG_FP8: [u32; 2] = [FP8_BK as u32, WG_M as u32];
     /// TMA box of an FP8 K-major B, `{inner (K), outer (N)}`: half the tile's N, as
     /// [`B_BOX_KMAJOR`].
     pub const B_BOX_KMAJOR_FP8: [u32; 2] = [FP8_BK as u32, (BN / 2) as u32];

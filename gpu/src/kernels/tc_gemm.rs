@@ -3,6 +3,13 @@
 //! warpgroups, clusters of 1 or 2 CTAs multicasting B, a persistent grid over a grouped raster
 //! of output tiles, and a TMA-store epilogue. Shapes, layouts and parameters: `contract::tc_gemm`.
 //!
+//! FP8 (issue 20) is the same template with an FP8 [`Input`] type (`E4m3`, `E4m3E5m2`): a
+//! k-block is 128 one-byte elements, the same 128-byte swizzled row as 64 16-bit ones, so every
+//! byte offset, box size, transaction count and the epilogue stay as they are; the producer's
+//! K coordinate steps by `Input::BK_ELEMS` and the consumers issue `wgmma ... m64n256k32 .e4m3`
+//! (K-major B only). The FP8 entries also read two per-tensor scales after
+//! `griddepcontrol.wait` and fold them into `alpha`.
+//!
 //! Roles, one warpgroup each (chapter 11, Figures 11-10/11-11: a warp-specialized multistage
 //! pipeline fed by TMA, in clusters, overlapped with its neighbours by PDL):
 //!
@@ -1156,7 +1163,7 @@ entry!(
 );
 
 macro_rules! entry_fp8 {
-    ($name:ident, $input:ty, $doc:literal) => {
+    ($name:ident, $input:ty, $pingpong:literal, $doc:literal) => {
         #[doc = $doc]
         ///
         /// Launch: as the 16-bit entries. Parameters: the common list (`contract::tc_gemm`) plus
@@ -1205,7 +1212,7 @@ macro_rules! entry_fp8 {
                 b_scale,
             };
             // SAFETY: the launch contract above.
-            unsafe { tc_gemm::<$input, KMajor, false>(p) }
+            unsafe { tc_gemm::<$input, KMajor, $pingpong>(p) }
         }
         crate::device::launch_bounds!($name, THREADS_PER_CTA, 1);
     };
@@ -1214,10 +1221,18 @@ macro_rules! entry_fp8 {
 entry_fp8!(
     tc_gemm_e4m3_bcol,
     E4m3,
+    false,
     "FP8 GEMM, A and B E4M3, B column-major (K-major), per-tensor scales (issue 20)."
 );
 entry_fp8!(
     tc_gemm_e4m3_e5m2_bcol,
     E4m3E5m2,
+    false,
     "FP8 GEMM, A E4M3, B E5M2, B column-major (K-major), per-tensor scales (issue 20)."
+);
+entry_fp8!(
+    tc_gemm_e4m3_bcol_pingpong,
+    E4m3,
+    true,
+    "FP8 GEMM, A and B E4M3, B column-major, ping-pong consumers (A box `A_BOX_PINGPONG_FP8`)."
 );

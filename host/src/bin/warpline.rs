@@ -1843,11 +1843,6 @@ fn fp8_gemm_cmd(ctx: &Ctx, args: &GemmArgs) -> CliResult<Value> {
             "--dtype fp8 --b-layout row: FP8 wgmma (and cuBLASLt FP8) read a K-major B only; use --b-layout col (B of shape (N, K))",
         ));
     }
-    if args.pingpong {
-        return Err(usage(
-            "--dtype fp8 --pingpong: FP8 runs the cooperative kernel only",
-        ));
-    }
     let gemm_config = warpline::kernels::GemmConfig::parse(&args.config)
         .ok()
         .filter(|c| *c != warpline::kernels::GemmConfig::Decode)
@@ -1906,6 +1901,7 @@ fn fp8_gemm_cmd(ctx: &Ctx, args: &GemmArgs) -> CliResult<Value> {
             RasterArg::N => Raster::AlongN,
         },
         config: gemm_config,
+        pingpong: args.pingpong,
         ..Default::default()
     };
     let flop = 2.0 * m as f64 * n as f64 * k as f64;

@@ -587,7 +587,11 @@ fn rust_params_fp8() -> Vec<RustParam> {
 
 /// The FP8 entries of the sm_90a module (issue 20), with the parameter list of
 /// [`ENTRIES`] plus `a_scale: u64, b_scale: u64`.
-pub const FP8_ENTRIES: [&str; 2] = [contract::KERNEL_E4M3_BCOL, contract::KERNEL_E4M3_E5M2_BCOL];
+pub const FP8_ENTRIES: [&str; 3] = [
+    contract::KERNEL_E4M3_BCOL,
+    contract::KERNEL_E4M3_E5M2_BCOL,
+    contract::KERNEL_E4M3_BCOL_PINGPONG,
+];
 
 /// The entries of the sm_90a module the launcher uses.
 pub const ENTRIES: [&str; 5] = [

@@ -36,6 +36,8 @@ pub trait Fp8Input: TmaElement + sealed::Sealed {
     const NAME: &'static str;
     /// The sm_90a entry for an E4M3 A and this B.
     const ENTRY: &'static str;
+    /// Its ping-pong entry, where the module has one.
+    const PINGPONG_ENTRY: Option<&'static str>;
     /// cuBLASLt data type.
     const LT_TYPE: lt_sys::cudaDataType;
     /// Round to nearest even, saturating (`cvt.rn.satfinite`).
@@ -47,6 +49,7 @@ pub trait Fp8Input: TmaElement + sealed::Sealed {
 impl Fp8Input for F8E4M3 {
     const NAME: &'static str = "e4m3";
     const ENTRY: &'static str = contract::KERNEL_E4M3_BCOL;
+    const PINGPONG_ENTRY: Option<&'static str> = Some(contract::KERNEL_E4M3_BCOL_PINGPONG);
     const LT_TYPE: lt_sys::cudaDataType = lt_sys::cudaDataType::CUDA_R_8F_E4M3;
     fn from_f32(v: f32) -> Self {
         F8E4M3::from_f32(v)
@@ -59,6 +62,7 @@ impl Fp8Input for F8E4M3 {
 impl Fp8Input for F8E5M2 {
     const NAME: &'static str = "e5m2";
     const ENTRY: &'static str = contract::KERNEL_E4M3_E5M2_BCOL;
+    const PINGPONG_ENTRY: Option<&'static str> = None;
     const LT_TYPE: lt_sys::cudaDataType = lt_sys::cudaDataType::CUDA_R_8F_E5M2;
     fn from_f32(v: f32) -> Self {
         F8E5M2::from_f32(v)
@@ -127,16 +131,22 @@ pub fn check_fp8_layout(what: &'static str, layout: BLayout) -> Result<()> {
     }
 }
 
-/// Options an FP8 GEMM cannot take: ping-pong consumers and the decode configuration (both
-/// 16-bit only). [`Error::BadShape`] naming them.
-fn check_fp8_options(opts: &TcGemmOptions) -> Result<()> {
-    if opts.pingpong || opts.config == GemmConfig::Decode {
+/// Options an FP8 GEMM with B of type `B` cannot take: the decode configuration (16-bit
+/// only), ping-pong consumers unless `B` has a ping-pong entry (E4M3). [`Error::BadShape`]
+/// naming them.
+fn check_fp8_options<B: Fp8Input>(opts: &TcGemmOptions) -> Result<()> {
+    if opts.config == GemmConfig::Decode {
         return Err(Error::BadShape {
             what: "tc_gemm fp8 options",
+            detail: "config decode; FP8 runs the 128 x 256 tensor-core kernel: allowed are config auto and coop128x256".into(),
+        });
+    }
+    if opts.pingpong && B::PINGPONG_ENTRY.is_none() {
+        return Err(Error::BadShape {
+            what: "tc_gemm fp8 ping-pong",
             detail: format!(
-                "pingpong = {}, config = {}; FP8 runs the cooperative 128 x 256 kernel: allowed are pingpong = false and config auto or coop128x256",
-                opts.pingpong,
-                opts.config.name()
+                "B of {}; the FP8 ping-pong entry exists for an E4M3 B only",
+                B::NAME
             ),
         });
     }
@@ -152,10 +162,12 @@ impl TcGemm<'_> {
     /// Shapes and rules: as [`TcGemm::plan`] with one-byte A and B (pitches multiples of 16
     /// elements, base addresses 16-byte aligned; M, N, K any from 1), B column-major only (stored
     /// `N x K`, see the module docs), C `bf16` or `f32`. Options: as [`TcGemm::plan`] except
-    /// `pingpong` and [`GemmConfig::Decode`] (`Auto` is the cooperative kernel for every shape).
+    /// [`GemmConfig::Decode`] (`Auto` is the 128 x 256 kernel for every shape), and `pingpong`
+    /// (entry [`contract::KERNEL_E4M3_BCOL_PINGPONG`]) for an E4M3 B only.
     ///
     /// Errors, all before anything is queued: [`Error::Fp8Layout`] (row-major B),
-    /// [`Error::BadShape`] (ping-pong or decode asked for), then those of [`TcGemm::plan`], and
+    /// [`Error::BadShape`] (decode asked for; ping-pong with an E5M2 B), then those of
+    /// [`TcGemm::plan`], and
     /// for each scale [`Error::LengthMismatch`] (empty view), [`Error::Misaligned`] (not 4-byte
     /// aligned), [`Error::WrongStream`].
     #[allow(clippy::too_many_arguments)]
@@ -172,11 +184,15 @@ impl TcGemm<'_> {
         opts: &TcGemmOptions,
     ) -> Result<TcGemmPlan<'a>> {
         check_fp8_layout("tc_gemm fp8 B", layout)?;
-        check_fp8_options(opts)?;
+        check_fp8_options::<B>(opts)?;
         let spec = || -> Result<EntrySpec> {
+            let (name, a_box) = match B::PINGPONG_ENTRY {
+                Some(p) if opts.pingpong => (p, contract::A_BOX_PINGPONG_FP8),
+                _ => (B::ENTRY, contract::A_BOX_FP8),
+            };
             Ok(EntrySpec {
-                name: B::ENTRY,
-                a_box: contract::A_BOX_FP8,
+                name,
+                a_box,
                 b_box: contract::B_BOX_KMAJOR_FP8,
                 c_box: O::C_BOX,
                 out_f32: O::IS_F32,
@@ -665,24 +681,31 @@ mod tests {
     }
 
     #[test]
-    fn fp8_options_refuse_pingpong_and_decode() {
-        assert!(check_fp8_options(&TcGemmOptions::default()).is_ok());
+    fn fp8_options_refuse_decode_and_e5m2_pingpong() {
+        assert!(check_fp8_options::<F8E4M3>(&TcGemmOptions::default()).is_ok());
         let o = TcGemmOptions {
             config: GemmConfig::Cooperative128x256,
             ..Default::default()
         };
-        assert!(check_fp8_options(&o).is_ok());
-        for o in [
-            TcGemmOptions {
-                pingpong: true,
-                ..Default::default()
-            },
-            TcGemmOptions {
-                config: GemmConfig::Decode,
-                ..Default::default()
-            },
+        assert!(check_fp8_options::<F8E5M2>(&o).is_ok());
+        let pp = TcGemmOptions {
+            pingpong: true,
+            ..Default::default()
+        };
+        assert!(check_fp8_options::<F8E4M3>(&pp).is_ok());
+        assert!(matches!(
+            check_fp8_options::<F8E5M2>(&pp),
+            Err(Error::BadShape { .. })
+        ));
+        let decode = TcGemmOptions {
+            config: GemmConfig::Decode,
+            ..Default::default()
+        };
+        for e in [
+            check_fp8_options::<F8E4M3>(&decode),
+            check_fp8_options::<F8E5M2>(&decode),
         ] {
-            assert!(matches!(check_fp8_options(&o), Err(Error::BadShape { .. })));
+            assert!(matches!(e, Err(Error::BadShape { .. })));
         }
     }
 
@@ -694,6 +717,8 @@ mod tests {
         assert_eq!(contract::A_BOX_FP8[0] as usize, 128);
         assert_eq!(contract::A_BOX[0] as usize * 2, 128);
         assert_eq!(contract::A_BOX_FP8[1], contract::A_BOX[1]);
+        assert_eq!(contract::A_BOX_PINGPONG_FP8[1], contract::A_BOX_PINGPONG[1]);
+        assert_eq!(contract::A_BOX_PINGPONG_FP8[0], contract::A_BOX_FP8[0]);
         assert_eq!(contract::B_BOX_KMAJOR_FP8[1], contract::B_BOX_KMAJOR[1]);
         assert_eq!(rust_params_fp8().len(), 15);
     }
