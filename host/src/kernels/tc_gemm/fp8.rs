@@ -207,6 +207,33 @@ impl TcGemm<'_> {
 
     /// [`TcGemm::plan_fp8`] then [`TcGemmPlan::launch`] once. Errors: those of both.
     ///
+    /// ```no_run
+    /// use warpline::kernels::tc_gemm::{BLayout, Fp8Scales, Matrix, MatrixMut, TcGemm};
+    /// use warpline::{bf16, F8E4M3};
+    /// # fn main() -> warpline::Result<()> {
+    /// let dev = warpline::Device::open(0)?;
+    /// let (tc, stream) = (TcGemm::new(&dev)?, dev.new_stream()?);
+    /// let pool = warpline::MemPool::device_default(&dev, 0)?;
+    /// let (m, n, k) = (300, 500, 1000); // any sizes; pitches: K padded to 16 bytes
+    /// let a = pool.alloc_async::<F8E4M3>(&stream, m * 1008)?; // A: M x K, pitch 1008
+    /// let b = pool.alloc_async::<F8E4M3>(&stream, n * 1008)?; // B stored N x K ("TN")
+    /// let scales = pool.alloc_async::<f32>(&stream, 2)?; // [a_scale, b_scale]
+    /// let mut c = pool.alloc_async::<bf16>(&stream, m * 504)?;
+    /// tc.gemm_fp8(
+    ///     &stream,
+    ///     Matrix::new(a.as_view(), m, k, 1008),
+    ///     Matrix::new(b.as_view(), n, k, 1008),
+    ///     BLayout::ColMajor,
+    ///     MatrixMut::new(c.as_view_mut(), m, n, 504),
+    ///     Fp8Scales::new(scales.view(0..1)?, scales.view(1..2)?),
+    ///     1.0,
+    ///     0.0,
+    ///     &Default::default(),
+    /// )?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// A must be E4M3 and C bf16 or f32, checked at compile time:
     ///
     /// ```compile_fail
