@@ -75,7 +75,8 @@ enum Cmd {
     /// GEMM. `--dtype f32` (default): batched 128x128x128 FP32 GEMM C_t = A_t x B_t with
     /// cluster_tile_gemm, tile_gemm and cuBLAS strided-batched SGEMM, CPU-verified, with a
     /// throughput table. `--dtype bf16|fp16`: the tensor-core GEMM C[M,N] = A[M,K] B[K,N]
-    /// (FP32 accumulation, f32 output) against cuBLAS GemmEx in the same run.
+    /// (FP32 accumulation, f32 output) against cuBLAS GemmEx in the same run. `--dtype fp8`:
+    /// the same GEMM on E4M3 inputs (per-tensor quantized, B column-major) against cuBLASLt FP8.
     Gemm(GemmArgs),
     /// Bounded stress run: pipeline batches against the CPU reference, fences from many threads,
     /// random task graphs (direct and captured) and host callbacks, every wait bounded; prints
@@ -1109,6 +1110,9 @@ enum GemmDtype {
     Bf16,
     /// FP16 inputs, tensor cores (sm_90a).
     Fp16,
+    /// FP8 E4M3 inputs (per-tensor quantized from the f32 inputs, scales passed as device
+    /// pointers), tensor cores (sm_90a), B column-major only; reference cuBLASLt FP8 (issue 20).
+    Fp8,
 }
 
 /// `--b-layout` of the tensor-core GEMM.
@@ -1252,6 +1256,7 @@ fn gemm(ctx: &Ctx, args: GemmArgs) -> CliResult<Value> {
     match args.dtype {
         GemmDtype::Bf16 => return tc_gemm_cmd::<warpline::bf16>(ctx, &args),
         GemmDtype::Fp16 => return tc_gemm_cmd::<warpline::f16>(ctx, &args),
+        GemmDtype::Fp8 => return fp8_gemm_cmd(ctx, &args),
         GemmDtype::F32 => {}
     }
     check_gemm_args(&args)?;
@@ -1836,6 +1841,268 @@ fn tc_gemm_cmd<T: warpline::kernels::tc_gemm::TcInput>(
         "tc_gemm": { "ms": ours_ms, "tflops": tflops(ours_ms) },
         "reference": { "name": "cuBLAS cublasGemmEx (FP32 compute)", "ms": cublas_ms, "tflops": tflops(cublas_ms) },
         "ratio_to_cublas": cublas_ms / ours_ms,
+        "verified": verified,
+    }))
+}
+
+// ------------------------------------------------------------------------------------------------
+// gemm --dtype fp8: the FP8 configuration of the tensor-core GEMM (issue 20)
+// ------------------------------------------------------------------------------------------------
+
+/// Per-tensor E4M3 quantization of `rows x cols` packed values into a pitch of `pitch`: the
+/// scale is `amax / 448` (1 for an all-zero tensor), the stored codes `v / scale` rounded to
+/// nearest even; also the decoded codes (same layout, padding 0) for the reference.
+fn quantize_e4m3(
+    v: &[f32],
+    rows: usize,
+    cols: usize,
+    pitch: usize,
+) -> (Vec<warpline::F8E4M3>, Vec<f32>, f32) {
+    let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let scale = if amax > 0.0 && amax.is_finite() {
+        amax / warpline::F8E4M3::MAX
+    } else {
+        1.0
+    };
+    let mut q = vec![warpline::F8E4M3::default(); rows * pitch];
+    let mut w = vec![0f32; rows * pitch];
+    for r in 0..rows {
+        for c in 0..cols {
+            let x = warpline::F8E4M3::from_f32(v[r * cols + c] / scale);
+            q[r * pitch + c] = x;
+            w[r * pitch + c] = x.to_f32();
+        }
+    }
+    (q, w, scale)
+}
+
+/// `gemm --dtype fp8`: E4M3 A and B quantized per tensor from the f32 inputs (random normal or
+/// .npy), the scales in device memory, `TcGemm::plan_fp8` (f32 C) next to cuBLASLt FP8 (default
+/// and fast accumulation) in the same run; `--verify` checks sampled rows and columns against the
+/// f64 product of the decoded codes times the scales, with `fp8_tolerance`.
+fn fp8_gemm_cmd(ctx: &Ctx, args: &GemmArgs) -> CliResult<Value> {
+    use warpline::kernels::tc_gemm::{
+        fp8_tolerance, reference_entry, BLayout, CublasLtFp8, Fp8Scales, HostB, Matrix, MatrixMut,
+        Raster, TcGemm, TcGemmOptions,
+    };
+    if args.b_layout != BLayoutArg::Col {
+        return Err(usage(
+            "--dtype fp8 --b-layout row: FP8 wgmma (and cuBLASLt FP8) read a K-major B only; use --b-layout col (B of shape (N, K))",
+        ));
+    }
+    let gemm_config = warpline::kernels::GemmConfig::parse(&args.config)
+        .ok()
+        .filter(|c| *c != warpline::kernels::GemmConfig::Decode)
+        .ok_or_else(|| {
+            usage(format!(
+                "--dtype fp8 --config {:?}: allowed: auto, coop128x256",
+                args.config
+            ))
+        })?;
+    let ((m, n, k), files) = check_tc_gemm_args(args)?;
+    let dev = ctx.open()?;
+    let caps = dev.capabilities();
+    say!("device: {} ({} SMs)", caps.name, caps.sm_count);
+    let tc = TcGemm::new(&dev)?;
+    // Row pitches padded to 16 bytes (TMA); the logical sizes stay as given.
+    let (lda, ldb, ldc) = (
+        k.next_multiple_of(16),
+        k.next_multiple_of(16),
+        n.next_multiple_of(4),
+    );
+    check_device_memory(
+        &dev,
+        &format!("M x N x K = {m} x {n} x {k} (A, B, C of ours and cuBLASLt's)"),
+        (m * lda + n * ldb + 3 * 4 * m * ldc) as u64 + (32 << 20),
+    )?;
+    let (a32, b32) = match files {
+        Some(ab) => ab,
+        None => {
+            use rand::SeedableRng;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(ctx.seed);
+            (normal_f32(&mut rng, m * k), normal_f32(&mut rng, n * k))
+        }
+    };
+    let (aq, aw, sa) = quantize_e4m3(&a32, m, k, lda);
+    let (bq, bw, sb) = quantize_e4m3(&b32, n, k, ldb);
+    drop((a32, b32));
+    let stream = dev.new_stream()?;
+    let pool = warpline::MemPool::device_default(&dev, 0)?;
+    let mut da = pool.alloc_async::<warpline::F8E4M3>(&stream, aq.len())?;
+    let mut db = pool.alloc_async::<warpline::F8E4M3>(&stream, bq.len())?;
+    let mut dsa = pool.alloc_async::<f32>(&stream, 1)?;
+    let mut dsb = pool.alloc_async::<f32>(&stream, 1)?;
+    let mut dc = pool.alloc_async::<f32>(&stream, m * ldc)?;
+    let mut dref = pool.alloc_async::<f32>(&stream, m * ldc)?;
+    let mut dfast = pool.alloc_async::<f32>(&stream, m * ldc)?;
+    da.copy_from_host(&aq)?;
+    db.copy_from_host(&bq)?;
+    dsa.copy_from_host(&[sa])?;
+    dsb.copy_from_host(&[sb])?;
+    dc.fill_async(f32::NAN)?;
+    let scales = Fp8Scales::new(dsa.as_view(), dsb.as_view());
+    let opts = TcGemmOptions {
+        cluster: args.cluster,
+        raster: match args.raster {
+            RasterArg::M => Raster::AlongM,
+            RasterArg::N => Raster::AlongN,
+        },
+        config: gemm_config,
+        pingpong: args.pingpong,
+        ..Default::default()
+    };
+    let flop = 2.0 * m as f64 * n as f64 * k as f64;
+    let time = |launch: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        launch()?;
+        if args.once {
+            stream.synchronize()?;
+            return Ok(f64::NAN);
+        }
+        for _ in 0..2 {
+            launch()?;
+        }
+        let mut t = Vec::new();
+        for _ in 0..args.reps {
+            let start = stream.record()?;
+            launch()?;
+            let end = stream.record()?;
+            end.synchronize()?;
+            t.push(start.elapsed_ms(&end)? as f64);
+        }
+        t.sort_by(f64::total_cmp);
+        Ok(t[t.len() / 2])
+    };
+    let a = Matrix::new(da.as_view(), m, k, lda);
+    let b = Matrix::new(db.as_view(), n, k, ldb);
+    let (ours_ms, config) = {
+        let plan = tc.plan_fp8(
+            &stream,
+            a,
+            b,
+            BLayout::ColMajor,
+            MatrixMut::new(dc.as_view_mut(), m, n, ldc),
+            scales,
+            1.0,
+            0.0,
+            &opts,
+        )?;
+        let config = format!(
+            "config {} (--config {}): {} {}",
+            plan.gemm_config().name(),
+            gemm_config.name(),
+            plan.kernel_names().join(", "),
+            plan.configs()[0].describe()
+        );
+        say!("{config}");
+        (time(&mut || plan.launch())?, config)
+    };
+    let lt = CublasLtFp8::new(&dev, &stream)?;
+    // NaN where cuBLASLt has no FP8 kernel for the shape (it wants pitches of 16 elements and
+    // may refuse other shapes): said, and the run goes on without the ratio.
+    let mut lt_ms = [f64::NAN; 2];
+    for (i, (buf, fast)) in [(&mut dref, false), (&mut dfast, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let c = MatrixMut::new(buf.as_view_mut(), m, n, ldc);
+        match lt.plan(a, b, BLayout::ColMajor, c, scales, 1.0, 0.0, fast) {
+            Ok(plan) => lt_ms[i] = time(&mut || plan.launch())?,
+            Err(e @ Error::Cublas { .. }) => say!("cuBLASLt fp8 (fast accum {fast}): {e}"),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut c = vec![0f32; m * ldc];
+    dc.copy_to_host(&mut c)?;
+    if !args.once {
+        say!(
+            "{:>28} {:>10} {:>10} {:>12}",
+            "kernel",
+            "ms",
+            "TFLOP/s",
+            "x cuBLASLt"
+        );
+        for (name, ms) in [
+            ("cuBLASLt fp8", lt_ms[0]),
+            ("cuBLASLt fp8 fast-accum", lt_ms[1]),
+            ("tc_gemm e4m3", ours_ms),
+        ] {
+            say!(
+                "{name:>28} {ms:>10.4} {:>10.1} {:>12.3}",
+                flop / ms / 1e9,
+                lt_ms[0].min(lt_ms[1]) / ms
+            );
+        }
+        say!(
+            "(M x N x K = {m} x {n} x {k}, E4M3 A and B (B column-major), scales {sa:.4e} x {sb:.4e}, f32 output; ratio to the faster cuBLASLt mode; tc_gemm {config}; median of {} launches, CUDA events)",
+            args.reps
+        );
+    }
+    let mut verified = Value::Null;
+    if args.verify {
+        let hb = HostB {
+            data: &bw,
+            pitch: ldb,
+            layout: BLayout::ColMajor,
+        };
+        let pick = |len: usize| -> Vec<usize> {
+            let mut v: Vec<usize> = (0..len).step_by(len.div_ceil(6).max(1)).collect();
+            v.push(len - 1);
+            v
+        };
+        let alpha_s = sa as f64 * sb as f64;
+        let mut checked = 0usize;
+        let mut worst = 0f64;
+        let mut check = |i: usize, j: usize| -> Result<()> {
+            let (s, abs) =
+                reference_entry(&aw, lda, &hb, k, i, j).ok_or_else(|| Error::LengthMismatch {
+                    what: "fp8 gemm --verify reference",
+                    detail: format!("C[{i}][{j}] needs elements outside the host copies of A or B"),
+                })?;
+            let want = alpha_s * s;
+            let got = c[i * ldc + j] as f64;
+            let tol = fp8_tolerance(want, abs, k, alpha_s, 0.0, 1.0 / (1u64 << 24) as f64);
+            worst = worst.max((got - want).abs() / tol);
+            checked += 1;
+            if (got - want).abs() > tol || got.is_nan() {
+                return Err(Error::Verification {
+                    detail: format!("C[{i}][{j}] = {got}, want {want} (tolerance {tol:.3e})"),
+                });
+            }
+            Ok(())
+        };
+        for i in pick(m) {
+            for j in 0..n {
+                check(i, j)?;
+            }
+        }
+        for j in pick(n) {
+            for i in 0..m {
+                check(i, j)?;
+            }
+        }
+        say!(
+            "verified tc_gemm fp8: {checked} elements of sampled rows and columns against the f64 reference on the decoded E4M3 values; worst error {worst:.3} of the bound (ceil(K/32) x 2^-12 x scales x sum |a b|)"
+        );
+        verified = serde_json::json!({ "elements": checked, "worst_of_bound": worst });
+    }
+    if let Some(path) = &args.out {
+        let packed: Vec<f32> = (0..m)
+            .flat_map(|i| c[i * ldc..i * ldc + n].to_vec())
+            .collect();
+        npy::write_f32(path, &[m as u64, n as u64], &packed)?;
+        say!("wrote {}", path.display());
+    }
+    let tflops = |ms: f64| flop / ms / 1e9;
+    Ok(serde_json::json!({
+        "dtype": "fp8",
+        "m": m, "n": n, "k": k,
+        "b_layout": "ColMajor",
+        "scales": [sa, sb],
+        "config": config,
+        "tc_gemm": { "ms": ours_ms, "tflops": tflops(ours_ms) },
+        "reference": { "name": "cuBLASLt FP8 (E4M3, FP32 compute)", "ms": lt_ms[0], "tflops": tflops(lt_ms[0]) },
+        "reference_fast_accum": { "ms": lt_ms[1], "tflops": tflops(lt_ms[1]) },
+        "ratio_to_cublaslt": lt_ms[0].min(lt_ms[1]) / ours_ms,
         "verified": verified,
     }))
 }

@@ -446,6 +446,45 @@ fn issue20_gemm_config_auto_picks_decode_and_prints_it() {
     }
 }
 
+/// Issue 20: `--dtype fp8` quantizes per tensor, runs the FP8 entry next to cuBLASLt FP8 and
+/// verifies against the f64 reference on the decoded values.
+#[test]
+fn issue20_fp8_gemm_reports_no_gpu_or_runs_verified() {
+    let out = warpline()
+        .args([
+            // Multiples of 16 (cuBLASLt FP8's rule for its pitches) but of no tile.
+            "gemm", "--dtype", "fp8", "--m", "272", "--n", "304", "--k", "144", "--reps", "2",
+            "--verify",
+        ])
+        .output()
+        .unwrap();
+    ran_or_no_gpu(
+        &out,
+        &["verified tc_gemm fp8", "x cuBLASLt", "tc_gemm_e4m3_bcol"],
+    );
+}
+
+/// Issue 20: what FP8 cannot do is refused before the device is opened.
+#[test]
+fn issue20_fp8_gemm_bad_arguments_are_refused_before_the_device() {
+    for (args, says) in [
+        (&["--b-layout", "row"][..], "K-major"),
+        (&["--config", "decode"][..], "--config"),
+    ] {
+        let mut all = vec![
+            "gemm", "--dtype", "fp8", "--m", "8", "--n", "8", "--k", "32",
+        ];
+        all.extend_from_slice(args);
+        let (code, stderr) = run(&all);
+        assert_eq!(code, Some(2), "{all:?}: {stderr}");
+        assert!(
+            stderr.contains("bad usage") && stderr.contains(says),
+            "{all:?}: {stderr}"
+        );
+        assert!(!stderr.contains("no GPU"), "{all:?}: {stderr}");
+    }
+}
+
 #[test]
 fn tc_gemm_bad_arguments_are_refused_before_the_device() {
     for (args, flag) in [

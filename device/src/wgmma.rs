@@ -243,3 +243,70 @@ mma_async!(mma_async_m64n128k16_f32_bf16, 128, 64, bf16, "BF16");
 mma_async!(mma_async_m64n128k16_f32_f16, 128, 64, f16, "F16");
 mma_async!(mma_async_m64n256k16_f32_bf16, 256, 128, bf16, "BF16");
 mma_async!(mma_async_m64n256k16_f32_f16, 256, 128, f16, "F16");
+
+/// `mma_async_fp8!(name, N, R, atype, btype)`: `name`, the `m64nNk32` FP32-accumulator
+/// `mma_async` with 8-bit floating-point A of `atype` and B of `btype` (`e4m3` or `e5m2`) and R
+/// accumulators a thread. PTX ISA 8.3 §9.7.15.5.2: for `.e4m3`/`.e5m2` the instruction has no
+/// `imm-trans-a`/`imm-trans-b` operands: both A and B must be K-major in shared memory.
+macro_rules! mma_async_fp8 {
+    ($name:ident, $n:tt, $r:tt, $at:ident, $bt:ident) => {
+        with_indices!(mma_async_fp8!{@fn $name, $n, $r, $at, $bt}, $r);
+    };
+    (@fn $name:ident, $n:tt, $r:tt, $at:ident, $bt:ident [$i0:literal $($i:literal)*]) => {
+        #[doc = concat!(
+            " `wgmma.mma_async.sync.aligned.m64n", $n, "k32.f32.", stringify!($at), ".",
+            stringify!($bt), "` (§9.7.15.5.2): `d += A * B` (or `d = A * B` when `scale_d` is 0)"
+        )]
+        #[doc = concat!(
+            " for a 64x32 A of `", stringify!($at), "` and a 32x", $n, " B of `",
+            stringify!($bt), "` (FP8, one byte per element)"
+        )]
+        #[doc = concat!(
+            " in shared memory, FP32 accumulators `d` (", $r,
+            " per thread, the same layout as `m64nNk16`, module docs)."
+        )]
+        /// Both operands are K-major (FP8 wgmma has no transpose): with the 128-byte swizzle a
+        /// row of the operand is 128 K-elements, so `stride = 1024` and the k-th `k32` slice
+        /// starts `32 * k` bytes in, exactly as for a 16-bit `k16` slice.
+        ///
+        /// # Safety
+        /// Warpgroup-collective (all 128 threads, convergently, with the same descriptors). The
+        /// descriptors describe shared memory of this CTA holding the operands in the layout they
+        /// encode, written before the call (TMA completion observed on its mbarrier, or generic
+        /// writes followed by [`super::bulk::fence_proxy_async_shared`]) and not written until a
+        /// [`wait_group`] covering this MMA returns. [`fence`] was called since `d` was last
+        /// written by other instructions.
+        #[inline(always)]
+        pub unsafe fn $name(
+            d: &mut [f32; $r],
+            a: MatrixDescriptor,
+            b: MatrixDescriptor,
+            scale_d: u32,
+        ) {
+            // SAFETY: the caller upholds the contract above.
+            unsafe {
+                asm!(
+                    "{{",
+                    ".reg .pred p;",
+                    "setp.ne.b32 p, {sd}, 0;",
+                    concat!(
+                        "wgmma.mma_async.sync.aligned.m64n", $n, "k32.f32.", stringify!($at), ".",
+                        stringify!($bt), " {{{", $i0, "}", $(", {", $i, "}",)*
+                        "}}, {da}, {db}, p, 1, 1;"
+                    ),
+                    "}}",
+                    inout(reg32) d[$i0],
+                    $(inout(reg32) d[$i],)*
+                    da = in(reg64) a.bits(),
+                    db = in(reg64) b.bits(),
+                    sd = in(reg32) scale_d,
+                    options(nostack)
+                );
+            }
+        }
+    };
+}
+
+mma_async_fp8!(mma_async_m64n128k32_f32_e4m3_e4m3, 128, 64, e4m3, e4m3);
+mma_async_fp8!(mma_async_m64n256k32_f32_e4m3_e4m3, 256, 128, e4m3, e4m3);
+mma_async_fp8!(mma_async_m64n256k32_f32_e4m3_e5m2, 256, 128, e4m3, e5m2);

@@ -431,6 +431,14 @@ pub mod pdl {
 /// - `raster`: [`tc_gemm::RASTER_ALONG_M`] or [`tc_gemm::RASTER_ALONG_N`]; `group`: tiles per
 ///   raster group (>= 1).
 ///
+/// FP8 (issue 20): the entries `tc_gemm_e4m3*_bcol` take E4M3 A and E4M3 or E5M2 B, both
+/// K-major (B column-major, i.e. stored `N x K` row-major: "TN"), accumulate in the tensor
+/// cores' FP32 accumulators (`wgmma ... k32.f32.e4m3.*`), write BF16 (`out_f32 = 0`) or f32 C,
+/// and append `a_scale: u64, b_scale: u64` to the parameter list ([`tc_gemm::FP8_EXTRA_PARAMS`]).
+/// A k-block is [`tc_gemm::FP8_BK`] elements (128 bytes, as the 16-bit k-block), with boxes
+/// [`tc_gemm::A_BOX_FP8`] and [`tc_gemm::B_BOX_KMAJOR_FP8`]; the shared-memory layout is the
+/// same in bytes.
+///
 /// CTA tiles are `BM x BN` (ping-pong entry: `WG_M x BN`); cluster tiles `cluster` CTA tiles
 /// along M. Grid: whole clusters, any count (persistent); `ceil(ceil(M / tile rows) / cluster) *
 /// ceil(N / BN)` must fit in `MAX_UNITS`.
@@ -450,6 +458,35 @@ pub mod tc_gemm {
     /// epilogue overlaps the other's mainloop. A's box is [`A_BOX_PINGPONG`]; everything else as
     /// the cooperative entries (which split each `BM x BN` tile's rows between the two).
     pub const KERNEL_BF16_BCOL_PINGPONG: &str = "tc_gemm_bf16_bcol_pingpong";
+    /// Entry: FP8 inputs, A and B E4M3 (OCP FP8), B column-major (K-major; FP8 wgmma has no
+    /// transpose, PTX ISA §9.7.15.5.2), BF16 or f32 output. Parameters: the common list plus
+    /// [`FP8_EXTRA_PARAMS`].
+    pub const KERNEL_E4M3_BCOL: &str = "tc_gemm_e4m3_bcol";
+    /// Entry: FP8 inputs, A E4M3, B E5M2, B column-major; otherwise as [`KERNEL_E4M3_BCOL`].
+    pub const KERNEL_E4M3_E5M2_BCOL: &str = "tc_gemm_e4m3_e5m2_bcol";
+    /// Entry: as [`KERNEL_E4M3_BCOL`] with ping-pong consumers (as
+    /// [`KERNEL_BF16_BCOL_PINGPONG`]; A box [`A_BOX_PINGPONG_FP8`]).
+    pub const KERNEL_E4M3_BCOL_PINGPONG: &str = "tc_gemm_e4m3_bcol_pingpong";
+    /// The FP8 entries' parameters after the common list: `a_scale: u64, b_scale: u64`, device
+    /// addresses of one f32 each (4-byte aligned), or 0 for 1.0. Read once per consumer
+    /// warpgroup after `griddepcontrol.wait`; the epilogue computes
+    /// `alpha * a_scale * b_scale * acc + beta * C` (cuBLASLt's `A_SCALE_POINTER` /
+    /// `B_SCALE_POINTER`).
+    pub const FP8_EXTRA_PARAMS: usize = 2;
+    /// Bytes of one FP8 element.
+    pub const FP8_IN_BYTES: usize = 1;
+    /// K per stage of the FP8 entries: 128 one-byte elements = 128 bytes, the span of the
+    /// 128-byte swizzle (so every stage's shared-memory layout, in bytes, equals the 16-bit one).
+    pub const FP8_BK: usize = 128;
+    /// K of one FP8 wgmma instruction (`m64nNk32`).
+    pub const FP8_WGMMA_K: usize = 32;
+    /// TMA box of an FP8 A, `{inner (K), outer (M)}` elements, 128-byte swizzle.
+    pub const A_BOX_FP8: [u32; 2] = [FP8_BK as u32, BM as u32];
+    /// TMA box of an FP8 A for the ping-pong entry (CTA tiles of `WG_M` rows).
+    pub const A_BOX_PINGPONG_FP8: [u32; 2] = [FP8_BK as u32, WG_M as u32];
+    /// TMA box of an FP8 K-major B, `{inner (K), outer (N)}`: half the tile's N, as
+    /// [`B_BOX_KMAJOR`].
+    pub const B_BOX_KMAJOR_FP8: [u32; 2] = [FP8_BK as u32, (BN / 2) as u32];
 
     /// Bytes of one BF16/FP16 element.
     pub const IN_BYTES: usize = 2;
@@ -540,6 +577,8 @@ pub mod tc_gemm {
     const _: () = {
         assert!(BM == CONSUMER_WARPGROUPS as usize * WG_M);
         assert!(BK * IN_BYTES == 128 && BK.is_multiple_of(WGMMA_K));
+        assert!(FP8_BK * FP8_IN_BYTES == 128 && FP8_BK / FP8_WGMMA_K == BK / WGMMA_K);
+        assert!(FP8_WGMMA_K * FP8_IN_BYTES == WGMMA_K * IN_BYTES);
         assert!(A_STAGE_BYTES.is_multiple_of(SWIZZLE_ALIGN));
         assert!(B_STAGE_BYTES.is_multiple_of(SWIZZLE_ALIGN));
         assert!(C_CHUNK_BYTES.is_multiple_of(SWIZZLE_ALIGN));

@@ -315,6 +315,11 @@ pub enum Error {
     /// `%globaltimer` calibration, a stamp outside its kernel's window).
     #[error("trace clock: {detail}")]
     TraceClock { detail: String },
+    /// An FP8 GEMM operand in a layout FP8 wgmma cannot read: `.e4m3`/`.e5m2` wgmma takes
+    /// K-major A and B only (PTX ISA 8.3 §9.7.15.5.2, no `imm-trans` for 8-bit types), so B must
+    /// be column-major, stored `N x K` row-major ("TN", as cuBLASLt FP8 also requires).
+    #[error("{what}: B is {layout}; FP8 GEMM needs B column-major (K-major: stored N x K, row pitch >= K), as FP8 wgmma reads only K-major operands (PTX ISA 9.7.15.5.2) and cuBLASLt FP8 needs \"TN\"; store B transposed (a weight: once, when it is quantized)")]
+    Fp8Layout { what: &'static str, layout: String },
 }
 
 /// Attaches the name of the CUDA call to a driver error. Sticky errors (see [`is_sticky`]) become

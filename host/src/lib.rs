@@ -16,6 +16,7 @@ mod contract_check;
 pub mod device;
 pub(crate) mod driver;
 pub mod error;
+pub mod fp8;
 pub mod fuzz;
 pub mod kernels;
 pub mod launch;
@@ -35,6 +36,7 @@ pub use chain::{Chain, Graph, KernelArg};
 pub use device::{Capabilities, Device};
 pub use error::{Error, Result};
 /// BF16 and FP16 host element types (the `half` crate), for the tensor-core GEMM's inputs.
+pub use fp8::{F8E4M3, F8E5M2};
 pub use half::{bf16, f16};
 pub use memory::{DeviceBuffer, DeviceView, DeviceViewMut, MemPool, PinnedBuffer};
 pub use module::{Module, TypedKernel};

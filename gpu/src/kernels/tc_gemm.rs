@@ -3,6 +3,13 @@
 //! warpgroups, clusters of 1 or 2 CTAs multicasting B, a persistent grid over a grouped raster
 //! of output tiles, and a TMA-store epilogue. Shapes, layouts and parameters: `contract::tc_gemm`.
 //!
+//! FP8 (issue 20) is the same template with an FP8 [`Input`] type (`E4m3`, `E4m3E5m2`): a
+//! k-block is 128 one-byte elements, the same 128-byte swizzled row as 64 16-bit ones, so every
+//! byte offset, box size, transaction count and the epilogue stay as they are; the producer's
+//! K coordinate steps by `Input::BK_ELEMS` and the consumers issue `wgmma ... m64n256k32 .e4m3`
+//! (K-major B only). The FP8 entries also read two per-tensor scales after
+//! `griddepcontrol.wait` and fold them into `alpha`.
+//!
 //! Roles, one warpgroup each (chapter 11, Figures 11-10/11-11: a warp-specialized multistage
 //! pipeline fed by TMA, in clusters, overlapped with its neighbours by PDL):
 //!
@@ -65,6 +72,11 @@ const _: () = {
 
 /// Input element type: picks the wgmma instruction and widens C for `beta`.
 trait Input {
+    /// K elements of one k-block: one 128-byte row of a swizzled stage (`BK` for 16-bit
+    /// inputs, `FP8_BK` for FP8). Every stage holds the same bytes whatever the type.
+    const BK_ELEMS: u32;
+    /// Per-tensor scales are read (the FP8 entries' `a_scale`, `b_scale`).
+    const SCALED: bool = false;
     /// `wgmma.mma_async.m64n256k16.f32.<type>.<type>`.
     ///
     /// # Safety
@@ -85,6 +97,7 @@ struct Bf16;
 struct F16;
 
 impl Input for Bf16 {
+    const BK_ELEMS: u32 = BK as u32;
     /// # Safety
     /// As the trait method.
     #[inline(always)]
@@ -108,6 +121,7 @@ impl Input for Bf16 {
 }
 
 impl Input for F16 {
+    const BK_ELEMS: u32 = BK as u32;
     /// # Safety
     /// As the trait method.
     #[inline(always)]
@@ -130,6 +144,46 @@ impl Input for F16 {
     }
 }
 
+/// FP8 inputs, E4M3 A and E4M3 B (`wgmma ... k32.f32.e4m3.e4m3`); 16-bit output is BF16.
+struct E4m3;
+/// FP8 inputs, E4M3 A and E5M2 B (`wgmma ... k32.f32.e4m3.e5m2`); 16-bit output is BF16.
+struct E4m3E5m2;
+
+/// The FP8 `Input` items: K-major B only (FP8 wgmma has no transpose), BF16 for 16-bit C.
+macro_rules! fp8_input {
+    ($ty:ty, $mma:ident) => {
+        impl Input for $ty {
+            const BK_ELEMS: u32 = FP8_BK as u32;
+            const SCALED: bool = true;
+            /// # Safety
+            /// As the trait method.
+            #[inline(always)]
+            unsafe fn mma<const TRANS_B: u32>(
+                d: &mut [f32; ACC],
+                a: MatrixDescriptor,
+                b: MatrixDescriptor,
+                scale_d: u32,
+            ) {
+                // FP8 wgmma reads K-major operands only: no entry pairs FP8 with `NMajor`.
+                const { assert!(TRANS_B == 0) };
+                // SAFETY: forwarded to the caller.
+                unsafe { wgmma::$mma(d, a, b, scale_d) }
+            }
+            #[inline(always)]
+            fn widen(bits: u16) -> f32 {
+                bf16_to_f32(bits)
+            }
+            #[inline(always)]
+            fn pack(lo: f32, hi: f32) -> u32 {
+                pack_bf16x2(lo, hi)
+            }
+        }
+    };
+}
+
+fp8_input!(E4m3, mma_async_m64n256k32_f32_e4m3_e4m3);
+fp8_input!(E4m3E5m2, mma_async_m64n256k32_f32_e4m3_e5m2);
+
 /// B's layout: how the producer loads a stage of B and how wgmma reads it.
 trait BLayout {
     /// One `wgmma.m64n256k16` with this layout's `imm-trans-b` (0: K-major B, 1: N-major B).
@@ -146,8 +200,9 @@ trait BLayout {
     fn descriptor(b: u32) -> MatrixDescriptor;
     /// Bytes from one `WGMMA_K` slice of the B tile to the next.
     const SLICE_BYTES: u32;
-    /// Loads half `half` (N columns `half*128..half*128+128` of the tile) of B for k-block `kb`
-    /// into the stage at `b`, multicast to the CTAs of `mask` (0: no multicast).
+    /// Loads half `half` (N columns `half*128..half*128+128` of the tile) of B for the k-block
+    /// starting at element `k0` into the stage at `b`, multicast to the CTAs of `mask` (0: no
+    /// multicast).
     ///
     /// # Safety
     /// As [`TensorMap::load_2d`] / [`TensorMap::load_2d_multicast`].
@@ -155,7 +210,7 @@ trait BLayout {
         map: TensorMap,
         b: u32,
         n0: u32,
-        kb: u32,
+        k0: u32,
         half: u32,
         full: mbarrier::Mbarrier,
         mask: u16,
@@ -215,14 +270,14 @@ impl BLayout for KMajor {
         map: TensorMap,
         b: u32,
         n0: u32,
-        kb: u32,
+        k0: u32,
         half: u32,
         full: mbarrier::Mbarrier,
         mask: u16,
     ) {
         let n = n0 + half * B_BOX_KMAJOR[1];
         // SAFETY: forwarded to the caller; the half lies inside the stage's B tile.
-        unsafe { tma_load(map, b + half * B_HALF_BYTES, kb * BK as u32, n, full, mask) }
+        unsafe { tma_load(map, b + half * B_HALF_BYTES, k0, n, full, mask) }
     }
 }
 
@@ -252,7 +307,7 @@ impl BLayout for NMajor {
         map: TensorMap,
         b: u32,
         n0: u32,
-        kb: u32,
+        k0: u32,
         half: u32,
         full: mbarrier::Mbarrier,
         mask: u16,
@@ -266,7 +321,7 @@ impl BLayout for NMajor {
                     map,
                     b + box_ * B_NMAJOR_BOX_BYTES,
                     n0 + box_ * B_BOX_NMAJOR[0],
-                    kb * BK as u32,
+                    k0,
                     full,
                     mask,
                 )
@@ -335,7 +390,11 @@ struct Gemm {
     ldc: u32,
     alpha: f32,
     beta: f32,
+    /// K elements per k-block (`Input::BK_ELEMS`).
+    bk: u32,
     k_blocks: u32,
+    /// FP8 entries: device addresses of the per-tensor scales of A and B (0: 1.0).
+    scales: [u64; 2],
     sched: Scheduler,
     /// 1024-byte aligned shared-window base of the layout.
     smem: u32,
@@ -427,16 +486,17 @@ fn producer<L: BLayout>(g: Gemm) {
             };
             let full = g.ring.producer_acquire(state, tx);
             let (a, b) = (g.a_stage(state.stage()), g.b_stage(state.stage()));
+            let k0 = kb * g.bk;
             // SAFETY: the stage is free in every CTA of the cluster (producer_acquire), 1024-byte
             // aligned, and its full barrier is armed for A plus the whole B tile, which the loads
             // below (and, in a pair, the peer's multicast half) deliver.
             unsafe {
-                g.map_a.load_2d(a, (kb * BK as u32) as i32, m0 as i32, full);
+                g.map_a.load_2d(a, k0 as i32, m0 as i32, full);
                 if g.cluster == 1 {
-                    L::load_half(g.map_b, b, n0, kb, 0, full, 0);
-                    L::load_half(g.map_b, b, n0, kb, 1, full, 0);
+                    L::load_half(g.map_b, b, n0, k0, 0, full, 0);
+                    L::load_half(g.map_b, b, n0, k0, 1, full, 0);
                 } else {
-                    L::load_half(g.map_b, b, n0, kb, g.rank, full, 0b11);
+                    L::load_half(g.map_b, b, n0, k0, g.rank, full, 0b11);
                 }
             }
             state.advance();
@@ -455,6 +515,15 @@ fn producer<L: BLayout>(g: Gemm) {
 fn consumer<I: Input, L: BLayout, const OUT_F32: bool>(g: Gemm, consumer: u32) {
     // C may be read (beta) and is written: after the previous kernel completes (PDL).
     pdl::wait();
+    // The per-tensor scales may be written by the previous kernel too: read after the wait.
+    let g = if I::SCALED {
+        Gemm {
+            alpha: g.alpha * read_scale(g.scales[0]) * read_scale(g.scales[1]),
+            ..g
+        }
+    } else {
+        g
+    };
     let tid = thread_in_warpgroup();
     // SAFETY: barrier 1 + consumer is used only by this warpgroup's 128 threads, convergently.
     let bar = unsafe { NamedBarrier::new(1 + consumer, WARPGROUP_THREADS) };
@@ -501,6 +570,18 @@ fn consumer<I: Input, L: BLayout, const OUT_F32: bool>(g: Gemm, consumer: u32) {
     if tid == 0 {
         // The last TMA stores have read their shared chunks before the CTA may exit.
         bulk::wait_group::<0>();
+    }
+}
+
+/// The f32 at device address `at`, or 1.0 when `at` is 0 (no scale).
+#[inline(always)]
+fn read_scale(at: u64) -> f32 {
+    if at == 0 {
+        1.0
+    } else {
+        // SAFETY: the launch contract: a nonzero scale address is a 4-byte aligned f32 in device
+        // memory, valid and unwritten until the kernel completes (read after griddepcontrol.wait).
+        unsafe { (at as *const f32).read() }
     }
 }
 
@@ -911,7 +992,9 @@ unsafe fn tc_gemm<I: Input, L: BLayout, const PINGPONG: bool>(p: Params) {
         ldc: p.ldc,
         alpha: p.alpha,
         beta: p.beta,
-        k_blocks: p.k.div_ceil(BK as u32),
+        bk: I::BK_ELEMS,
+        k_blocks: p.k.div_ceil(I::BK_ELEMS),
+        scales: [p.a_scale, p.b_scale],
         sched: Scheduler {
             m_units,
             n_tiles,
@@ -983,6 +1066,9 @@ struct Params {
     out_f32: u32,
     raster: u32,
     group: u32,
+    /// FP8 entries: scale addresses (0 for the 16-bit entries).
+    a_scale: u64,
+    b_scale: u64,
 }
 
 macro_rules! entry {
@@ -1029,6 +1115,8 @@ macro_rules! entry {
                 out_f32,
                 raster,
                 group,
+                a_scale: 0,
+                b_scale: 0,
             };
             // SAFETY: the launch contract above.
             unsafe { tc_gemm::<$input, $layout, $pingpong>(p) }
@@ -1072,4 +1160,79 @@ entry!(
     true,
     "BF16 GEMM, B column-major, ping-pong consumers (each warpgroup takes whole 64 x 256 tiles, \
      alternating; A box `A_BOX_PINGPONG`)."
+);
+
+macro_rules! entry_fp8 {
+    ($name:ident, $input:ty, $pingpong:literal, $doc:literal) => {
+        #[doc = $doc]
+        ///
+        /// Launch: as the 16-bit entries. Parameters: the common list (`contract::tc_gemm`) plus
+        /// `a_scale`, `b_scale` (device addresses of one f32 each, or 0 for 1.0); C is BF16
+        /// (`out_f32 = 0`) or f32.
+        ///
+        /// # Safety
+        /// As the 16-bit entries, with A and B of FP8 (one byte per element; tensor maps of
+        /// `UINT8` with boxes `A_BOX_FP8`, `B_BOX_KMAJOR_FP8`, B K-major `{K, N}`), and each
+        /// nonzero scale address a 4-byte aligned f32 in device memory that is not written until
+        /// the kernel completes.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            tmap_a: u64,
+            tmap_b: u64,
+            tmap_c: u64,
+            c: u64,
+            m: u32,
+            n: u32,
+            k: u32,
+            ldc: u32,
+            alpha: f32,
+            beta: f32,
+            out_f32: u32,
+            raster: u32,
+            group: u32,
+            a_scale: u64,
+            b_scale: u64,
+        ) {
+            let p = Params {
+                tmap_a,
+                tmap_b,
+                tmap_c,
+                c,
+                m,
+                n,
+                k,
+                ldc,
+                alpha,
+                beta,
+                out_f32,
+                raster,
+                group,
+                a_scale,
+                b_scale,
+            };
+            // SAFETY: the launch contract above.
+            unsafe { tc_gemm::<$input, KMajor, $pingpong>(p) }
+        }
+        crate::device::launch_bounds!($name, THREADS_PER_CTA, 1);
+    };
+}
+
+entry_fp8!(
+    tc_gemm_e4m3_bcol,
+    E4m3,
+    false,
+    "FP8 GEMM, A and B E4M3, B column-major (K-major), per-tensor scales (issue 20)."
+);
+entry_fp8!(
+    tc_gemm_e4m3_e5m2_bcol,
+    E4m3E5m2,
+    false,
+    "FP8 GEMM, A E4M3, B E5M2, B column-major (K-major), per-tensor scales (issue 20)."
+);
+entry_fp8!(
+    tc_gemm_e4m3_bcol_pingpong,
+    E4m3,
+    true,
+    "FP8 GEMM, A and B E4M3, B column-major, ping-pong consumers (A box `A_BOX_PINGPONG_FP8`)."
 );

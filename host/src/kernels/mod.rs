@@ -25,6 +25,7 @@ pub use gemm::{
 pub use tc_gemm::{
     BLayout, CublasGemmEx, GemmShape, Matrix, MatrixMut, Raster, TcGemm, TcGemmOptions, TcGemmPlan,
 };
+pub use tc_gemm::{CublasLtFp8, CublasLtFp8Plan, Fp8Input, Fp8Scales};
 
 use crate::error::{Error, Result};
 use crate::memory::{DeviceView, DeviceViewMut};

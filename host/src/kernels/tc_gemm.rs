@@ -3,7 +3,8 @@
 //! `warpline_gpu::contract::tc_gemm`):
 //!
 //! `C[M,N] = alpha * A[M,K] * B[K,N] + beta * C`, BF16 or FP16 inputs, FP32 accumulation, FP32
-//! or 16-bit (the input type) output.
+//! or 16-bit (the input type) output; and FP8 (E4M3 A, E4M3 or E5M2 B, column-major B only,
+//! per-tensor scales, BF16 or FP32 output): [`TcGemm::plan_fp8`] (issue 20; submodule `fp8`).
 //!
 //! Layouts (all with an explicit row pitch in elements, any M, N, K >= 1):
 //! - A: row-major `M x K`, pitch `lda >= K`;
@@ -52,11 +53,19 @@ use crate::module::{check_signature, Module, RustParam, RustParamKind};
 use crate::stream::Stream;
 use crate::tensor_map::{TensorMap, TensorMapTable, TmaElement, TmaSwizzle};
 
+mod fp8;
+pub use fp8::{
+    check_fp8_layout, check_fp8_shapes, fp8_tolerance, CublasLtFp8, CublasLtFp8Plan, Fp8Input,
+    Fp8Scales, FP8_STEP_REL,
+};
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for half::bf16 {}
     impl Sealed for half::f16 {}
     impl Sealed for f32 {}
+    impl Sealed for crate::fp8::F8E4M3 {}
+    impl Sealed for crate::fp8::F8E5M2 {}
 }
 
 /// Layout of B in memory.
@@ -562,6 +571,28 @@ fn rust_params() -> Vec<RustParam> {
     ]
 }
 
+/// The FP8 entries' parameter list: [`rust_params`] plus `a_scale: u64, b_scale: u64`.
+fn rust_params_fp8() -> Vec<RustParam> {
+    let mut v = rust_params();
+    for name in ["a_scale: u64", "b_scale: u64"] {
+        v.push(RustParam {
+            rust_type: name.to_string(),
+            size: 8,
+            kind: RustParamKind::Address,
+        });
+    }
+    debug_assert_eq!(v.len(), 13 + contract::FP8_EXTRA_PARAMS);
+    v
+}
+
+/// The FP8 entries of the sm_90a module (issue 20), with the parameter list of
+/// [`ENTRIES`] plus `a_scale: u64, b_scale: u64`.
+pub const FP8_ENTRIES: [&str; 3] = [
+    contract::KERNEL_E4M3_BCOL,
+    contract::KERNEL_E4M3_E5M2_BCOL,
+    contract::KERNEL_E4M3_BCOL_PINGPONG,
+];
+
 /// The entries of the sm_90a module the launcher uses.
 pub const ENTRIES: [&str; 5] = [
     contract::KERNEL_BF16_BCOL,
@@ -587,8 +618,12 @@ fn check_group(opts: &TcGemmOptions) -> Result<()> {
 /// Errors: [`Error::MissingKernel`], [`Error::KernelSignatureMismatch`], [`Error::PtxSignature`].
 pub fn check_module_entries(ptx: &str) -> Result<()> {
     let entries = crate::module::ptx_signatures(ptx);
-    let rust = rust_params();
-    for name in ENTRIES {
+    let (rust, rust_fp8) = (rust_params(), rust_params_fp8());
+    let all = ENTRIES
+        .iter()
+        .map(|&n| (n, &rust))
+        .chain(FP8_ENTRIES.iter().map(|&n| (n, &rust_fp8)));
+    for (name, rust) in all {
         let e = entries
             .iter()
             .find(|e| e.name == name)
@@ -600,7 +635,7 @@ pub fn check_module_entries(ptx: &str) -> Result<()> {
                     .collect::<Vec<_>>()
                     .join(", "),
             })?;
-        check_signature(e, &rust)?;
+        check_signature(e, rust)?;
     }
     Ok(())
 }
@@ -648,8 +683,8 @@ impl<'d> TcGemm<'d> {
     /// The launcher's safe methods ([`TcGemm::gemm`], [`TcGemmPlan::launch`]) launch the entries
     /// of [`ENTRIES`] with warpline's arguments, grids and shared memory, and trust what they do.
     /// Only the launch-contract hash embedded in the PTX and the entries' parameter lists are
-    /// checked; any PTX can carry both. The caller guarantees that each entry of [`ENTRIES`] in
-    /// `ptx` is a build of warpline's kernel of that name (gpu/) from the same launch contract
+    /// checked; any PTX can carry both. The caller guarantees that each entry of [`ENTRIES`] (and
+    /// [`FP8_ENTRIES`]) in `ptx` is a build of warpline's kernel of that name (gpu/) from the same launch contract
     /// (`gpu/src/contract.rs`) as this host: the same shared-memory layout, tile sizes and memory
     /// accesses. [`TcGemm::new`] (the embedded module) needs no promise.
     ///
@@ -680,7 +715,7 @@ impl<'d> TcGemm<'d> {
             });
         }
         let module = dev.load_module(ptx)?;
-        for name in ENTRIES {
+        for name in ENTRIES.into_iter().chain(FP8_ENTRIES) {
             module
                 .untyped_kernel(name)?
                 .raise_max_dynamic_shared_memory(contract::SMEM_BYTES)?;
@@ -777,14 +812,61 @@ impl<'d> TcGemm<'d> {
         opts: &TcGemmOptions,
         pdl: bool,
     ) -> Result<(Prepared, GemmShape, [TensorMap<'a>; 3])> {
+        let spec = || -> Result<EntrySpec> {
+            let name = if opts.pingpong {
+                T::pingpong_entry(layout).ok_or_else(|| Error::BadShape {
+                    what: "tc_gemm ping-pong",
+                    detail: format!(
+                        "{} with B {layout:?}; the ping-pong entry exists for bf16 with a column-major B only",
+                        T::NAME
+                    ),
+                })?
+            } else {
+                T::entry(layout)
+            };
+            Ok(EntrySpec {
+                name,
+                a_box: if opts.pingpong {
+                    contract::A_BOX_PINGPONG
+                } else {
+                    contract::A_BOX
+                },
+                b_box: match layout {
+                    BLayout::ColMajor => contract::B_BOX_KMAJOR,
+                    BLayout::RowMajor => contract::B_BOX_NMAJOR,
+                },
+                c_box: O::C_BOX,
+                out_f32: O::IS_F32,
+                scales: None,
+            })
+        };
+        self.prepare_entry(stream, a, b, layout, c, alpha, beta, opts, pdl, spec)
+    }
+
+    /// [`TcGemm::prepare`] for any element types: checks everything, then asks `spec` for the
+    /// entry (its errors come after the shape, stream and group checks).
+    #[allow(clippy::too_many_arguments)]
+    fn prepare_entry<'a, TA: TmaElement, TB: TmaElement, O: TmaElement>(
+        &self,
+        stream: &Stream,
+        a: &Matrix<'a, TA>,
+        b: &Matrix<'a, TB>,
+        layout: BLayout,
+        c: &MatrixMut<'a, O>,
+        alpha: f32,
+        beta: f32,
+        opts: &TcGemmOptions,
+        pdl: bool,
+        spec: impl FnOnce() -> Result<EntrySpec>,
+    ) -> Result<(Prepared, GemmShape, [TensorMap<'a>; 3])> {
         if stream.context_raw() != self.dev.raw_context() {
             return Err(Error::WrongContext {
                 what: "tc_gemm stream",
             });
         }
         let shape = check_shapes(
-            &a.dims(size_of::<T>()),
-            &b.dims(size_of::<T>()),
+            &a.dims(size_of::<TA>()),
+            &b.dims(size_of::<TB>()),
             layout,
             &c.dims(size_of::<O>()),
         )?;
@@ -792,17 +874,8 @@ impl<'d> TcGemm<'d> {
         check_stream("tc_gemm B", b.view.stream(), stream)?;
         check_stream("tc_gemm C", c.view.stream(), stream)?;
         check_group(opts)?;
-        let name = if opts.pingpong {
-            T::pingpong_entry(layout).ok_or_else(|| Error::BadShape {
-                what: "tc_gemm ping-pong",
-                detail: format!(
-                    "{} with B {layout:?}; the ping-pong entry exists for bf16 with a column-major B only",
-                    T::NAME
-                ),
-            })?
-        } else {
-            T::entry(layout)
-        };
+        let spec = spec()?;
+        let name = spec.name;
         let cluster = match opts.cluster {
             Some(s) => {
                 check_cluster(name, s)?;
@@ -848,19 +921,10 @@ impl<'d> TcGemm<'d> {
         let kernel = self.kernel(name)?;
         let cfg = Self::config(grid, cluster, pdl);
         cfg.check(name, &LaunchLimits::of(self.dev, kernel))?;
-        let b_box = match layout {
-            BLayout::ColMajor => contract::B_BOX_KMAJOR,
-            BLayout::RowMajor => contract::B_BOX_NMAJOR,
-        };
         let sw = TmaSwizzle::B128;
-        let a_box = if opts.pingpong {
-            contract::A_BOX_PINGPONG
-        } else {
-            contract::A_BOX
-        };
-        let map_a = TensorMap::matrix(&a.view, a.rows, a.cols, a.pitch, a_box, sw)?;
-        let map_b = TensorMap::matrix(&b.view, b.rows, b.cols, b.pitch, b_box, sw)?;
-        let map_c = TensorMap::matrix_mut(&c.view, c.rows, c.cols, c.pitch, O::C_BOX, sw)?;
+        let map_a = TensorMap::matrix(&a.view, a.rows, a.cols, a.pitch, spec.a_box, sw)?;
+        let map_b = TensorMap::matrix(&b.view, b.rows, b.cols, b.pitch, spec.b_box, sw)?;
+        let map_c = TensorMap::matrix_mut(&c.view, c.rows, c.cols, c.pitch, spec.c_box, sw)?;
         let prepared = Prepared {
             kernel: kernel.clone(),
             cfg,
@@ -872,10 +936,11 @@ impl<'d> TcGemm<'d> {
                 ParamValue::new(c.pitch as u32),
                 ParamValue::new(alpha),
                 ParamValue::new(beta),
-                ParamValue::new(O::IS_F32 as u32),
+                ParamValue::new(spec.out_f32 as u32),
                 ParamValue::new(opts.raster.code()),
                 ParamValue::new(group),
             ],
+            scales: spec.scales,
             maps: [0; 3],
         };
         Ok((prepared, shape, [map_a, map_b, map_c]))
@@ -1081,6 +1146,17 @@ fn check_cluster(kernel: &'static str, cluster: u32) -> Result<()> {
     Ok(())
 }
 
+/// The entry of one launch and what depends on it.
+struct EntrySpec {
+    name: &'static str,
+    a_box: [u32; 2],
+    b_box: [u32; 2],
+    c_box: [u32; 2],
+    out_f32: bool,
+    /// FP8 entries: the `a_scale`, `b_scale` parameters (device addresses, 0 for none).
+    scales: Option<[u64; 2]>,
+}
+
 /// One validated kernel launch.
 struct Prepared {
     kernel: Kernel,
@@ -1088,6 +1164,8 @@ struct Prepared {
     c: u64,
     /// `m, n, k, ldc, alpha, beta, out_f32, raster, group`.
     scalars: [ParamValue; 9],
+    /// FP8 entries: `a_scale, b_scale` (appended to the parameters).
+    scales: Option<[u64; 2]>,
     /// Device addresses of the A, B, C maps.
     maps: [u64; 3],
 }
@@ -1147,6 +1225,7 @@ impl TcGemmPlan<'_> {
     /// the plan lives, so the reasoning below holds for every replay.
     pub(crate) unsafe fn launch_on(&self, stream: &Stream) -> Result<()> {
         for p in &self.launches {
+            let [sa, sb] = p.scales.unwrap_or([0; 2]);
             let params = [
                 ParamValue::new(p.maps[0]),
                 ParamValue::new(p.maps[1]),
@@ -1161,9 +1240,19 @@ impl TcGemmPlan<'_> {
                 p.scalars[6],
                 p.scalars[7],
                 p.scalars[8],
+                ParamValue::new(sa),
+                ParamValue::new(sb),
             ];
+            let params = if p.scales.is_some() {
+                &params[..]
+            } else {
+                &params[..13]
+            };
             // SAFETY: the parameter list matches the entry (checked against the PTX at
-            // TcGemm::new: 4 x u64, 4 x u32, 2 x f32, 3 x u32, in the contract's order). The map
+            // TcGemm::new: 4 x u64, 4 x u32, 2 x f32, 3 x u32, in the contract's order, plus
+            // 2 x u64 for the FP8 entries, which alone have `scales`: each scale address is 0 or
+            // an f32 of a view the plan borrows, bound to this stream, so it is written by
+            // nothing while the kernel may read it). The map
             // addresses point into the table, uploaded on this stream before any launch and
             // freed on it after the last; each map was encoded over a view the plan borrows
             // (A, B shared; C exclusively, so C aliases neither), with global dims equal to the
@@ -1176,7 +1265,7 @@ impl TcGemmPlan<'_> {
             // launch of the plan on this stream and is never written again.
             // `stream` is the plan's stream or captured and replayed as if it were (contract).
             unsafe {
-                launch_raw(self.dev, &p.kernel, stream, &p.cfg, &params)?;
+                launch_raw(self.dev, &p.kernel, stream, &p.cfg, params)?;
             }
         }
         for d in &self.decode {

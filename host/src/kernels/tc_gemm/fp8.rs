@@ -1,0 +1,763 @@
+//! The FP8 configuration of the tensor-core GEMM (issue 20): the same kernel template as BF16
+//! (`gpu/src/kernels/tc_gemm.rs`, entries [`contract::KERNEL_E4M3_BCOL`] and
+//! [`contract::KERNEL_E4M3_E5M2_BCOL`]) with an FP8 input type:
+//!
+//! `C[M,N] = alpha * a_scale * b_scale * A[M,K] * B[K,N] + beta * C`
+//!
+//! - A: [`F8E4M3`], row-major `M x K`, pitch a multiple of 16 elements (bytes);
+//! - B: [`F8E4M3`] or [`F8E5M2`], **column-major only** ([`BLayout::ColMajor`]: stored `N x K`
+//!   row-major, "TN" in BLAS terms), pitch a multiple of 16 elements. `wgmma` with `.e4m3`/`.e5m2`
+//!   operands has no transpose (PTX ISA 8.3 §9.7.15.5.2), so both operands must be K-major in
+//!   shared memory; a row-major B is refused with [`Error::Fp8Layout`]. cuBLASLt FP8 has the same
+//!   rule ("TN" only);
+//! - C: `bf16` or `f32`, row-major `M x N`, pitch a multiple of 16 bytes;
+//! - accumulation in the tensor cores' FP32 accumulators (`wgmma ... k32.f32.e4m3.*`; see
+//!   [`fp8_tolerance`] for the precision the hardware keeps);
+//! - per-tensor scales ([`Fp8Scales`]): device pointers to one f32 each, read by the kernel after
+//!   `griddepcontrol.wait` and applied in the epilogue with `alpha`, as cuBLASLt's
+//!   `CUBLASLT_MATMUL_DESC_A_SCALE_POINTER` / `B_SCALE_POINTER` are.
+//!
+//! M, N, K are any values from 1 (TMA zero-fills the edges); only the pitches and base addresses
+//! are constrained (16 bytes). [`CublasLtFp8`] is the same-run reference (cuBLASLt FP8 matmul,
+//! cudarc's `cublaslt::result` layer: its safe `Matmul` has no FP8).
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+
+use cudarc::cublaslt::{result as lt, sys as lt_sys};
+
+use super::*;
+use crate::fp8::{F8E4M3, F8E5M2};
+use crate::memory::DeviceBuffer;
+
+/// B element types of the FP8 GEMM (A is always [`F8E4M3`]): [`F8E4M3`] and [`F8E5M2`].
+pub trait Fp8Input: TmaElement + sealed::Sealed {
+    /// `"e4m3"` or `"e5m2"`.
+    const NAME: &'static str;
+    /// The sm_90a entry for an E4M3 A and this B.
+    const ENTRY: &'static str;
+    /// Its ping-pong entry, where the module has one.
+    const PINGPONG_ENTRY: Option<&'static str>;
+    /// cuBLASLt data type.
+    const LT_TYPE: lt_sys::cudaDataType;
+    /// Round to nearest even, saturating (`cvt.rn.satfinite`).
+    fn from_f32(v: f32) -> Self;
+    /// Exact widening.
+    fn to_f32(self) -> f32;
+}
+
+impl Fp8Input for F8E4M3 {
+    const NAME: &'static str = "e4m3";
+    const ENTRY: &'static str = contract::KERNEL_E4M3_BCOL;
+    const PINGPONG_ENTRY: Option<&'static str> = Some(contract::KERNEL_E4M3_BCOL_PINGPONG);
+    const LT_TYPE: lt_sys::cudaDataType = lt_sys::cudaDataType::CUDA_R_8F_E4M3;
+    fn from_f32(v: f32) -> Self {
+        F8E4M3::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        F8E4M3::to_f32(self)
+    }
+}
+
+impl Fp8Input for F8E5M2 {
+    const NAME: &'static str = "e5m2";
+    const ENTRY: &'static str = contract::KERNEL_E4M3_E5M2_BCOL;
+    const PINGPONG_ENTRY: Option<&'static str> = None;
+    const LT_TYPE: lt_sys::cudaDataType = lt_sys::cudaDataType::CUDA_R_8F_E5M2;
+    fn from_f32(v: f32) -> Self {
+        F8E5M2::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        F8E5M2::to_f32(self)
+    }
+}
+
+/// Per-tensor scales of an FP8 GEMM: each `Some` is a view whose first element (an f32 in
+/// device memory, bound to the GEMM's stream) multiplies the product; `None` is 1.0. The kernel
+/// reads them when it runs (after `griddepcontrol.wait`), so a previous kernel on the stream may
+/// compute them (dynamic quantization), as with cuBLASLt's scale pointers.
+#[derive(Clone, Copy, Default)]
+pub struct Fp8Scales<'a> {
+    /// Scale of A (`a_scale`).
+    pub a: Option<DeviceView<'a, f32>>,
+    /// Scale of B (`b_scale`).
+    pub b: Option<DeviceView<'a, f32>>,
+}
+
+impl<'a> Fp8Scales<'a> {
+    /// Both scales from device memory.
+    pub fn new(a: DeviceView<'a, f32>, b: DeviceView<'a, f32>) -> Self {
+        Self {
+            a: Some(a),
+            b: Some(b),
+        }
+    }
+
+    /// `[a, b]` device addresses (0 for `None`) after checking each view: at least one element
+    /// ([`Error::LengthMismatch`]), 4-byte aligned ([`Error::Misaligned`]), bound to `stream`
+    /// ([`Error::WrongStream`]).
+    fn addresses(&self, stream: &Stream) -> Result<[u64; 2]> {
+        let one = |v: &Option<DeviceView<'a, f32>>, what: &'static str| -> Result<u64> {
+            let Some(v) = v else { return Ok(0) };
+            if v.is_empty() {
+                return Err(Error::LengthMismatch {
+                    what,
+                    detail: "the scale view is empty; one f32 is needed".into(),
+                });
+            }
+            if !v.device_ptr().is_multiple_of(4) {
+                return Err(Error::Misaligned {
+                    what,
+                    addr: v.device_ptr(),
+                    align: 4,
+                });
+            }
+            check_stream(what, v.stream(), stream)?;
+            Ok(v.device_ptr())
+        };
+        Ok([one(&self.a, "fp8 a_scale")?, one(&self.b, "fp8 b_scale")?])
+    }
+}
+
+/// [`Error::Fp8Layout`] unless B is column-major (K-major), the only layout FP8 wgmma and
+/// cuBLASLt FP8 read.
+pub fn check_fp8_layout(what: &'static str, layout: BLayout) -> Result<()> {
+    match layout {
+        BLayout::ColMajor => Ok(()),
+        BLayout::RowMajor => Err(Error::Fp8Layout {
+            what,
+            layout: "row-major (N-major, K x N)".into(),
+        }),
+    }
+}
+
+/// Options an FP8 GEMM with B of type `B` cannot take: the decode configuration (16-bit
+/// only), ping-pong consumers unless `B` has a ping-pong entry (E4M3). [`Error::BadShape`]
+/// naming them.
+fn check_fp8_options<B: Fp8Input>(opts: &TcGemmOptions) -> Result<()> {
+    if opts.config == GemmConfig::Decode {
+        return Err(Error::BadShape {
+            what: "tc_gemm fp8 options",
+            detail: "config decode; FP8 runs the 128 x 256 tensor-core kernel: allowed are config auto and coop128x256".into(),
+        });
+    }
+    if opts.pingpong && B::PINGPONG_ENTRY.is_none() {
+        return Err(Error::BadShape {
+            what: "tc_gemm fp8 ping-pong",
+            detail: format!(
+                "B of {}; the FP8 ping-pong entry exists for an E4M3 B only",
+                B::NAME
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl TcGemm<'_> {
+    /// Validates the FP8 GEMM `C = alpha * a_scale * b_scale * A * B + beta * C` and prepares its
+    /// launch on `stream` (the cooperative 128 x 256 kernel, FP8 entry of B's type); nothing is
+    /// launched until [`TcGemmPlan::launch`]. The plan borrows A, B, the scales (shared) and C
+    /// (exclusively).
+    ///
+    /// Shapes and rules: as [`TcGemm::plan`] with one-byte A and B (pitches multiples of 16
+    /// elements, base addresses 16-byte aligned; M, N, K any from 1), B column-major only (stored
+    /// `N x K`, see the module docs), C `bf16` or `f32`. Options: as [`TcGemm::plan`] except
+    /// [`GemmConfig::Decode`] (`Auto` is the 128 x 256 kernel for every shape), and `pingpong`
+    /// (entry [`contract::KERNEL_E4M3_BCOL_PINGPONG`]) for an E4M3 B only.
+    ///
+    /// Errors, all before anything is queued: [`Error::Fp8Layout`] (row-major B),
+    /// [`Error::BadShape`] (decode asked for; ping-pong with an E5M2 B), then those of
+    /// [`TcGemm::plan`], and
+    /// for each scale [`Error::LengthMismatch`] (empty view), [`Error::Misaligned`] (not 4-byte
+    /// aligned), [`Error::WrongStream`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_fp8<'a, B: Fp8Input, O: TcOutput<bf16>>(
+        &'a self,
+        stream: &Stream,
+        a: Matrix<'a, F8E4M3>,
+        b: Matrix<'a, B>,
+        layout: BLayout,
+        c: MatrixMut<'a, O>,
+        scales: Fp8Scales<'a>,
+        alpha: f32,
+        beta: f32,
+        opts: &TcGemmOptions,
+    ) -> Result<TcGemmPlan<'a>> {
+        check_fp8_layout("tc_gemm fp8 B", layout)?;
+        check_fp8_options::<B>(opts)?;
+        let spec = || -> Result<EntrySpec> {
+            let (name, a_box) = match B::PINGPONG_ENTRY {
+                Some(p) if opts.pingpong => (p, contract::A_BOX_PINGPONG_FP8),
+                _ => (B::ENTRY, contract::A_BOX_FP8),
+            };
+            Ok(EntrySpec {
+                name,
+                a_box,
+                b_box: contract::B_BOX_KMAJOR_FP8,
+                c_box: O::C_BOX,
+                out_f32: O::IS_F32,
+                scales: Some(scales.addresses(stream)?),
+            })
+        };
+        let (p, shape, maps) = self.prepare_entry(
+            stream, &a, &b, layout, &c, alpha, beta, opts, opts.pdl, spec,
+        )?;
+        self.finish(stream, vec![(p, maps)], vec![shape])
+    }
+
+    /// [`TcGemm::plan_fp8`] then [`TcGemmPlan::launch`] once. Errors: those of both.
+    ///
+    /// ```no_run
+    /// use warpline::kernels::tc_gemm::{BLayout, Fp8Scales, Matrix, MatrixMut, TcGemm};
+    /// use warpline::{bf16, F8E4M3};
+    /// # fn main() -> warpline::Result<()> {
+    /// let dev = warpline::Device::open(0)?;
+    /// let (tc, stream) = (TcGemm::new(&dev)?, dev.new_stream()?);
+    /// let pool = warpline::MemPool::device_default(&dev, 0)?;
+    /// let (m, n, k) = (300, 500, 1000); // any sizes; pitches: K padded to 16 bytes
+    /// let a = pool.alloc_async::<F8E4M3>(&stream, m * 1008)?; // A: M x K, pitch 1008
+    /// let b = pool.alloc_async::<F8E4M3>(&stream, n * 1008)?; // B stored N x K ("TN")
+    /// let scales = pool.alloc_async::<f32>(&stream, 2)?; // [a_scale, b_scale]
+    /// let mut c = pool.alloc_async::<bf16>(&stream, m * 504)?;
+    /// tc.gemm_fp8(
+    ///     &stream,
+    ///     Matrix::new(a.as_view(), m, k, 1008),
+    ///     Matrix::new(b.as_view(), n, k, 1008),
+    ///     BLayout::ColMajor,
+    ///     MatrixMut::new(c.as_view_mut(), m, n, 504),
+    ///     Fp8Scales::new(scales.view(0..1)?, scales.view(1..2)?),
+    ///     1.0,
+    ///     0.0,
+    ///     &Default::default(),
+    /// )?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// A must be E4M3 and C bf16 or f32, checked at compile time:
+    ///
+    /// ```compile_fail
+    /// use warpline::kernels::tc_gemm::{BLayout, Fp8Scales, Matrix, MatrixMut, TcGemm};
+    /// fn f(tc: &TcGemm<'_>, s: &warpline::Stream, a: Matrix<'_, warpline::F8E5M2>,
+    ///      b: Matrix<'_, warpline::F8E4M3>, c: MatrixMut<'_, f32>) {
+    ///     let _ = tc.gemm_fp8(s, a, b, BLayout::ColMajor, c, Fp8Scales::default(), 1.0, 0.0,
+    ///         &Default::default());
+    /// }
+    /// ```
+    ///
+    /// ```compile_fail
+    /// use warpline::kernels::tc_gemm::{BLayout, Fp8Scales, Matrix, MatrixMut, TcGemm};
+    /// fn f(tc: &TcGemm<'_>, s: &warpline::Stream, a: Matrix<'_, warpline::F8E4M3>,
+    ///      b: Matrix<'_, warpline::F8E4M3>, c: MatrixMut<'_, warpline::f16>) {
+    ///     let _ = tc.gemm_fp8(s, a, b, BLayout::ColMajor, c, Fp8Scales::default(), 1.0, 0.0,
+    ///         &Default::default());
+    /// }
+    /// ```
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fp8<B: Fp8Input, O: TcOutput<bf16>>(
+        &self,
+        stream: &Stream,
+        a: Matrix<'_, F8E4M3>,
+        b: Matrix<'_, B>,
+        layout: BLayout,
+        c: MatrixMut<'_, O>,
+        scales: Fp8Scales<'_>,
+        alpha: f32,
+        beta: f32,
+        opts: &TcGemmOptions,
+    ) -> Result<()> {
+        self.plan_fp8(stream, a, b, layout, c, scales, alpha, beta, opts)?
+            .launch()
+    }
+}
+
+/// Checks the operands of an FP8 GEMM without a device and returns `M, N, K`: B column-major
+/// ([`Error::Fp8Layout`]), then [`check_shapes`] with one-byte A and B and `c_bytes`-byte C.
+pub fn check_fp8_shapes(
+    a: &MatrixDims,
+    b: &MatrixDims,
+    layout: BLayout,
+    c: &MatrixDims,
+) -> Result<GemmShape> {
+    check_fp8_layout("tc_gemm fp8 B", layout)?;
+    for (d, what) in [(a, "tc_gemm fp8 A"), (b, "tc_gemm fp8 B")] {
+        if d.elem_bytes != 1 {
+            return Err(Error::BadShape {
+                what,
+                detail: format!("{} bytes per element; FP8 is 1", d.elem_bytes),
+            });
+        }
+    }
+    check_shapes(a, b, layout, c)
+}
+
+/// Relative accumulation error per k32 wgmma step that [`fp8_tolerance`] allows: 2^-12.
+///
+/// Why: the products of two FP8 values are exact (at most 4 x 4 significant bits), but Hopper's
+/// FP8 tensor cores do not keep FP32 precision when they add a k32 step's products into the
+/// accumulator: DeepSeek-V3 (arXiv 2412.19437, §3.3.2) measured "around 14 bits" of precision
+/// on H800 and a relative error near 2% at K = 4096 on their data, which is why DeepGEMM
+/// promotes the accumulators to FP32 registers every 128 k. This kernel (like cuBLASLt with
+/// `CUBLASLT_MATMUL_DESC_FAST_ACCUM`) does not promote: every one of the `ceil(K / 32)` steps
+/// may err by up to `2^-12` (14 bits, less 2 bits of margin for truncation instead of rounding)
+/// of the running sum's magnitude, which is at most `sum_k |a_ik b_kj|`.
+pub const FP8_STEP_REL: f64 = 1.0 / 4096.0;
+
+/// Allowed error of one element of an FP8 GEMM, against the f64 sum over the decoded FP8 values
+/// (`want = alpha_s * sum_k a_ik b_kj + beta * c0`, `alpha_s = alpha * a_scale * b_scale`):
+///
+/// `|got - want| <= ceil(K / 32) * FP8_STEP_REL * |alpha_s| * sum_k |a_ik b_kj| + ACC_REL *
+/// |beta * c0| + rounding * |want| + ABS_FLOOR`,
+///
+/// with `rounding` the output's half ulp ([`TcOutput::ROUNDING`]: 2^-8 for bf16, 2^-24 for
+/// f32). See [`FP8_STEP_REL`] for the accumulation term.
+pub fn fp8_tolerance(
+    want: f64,
+    abs_sum: f64,
+    k: usize,
+    alpha_s: f64,
+    beta_c0: f64,
+    rounding: f64,
+) -> f64 {
+    k.div_ceil(contract::FP8_WGMMA_K) as f64 * FP8_STEP_REL * alpha_s.abs() * abs_sum
+        + ACC_REL * beta_c0.abs()
+        + rounding * want.abs()
+        + ABS_FLOOR
+}
+
+// ------------------------------------------------------------------------------------------------
+// cuBLASLt FP8 reference
+// ------------------------------------------------------------------------------------------------
+
+fn lt_call<T>(call: &'static str, r: std::result::Result<T, lt::CublasError>) -> Result<T> {
+    r.map_err(|e| Error::Cublas {
+        call,
+        status: format!("{:?}", e.0),
+    })
+}
+
+/// cuBLASLt FP8 matmul (`cublasLtMatmul`, E4M3 A, E4M3/E5M2 B, `CUBLAS_COMPUTE_32F`, f32 scale
+/// type, bf16 or f32 C/D) on one stream, as the reference of [`TcGemm::plan_fp8`], with the
+/// same row-major layouts and scales. cuBLASLt is column-major: row-major `C = A B` with B
+/// stored `N x K` is `C^T = B^T A^T` with cuBLASLt's A := our B (`TRANSA = T`, the "TN" that
+/// cuBLASLt FP8 requires), its B := our A (`N`); its A scale pointer is our `b_scale`, its B
+/// scale pointer our `a_scale`. A 32 MiB workspace (NVIDIA's recommendation for Hopper).
+pub struct CublasLtFp8 {
+    handle: lt_sys::cublasLtHandle_t,
+    workspace: DeviceBuffer<u8>,
+    stream: Stream,
+}
+
+impl std::fmt::Debug for CublasLtFp8 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CublasLtFp8")
+            .field("workspace", &self.workspace.len())
+            .finish()
+    }
+}
+
+impl CublasLtFp8 {
+    /// Workspace bytes.
+    pub const WORKSPACE_BYTES: usize = 32 << 20;
+
+    /// A cuBLASLt handle and workspace for `stream` (a stream of `dev`). Errors:
+    /// [`Error::WrongContext`], [`Error::Cublas`] (libcublasLt missing, `cublasLtCreate`), the
+    /// allocation errors of [`MemPool::alloc_async`].
+    pub fn new(dev: &Device, stream: &Stream) -> Result<Self> {
+        if stream.context_raw() != dev.raw_context() {
+            return Err(Error::WrongContext {
+                what: "cuBLASLt handle (the stream belongs to another context than the device's)",
+            });
+        }
+        // SAFETY: only tries to open the library.
+        if !unsafe { lt_sys::is_culib_present() } {
+            return Err(Error::Cublas {
+                call: "cublasLtCreate",
+                status: "libcublasLt was not found (install the CUDA cuBLAS runtime)".into(),
+            });
+        }
+        dev.bind()?;
+        let pool = MemPool::device_default(dev, 0)?;
+        let workspace = pool.alloc_async::<u8>(stream, Self::WORKSPACE_BYTES)?;
+        let handle = lt_call("cublasLtCreate", lt::create_handle())?;
+        Ok(Self {
+            handle,
+            workspace,
+            stream: stream.clone(),
+        })
+    }
+
+    /// Validates `C = alpha * a_scale * b_scale * A * B + beta * C` and picks cuBLASLt's
+    /// heuristic algorithm for it (`cublasLtMatmulAlgoGetHeuristic`, one result); the plan then
+    /// launches with no further host work but `cublasLtMatmul`. `fast_accum` sets
+    /// `CUBLASLT_MATMUL_DESC_FAST_ACCUM` (no periodic promotion of the FP8 accumulators, which is
+    /// what [`TcGemm::plan_fp8`] does too); without it cuBLASLt promotes, which costs speed.
+    ///
+    /// Shapes and rules: as [`TcGemm::plan_fp8`], plus every size and pitch at most
+    /// `i32::MAX`; cuBLASLt may refuse shapes it has no FP8 kernel for
+    /// (`CUBLAS_STATUS_NOT_SUPPORTED`, as [`Error::Cublas`]). Errors: [`Error::Fp8Layout`],
+    /// those of [`check_shapes`], [`Error::WrongStream`], the scale errors of
+    /// [`TcGemm::plan_fp8`], [`Error::TooLarge`], [`Error::Cublas`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan<'a, B: Fp8Input, O: TcOutput<bf16>>(
+        &'a self,
+        a: Matrix<'a, F8E4M3>,
+        b: Matrix<'a, B>,
+        layout: BLayout,
+        c: MatrixMut<'a, O>,
+        scales: Fp8Scales<'a>,
+        alpha: f32,
+        beta: f32,
+        fast_accum: bool,
+    ) -> Result<CublasLtFp8Plan<'a>> {
+        check_fp8_layout("cublasLt fp8 B", layout)?;
+        let shape = check_shapes(&a.dims(1), &b.dims(1), layout, &c.dims(size_of::<O>()))?;
+        check_stream("cublasLt A", a.view.stream(), &self.stream)?;
+        check_stream("cublasLt B", b.view.stream(), &self.stream)?;
+        check_stream("cublasLt C", c.view.stream(), &self.stream)?;
+        let [a_scale, b_scale] = scales.addresses(&self.stream)?;
+        let int = |v: usize, what: &'static str| -> Result<i64> {
+            i32::try_from(v)
+                .map(i64::from)
+                .map_err(|_| Error::TooLarge {
+                    what,
+                    value: v as u64,
+                    max: i32::MAX as u64,
+                })
+        };
+        let (m, n, k) = (
+            int(shape.m, "cublasLt M")?,
+            int(shape.n, "cublasLt N")?,
+            int(shape.k, "cublasLt K")?,
+        );
+        let (lda, ldb, ldc) = (
+            int(a.pitch, "cublasLt lda")?,
+            int(b.pitch, "cublasLt ldb")?,
+            int(c.pitch, "cublasLt ldc")?,
+        );
+        let out_type = if O::IS_F32 {
+            lt_sys::cudaDataType::CUDA_R_32F
+        } else {
+            lt_sys::cudaDataType::CUDA_R_16BF
+        };
+        crate::device::bind_context(self.stream.ctx(), "cublasLtMatmulDescCreate")?;
+        let mut plan = CublasLtFp8Plan {
+            lt: self,
+            desc: std::ptr::null_mut(),
+            layouts: [std::ptr::null_mut(); 3],
+            algo: None,
+            alpha,
+            beta,
+            ptrs: [
+                b.view.device_ptr(),
+                a.view.device_ptr(),
+                c.view.device_ptr(),
+            ],
+            _operands: PhantomData,
+        };
+        // Descriptors are stored in `plan` as soon as they exist, so its Drop frees them on
+        // every error path below.
+        plan.desc = lt_call(
+            "cublasLtMatmulDescCreate",
+            lt::create_matmul_desc(
+                lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                lt_sys::cudaDataType::CUDA_R_32F,
+            ),
+        )?;
+        use lt_sys::cublasLtMatmulDescAttributes_t as D;
+        let set = |attr: D, value: *const c_void, size: usize| -> Result<()> {
+            // SAFETY: `plan.desc` is a live descriptor; `value` points at `size` bytes of the
+            // attribute's type (i32 for TRANSA/TRANSB, a device pointer for the scale pointers,
+            // i8 for FAST_ACCUM), alive for the call (cuBLASLt copies it).
+            lt_call("cublasLtMatmulDescSetAttribute", unsafe {
+                lt::set_matmul_desc_attribute(plan.desc, attr, value, size)
+            })
+        };
+        let (op_t, op_n) = (1i32, 0i32); // CUBLAS_OP_T, CUBLAS_OP_N
+        set(
+            D::CUBLASLT_MATMUL_DESC_TRANSA,
+            (&op_t as *const i32).cast(),
+            4,
+        )?;
+        set(
+            D::CUBLASLT_MATMUL_DESC_TRANSB,
+            (&op_n as *const i32).cast(),
+            4,
+        )?;
+        // cuBLASLt's A is our B, its B our A.
+        if b_scale != 0 {
+            set(
+                D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                (&b_scale as *const u64).cast(),
+                8,
+            )?;
+        }
+        if a_scale != 0 {
+            set(
+                D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                (&a_scale as *const u64).cast(),
+                8,
+            )?;
+        }
+        let fast = fast_accum as i8;
+        set(
+            D::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+            (&fast as *const i8).cast(),
+            1,
+        )?;
+        // Column-major layouts as stored: our B (N x K row-major) is K x N with ld ldb, our A
+        // (M x K row-major) is K x M with ld lda, C (M x N row-major) is N x M with ld ldc.
+        plan.layouts[0] = lt_call(
+            "cublasLtMatrixLayoutCreate",
+            lt::create_matrix_layout(B::LT_TYPE, k as u64, n as u64, ldb),
+        )?;
+        plan.layouts[1] = lt_call(
+            "cublasLtMatrixLayoutCreate",
+            lt::create_matrix_layout(
+                lt_sys::cudaDataType::CUDA_R_8F_E4M3,
+                k as u64,
+                m as u64,
+                lda,
+            ),
+        )?;
+        plan.layouts[2] = lt_call(
+            "cublasLtMatrixLayoutCreate",
+            lt::create_matrix_layout(out_type, n as u64, m as u64, ldc),
+        )?;
+        let pref = lt_call("cublasLtMatmulPreferenceCreate", lt::create_matmul_pref())?;
+        let ws = Self::WORKSPACE_BYTES as u64;
+        // SAFETY: `pref` is live; the attribute is a u64 (uint64_t), alive for the call.
+        let r = unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws as *const u64).cast(),
+                8,
+            )
+        }
+        .and_then(|()| {
+            // SAFETY: every descriptor is live (created above, freed only by the plan's Drop).
+            unsafe {
+                lt::get_matmul_algo_heuristic(
+                    self.handle,
+                    plan.desc,
+                    plan.layouts[0],
+                    plan.layouts[1],
+                    plan.layouts[2],
+                    plan.layouts[2],
+                    pref,
+                )
+            }
+        });
+        // SAFETY: created above, not used after.
+        let _ = unsafe { lt::destroy_matmul_pref(pref) };
+        plan.algo = Some(lt_call("cublasLtMatmulAlgoGetHeuristic", r)?.algo);
+        Ok(plan)
+    }
+}
+
+impl Drop for CublasLtFp8 {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once; every plan borrows `self`, so none is left.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+/// One validated cuBLASLt FP8 matmul with its descriptors and algorithm ([`CublasLtFp8::plan`]);
+/// borrows the operands (A, B, scales shared, C exclusively) for its lifetime.
+pub struct CublasLtFp8Plan<'a> {
+    lt: &'a CublasLtFp8,
+    desc: lt_sys::cublasLtMatmulDesc_t,
+    /// cuBLASLt's A (our B), B (our A), C = D.
+    layouts: [lt_sys::cublasLtMatrixLayout_t; 3],
+    algo: Option<lt_sys::cublasLtMatmulAlgo_t>,
+    alpha: f32,
+    beta: f32,
+    /// Device addresses of cuBLASLt's A (our B), B (our A), C = D.
+    ptrs: [u64; 3],
+    _operands: PhantomData<&'a mut ()>,
+}
+
+impl CublasLtFp8Plan<'_> {
+    /// Queues the matmul on the handle's stream (`cublasLtMatmul`). Errors: [`Error::Cublas`],
+    /// [`Error::ContextPoisoned`].
+    pub fn launch(&self) -> Result<()> {
+        let Some(algo) = self.algo.as_ref() else {
+            return Err(Error::Empty {
+                what: "cuBLASLt algorithm",
+            });
+        };
+        let lt = self.lt;
+        crate::device::bind_context(lt.stream.ctx(), "cublasLtMatmul")?;
+        let [pa, pb, pc] = self.ptrs.map(|p| p as *mut c_void);
+        // SAFETY: the descriptors are live (freed by Drop); the operands were validated (each view
+        // holds (rows - 1) * pitch + cols elements of its type, which is what these layouts
+        // address), are borrowed by the plan (C exclusively) and bound to the handle's stream,
+        // so the call is ordered after their writers; alpha/beta are host f32 (default pointer
+        // mode, f32 scale type) alive for the call; the workspace holds WORKSPACE_BYTES, the
+        // limit the algorithm was chosen under, and is used only on this stream.
+        let r = unsafe {
+            lt::matmul(
+                lt.handle,
+                self.desc,
+                (&self.alpha as *const f32).cast(),
+                (&self.beta as *const f32).cast(),
+                pa,
+                self.layouts[0],
+                pb,
+                self.layouts[1],
+                pc,
+                self.layouts[2],
+                pc,
+                self.layouts[2],
+                algo,
+                lt.workspace.device_ptr() as *mut c_void,
+                CublasLtFp8::WORKSPACE_BYTES,
+                lt.stream.raw() as lt_sys::cudaStream_t,
+            )
+        };
+        lt_call("cublasLtMatmul", r)
+    }
+}
+
+impl Drop for CublasLtFp8Plan<'_> {
+    fn drop(&mut self) {
+        // SAFETY: each descriptor was created by `CublasLtFp8::plan` (or is null), destroyed
+        // once here; cuBLASLt does not need them once cublasLtMatmul has returned.
+        unsafe {
+            for l in self.layouts {
+                if !l.is_null() {
+                    let _ = lt::destroy_matrix_layout(l);
+                }
+            }
+            if !self.desc.is_null() {
+                let _ = lt::destroy_matmul_desc(self.desc);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims(rows: usize, cols: usize, pitch: usize, elem: usize) -> MatrixDims {
+        MatrixDims {
+            rows,
+            cols,
+            pitch,
+            len: (rows - 1) * pitch + cols,
+            address: 1 << 20,
+            elem_bytes: elem,
+        }
+    }
+
+    #[test]
+    fn fp8_needs_a_column_major_b_and_says_so() {
+        let (a, c) = (dims(3, 40, 48, 1), dims(3, 5, 8, 4));
+        let e = check_fp8_shapes(&a, &dims(40, 5, 16, 1), BLayout::RowMajor, &c).unwrap_err();
+        assert!(matches!(e, Error::Fp8Layout { .. }), "{e}");
+        let m = e.to_string();
+        assert!(m.contains("column-major") && m.contains("TN"), "{m}");
+        assert_eq!(
+            check_fp8_shapes(&a, &dims(5, 40, 48, 1), BLayout::ColMajor, &c).unwrap(),
+            GemmShape { m: 3, n: 5, k: 40 }
+        );
+    }
+
+    #[test]
+    fn fp8_pitches_are_multiples_of_16_elements_and_k_is_free() {
+        // K = 17: pitch 32 passes, pitch 24 (24 bytes) does not.
+        let c = dims(2, 3, 4, 4);
+        assert!(check_fp8_shapes(
+            &dims(2, 17, 32, 1),
+            &dims(3, 17, 16 * 2, 1),
+            BLayout::ColMajor,
+            &c
+        )
+        .is_ok());
+        let e = check_fp8_shapes(
+            &dims(2, 17, 24, 1),
+            &dims(3, 17, 32, 1),
+            BLayout::ColMajor,
+            &c,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::PitchAlignment {
+                    pitch: 24,
+                    elem_bytes: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("multiple of 16 elements"), "{e}");
+        // Two-byte "FP8" is refused.
+        assert!(matches!(
+            check_fp8_shapes(
+                &dims(2, 17, 32, 2),
+                &dims(3, 17, 32, 1),
+                BLayout::ColMajor,
+                &c
+            ),
+            Err(Error::BadShape { .. })
+        ));
+    }
+
+    #[test]
+    fn fp8_options_refuse_decode_and_e5m2_pingpong() {
+        assert!(check_fp8_options::<F8E4M3>(&TcGemmOptions::default()).is_ok());
+        let o = TcGemmOptions {
+            config: GemmConfig::Cooperative128x256,
+            ..Default::default()
+        };
+        assert!(check_fp8_options::<F8E5M2>(&o).is_ok());
+        let pp = TcGemmOptions {
+            pingpong: true,
+            ..Default::default()
+        };
+        assert!(check_fp8_options::<F8E4M3>(&pp).is_ok());
+        assert!(matches!(
+            check_fp8_options::<F8E5M2>(&pp),
+            Err(Error::BadShape { .. })
+        ));
+        let decode = TcGemmOptions {
+            config: GemmConfig::Decode,
+            ..Default::default()
+        };
+        for e in [
+            check_fp8_options::<F8E4M3>(&decode),
+            check_fp8_options::<F8E5M2>(&decode),
+        ] {
+            assert!(matches!(e, Err(Error::BadShape { .. })));
+        }
+    }
+
+    #[test]
+    fn fp8_entries_and_boxes_follow_the_contract() {
+        assert_eq!(<F8E4M3 as Fp8Input>::ENTRY, "tc_gemm_e4m3_bcol");
+        assert_eq!(<F8E5M2 as Fp8Input>::ENTRY, "tc_gemm_e4m3_e5m2_bcol");
+        // One 128-byte row per box, as the 16-bit boxes: the shared-memory layout is the same.
+        assert_eq!(contract::A_BOX_FP8[0] as usize, 128);
+        assert_eq!(contract::A_BOX[0] as usize * 2, 128);
+        assert_eq!(contract::A_BOX_FP8[1], contract::A_BOX[1]);
+        assert_eq!(contract::A_BOX_PINGPONG_FP8[1], contract::A_BOX_PINGPONG[1]);
+        assert_eq!(contract::A_BOX_PINGPONG_FP8[0], contract::A_BOX_FP8[0]);
+        assert_eq!(contract::B_BOX_KMAJOR_FP8[1], contract::B_BOX_KMAJOR[1]);
+        assert_eq!(rust_params_fp8().len(), 15);
+    }
+
+    #[test]
+    fn fp8_tolerance_grows_with_k32_steps() {
+        let t = fp8_tolerance(0.0, 1000.0, 64, 1.0, 0.0, 0.0);
+        assert!((t - (2.0 * 1000.0 / 4096.0 + ABS_FLOOR)).abs() < 1e-12);
+        let t1 = fp8_tolerance(0.0, 1000.0, 65, 1.0, 0.0, 0.0);
+        assert!(t1 > t);
+        // bf16 output rounding term.
+        let t2 = fp8_tolerance(256.0, 0.0, 1, 1.0, 0.0, 1.0 / 256.0);
+        assert!((t2 - (1.0 + ABS_FLOOR)).abs() < 1e-12);
+    }
+}
