@@ -149,7 +149,7 @@ fn batched_case(test: &str, batch: usize, m: usize, n: usize, k: usize, pad: usi
     let dims = (batch, m, n, k);
     for (name, cublas) in [("warpline", false), ("cuBLAS", true)] {
         dc.fill_async(bf16::NAN).unwrap();
-        let mut c = BatchedMatrixMut {
+        let c = BatchedMatrixMut {
             view: dc.as_view_mut(),
             batch,
             rows: m,
@@ -160,10 +160,10 @@ fn batched_case(test: &str, batch: usize, m: usize, n: usize, k: usize, pad: usi
         if cublas {
             CublasBatchedGemm::new(&dev, &s)
                 .unwrap()
-                .gemm(&a, &b, &mut c)
+                .gemm(&a, &b, &mut { c })
                 .unwrap();
         } else {
-            gemm.gemm(&s, &a, &b, &mut c).unwrap();
+            gemm.gemm(&s, a, b, c).unwrap();
         }
         let mut got = vec![bf16::ZERO; c_len];
         dc.copy_to_host(&mut got).unwrap();

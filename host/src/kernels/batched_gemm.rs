@@ -340,22 +340,25 @@ impl<'d> BatchedGemm<'d> {
         })
     }
 
-    /// Queues `C[b] = A[b] * B[b]` for every batch on `stream`: validates everything, encodes the
-    /// two 3-D tensor maps, uploads them (stream-ordered) and launches; the table is freed on the
-    /// stream after the kernel. Shapes and rules: [`check_batched_shapes`]; A, B, C bound to
-    /// `stream`, of this device's context (C, borrowed mutably, overlaps neither A nor B).
+    /// Validates `C[b] = A[b] * B[b]` for every batch and prepares its launch on `stream`: the two
+    /// 3-D tensor maps encoded and uploaded (stream-ordered) into a table in device memory;
+    /// nothing is launched until [`BatchedGemmPlan::launch`], which may run as often as wanted
+    /// (no further copies); dropping the plan frees the table on the stream after the last
+    /// launch. The plan borrows A and B (shared) and C (exclusively, so C overlaps neither).
+    /// Shapes and rules: [`check_batched_shapes`]; A, B, C bound to `stream`, of this device's
+    /// context.
     ///
     /// Errors, before anything is queued: [`Error::WrongContext`], [`Error::WrongStream`], those
     /// of [`check_batched_shapes`], the launch-limit errors of [`LaunchConfig::check`],
     /// [`Error::TensorMap`] / [`Error::Cuda`] (`cuTensorMapEncodeTiled`); then those of
-    /// [`TensorMapTable::upload`] and of the launch.
-    pub fn gemm(
-        &self,
+    /// [`TensorMapTable::upload`].
+    pub fn plan<'a>(
+        &'a self,
         stream: &Stream,
-        a: &BatchedMatrix<'_, bf16>,
-        b: &BatchedMatrix<'_, bf16>,
-        c: &mut BatchedMatrixMut<'_, bf16>,
-    ) -> Result<BatchedShape> {
+        a: BatchedMatrix<'a, bf16>,
+        b: BatchedMatrix<'a, bf16>,
+        c: BatchedMatrixMut<'a, bf16>,
+    ) -> Result<BatchedGemmPlan<'a>> {
         if stream.context_raw() != self.dev.raw_context() {
             return Err(Error::WrongContext {
                 what: "batched_gemm stream",
@@ -365,14 +368,8 @@ impl<'d> BatchedGemm<'d> {
         check_stream("batched_gemm A", a.view.stream(), stream)?;
         check_stream("batched_gemm B", b.view.stream(), stream)?;
         check_stream("batched_gemm C", c.view.stream(), stream)?;
-        let (ldc, stride_c) = (c.pitch, c.batch_stride);
-        if ldc > u32::MAX as usize {
-            return Err(Error::TooLarge {
-                what: "batched_gemm C row pitch",
-                value: ldc as u64,
-                max: u32::MAX as u64,
-            });
-        }
+        // check_matrix bounds the pitch by u32::MAX.
+        let (ldc, stride_c) = (c.pitch as u32, c.batch_stride as u64);
         let mut cfg =
             LaunchConfig::linear(1, contract::THREADS_PER_CTA, contract::SMEM_BYTES as u32);
         cfg.grid = shape.grid();
@@ -388,33 +385,97 @@ impl<'d> BatchedGemm<'d> {
                 what: "batched_gemm tensor-map table",
             })
         };
-        let (ta, tb) = (addr(0)?, addr(1)?);
-        // SAFETY: the maps were encoded over A and B (borrowed for the call, bound to `stream`)
-        // with the logical dims, so TMA reads stay inside them (boxes past the edges read
-        // zeros); the table lives on `stream` until after the kernel. The kernel writes C only
-        // at (b, r, c) with b < batch, r < M, c < N, i.e. element b * stride_c + r * ldc + c,
-        // inside the view (check_batched), and reads nothing of C; C is exclusively borrowed, so
-        // it overlaps neither A nor B. ldc and stride_c are multiples of 8 and C 16-byte aligned
-        // (its paired 4-byte stores). Grid, block and shared memory are the contract's, checked
-        // against the launch limits.
+        let maps = [addr(0)?, addr(1)?];
+        Ok(BatchedGemmPlan {
+            kernel: &self.kernel,
+            stream: stream.clone(),
+            table,
+            maps,
+            c: c.view,
+            cfg,
+            shape,
+            ldc,
+            stride_c,
+        })
+    }
+
+    /// [`Self::plan`] then one [`BatchedGemmPlan::launch`]; returns the shape. Errors: those of
+    /// both.
+    pub fn gemm<'a>(
+        &'a self,
+        stream: &Stream,
+        a: BatchedMatrix<'a, bf16>,
+        b: BatchedMatrix<'a, bf16>,
+        c: BatchedMatrixMut<'a, bf16>,
+    ) -> Result<BatchedShape> {
+        let mut plan = self.plan(stream, a, b, c)?;
+        plan.launch()?;
+        Ok(plan.shape())
+    }
+}
+
+/// A validated batched GEMM, ready to launch (see [`BatchedGemm::plan`]).
+pub struct BatchedGemmPlan<'a> {
+    kernel: &'a TypedKernel<Sig>,
+    stream: Stream,
+    /// Holds the maps (and so the borrows of A and B) until the plan is dropped.
+    table: TensorMapTable<'a>,
+    maps: [u64; 2],
+    c: DeviceViewMut<'a, bf16>,
+    cfg: LaunchConfig,
+    shape: BatchedShape,
+    ldc: u32,
+    stride_c: u64,
+}
+
+impl std::fmt::Debug for BatchedGemmPlan<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchedGemmPlan")
+            .field("shape", &self.shape)
+            .field("grid", &self.cfg.grid)
+            .field("maps", &self.table.len())
+            .finish()
+    }
+}
+
+impl BatchedGemmPlan<'_> {
+    /// Queues the kernel on the plan's stream. Errors: [`Error::Launch`],
+    /// [`Error::ContextPoisoned`].
+    pub fn launch(&mut self) -> Result<()> {
+        // SAFETY: the maps were encoded over A and B (borrowed by the plan, bound to its
+        // stream) with the logical dims, so TMA reads stay inside them (boxes past the edges
+        // read zeros); the table lives until the plan is dropped and is freed on this stream
+        // after the last launch. The kernel writes C only at (b, r, c) with b < batch, r < M,
+        // c < N, i.e. element b * stride_c + r * ldc + c, inside the view (check_batched), and
+        // reads nothing of C; C is exclusively borrowed, so it overlaps neither A nor B. ldc and
+        // stride_c are multiples of 8 and C 16-byte aligned (its paired 4-byte stores). Grid,
+        // block and shared memory are the contract's, checked against the launch limits.
         unsafe {
             self.kernel.launch(
-                stream,
-                &cfg,
+                &self.stream,
+                &self.cfg,
                 (
-                    ta,
-                    tb,
-                    c.view.reborrow(),
-                    shape.m as u32,
-                    shape.n as u32,
-                    shape.k as u32,
-                    ldc as u32,
-                    stride_c as u64,
+                    self.maps[0],
+                    self.maps[1],
+                    self.c.reborrow(),
+                    self.shape.m as u32,
+                    self.shape.n as u32,
+                    self.shape.k as u32,
+                    self.ldc,
+                    self.stride_c,
                 ),
-            )?;
+            )
         }
-        drop(table);
-        Ok(shape)
+    }
+
+    /// The problem size.
+    pub fn shape(&self) -> BatchedShape {
+        self.shape
+    }
+
+    /// The plan's stream.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
     }
 }
 
