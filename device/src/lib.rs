@@ -98,6 +98,16 @@ macro_rules! kernel_module {
 /// and two consumers, `(168 * 384 - 40 * 128) / 256 = 232` (CUTLASS's and warpline's
 /// `tc_gemm`'s 40/232). A consumer holding a 64 x 256 FP32 wgmma accumulator needs 128
 /// registers for it alone, so 232 leaves about 100 for addresses and the epilogue.
+///
+/// ```
+/// // One producer and two consumer warpgroups: 40 + 2 x 232 fits 168 x 384.
+/// warpline_device::launch_bounds!(my_gemm, 384, 1, setmaxnreg = [40, 232, 232]);
+/// ```
+///
+/// ```compile_fail
+/// // 40 + 2 x 240 registers per thread of a warpgroup do not fit: the build fails.
+/// warpline_device::launch_bounds!(my_gemm, 384, 1, setmaxnreg = [40, 240, 240]);
+/// ```
 #[macro_export]
 macro_rules! launch_bounds {
     ($entry:ident, $max_threads:expr, $min_ctas:expr, setmaxnreg = [$($regs:expr),+ $(,)?]) => {
@@ -177,4 +187,46 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     // A device panic traps the kernel; the host sees CUDA_ERROR_LAUNCH_FAILED.
     // SAFETY: `trap` aborts the kernel; it has no preconditions.
     unsafe { core::arch::nvptx::trap() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_registers_follow_the_launch_bounds() {
+        assert_eq!(entry_registers(384, 1), 168);
+        assert_eq!(entry_registers(256, 1), 255);
+        assert_eq!(entry_registers(512, 1), 128);
+        assert_eq!(entry_registers(128, 2), 255);
+        assert_eq!(entry_registers(1024, 1), 64);
+        // 300 threads launch as 10 warps.
+        assert_eq!(entry_registers(300, 1), 200);
+    }
+
+    #[test]
+    fn setmaxnreg_splits_that_fit_pass() {
+        check_setmaxnreg(384, 1, &[40, 232, 232]);
+        check_setmaxnreg(384, 1, &[24, 240, 240]);
+        check_setmaxnreg(256, 1, &[24, 256]);
+        check_setmaxnreg(512, 1, &[56, 152, 152, 152]);
+    }
+
+    #[test]
+    #[should_panic(expected = "more registers than the CTA starts with")]
+    fn setmaxnreg_split_over_the_pool_is_refused() {
+        check_setmaxnreg(384, 1, &[40, 240, 240]);
+    }
+
+    #[test]
+    #[should_panic(expected = "one budget per warpgroup")]
+    fn setmaxnreg_needs_one_budget_per_warpgroup() {
+        check_setmaxnreg(384, 1, &[40, 232]);
+    }
+
+    #[test]
+    #[should_panic(expected = "multiple of 8")]
+    fn setmaxnreg_budget_must_be_a_multiple_of_8() {
+        check_setmaxnreg(256, 1, &[100, 100]);
+    }
 }
