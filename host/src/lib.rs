@@ -17,7 +17,6 @@ pub mod device;
 pub(crate) mod driver;
 pub mod error;
 pub mod fuzz;
-/// cudarc interop: cudarc streams and slices as warpline's, and back (issue 22, item 10).
 pub mod interop;
 pub mod kernels;
 pub mod launch;

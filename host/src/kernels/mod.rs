@@ -1,7 +1,6 @@
 //! Typed launchers, one module per kernel family. Each validates its arguments (lengths, zero
 //! sizes, alignment, streams, sizes the kernel can index) before anything is launched.
 
-/// The batched BF16 GEMM on 3-D TMA (sm_90a; issue 22) and cuBLAS's strided-batched reference.
 pub mod batched_gemm;
 /// The memory-bound decode GEMM (sm_90; M <= 64 tokens, BF16/FP16 weights; issue 20).
 pub mod decode_gemm;
