@@ -90,7 +90,8 @@ pub unsafe fn load_multicast(dst: u32, src: *const u8, bytes: u32, bar: Mbarrier
 ///
 /// # Safety
 /// `src` is 16-byte aligned, `bytes` a multiple of 16, and `src..src + bytes` lies inside one
-/// live global-memory allocation (the PTX ISA leaves a prefetch of other addresses undefined).
+/// live global-memory allocation (unlike the tensor form, which clips to the map's tensor, this
+/// form has no bounds of its own: treat an address outside the allocation as an invalid access).
 #[inline(always)]
 pub unsafe fn prefetch_l2(src: *const u8, bytes: u32) {
     // SAFETY: the caller upholds this function's `# Safety` contract.
