@@ -185,10 +185,10 @@ impl<const STAGES: u32> Pipeline<STAGES> {
 /// **One CTA, no cluster.** A kernel launched without cluster dimensions uses the pipeline as it
 /// is: every CTA is then a cluster of one (PTX ISA 8.3 §2.2.1; `%cluster_nctarank` is 1), the TMA
 /// copies' `.shared::cluster` destinations name this CTA's own shared memory, and no cluster
-/// barrier is needed. The recipe: thread 0 runs [`Self::init`] with the consumer count of this
-/// CTA alone (e.g. one release per consumer warpgroup), then
-/// [`fence_init`](super::mbarrier::fence_init); then [`super::thread::sync_threads`] (not
-/// `cluster::sync_cluster`) publishes the barriers; consumers release with
+/// barrier is needed. The recipe: [`Self::init_cta`] (thread 0 runs [`Self::init`] with the
+/// consumer count of this CTA alone, e.g. one release per consumer warpgroup, then
+/// [`fence_init`](super::mbarrier::fence_init); then [`super::thread::sync_threads`], not
+/// `cluster::sync_cluster`, publishes the barriers); consumers release with
 /// [`Self::consumer_release_local`] (a plain `mbarrier.arrive` on this CTA's barrier, no `mapa`);
 /// [`Self::producer_tail`] is not needed, since no other CTA can arrive on this CTA's barriers
 /// (the consumers wait for every stage they read, so no copy is in flight when the CTA exits).
@@ -234,6 +234,26 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
             }
             s += 1;
         }
+    }
+
+    /// The one-CTA setup in one call: thread 0 of the CTA runs [`Self::init`]`(consumer_arrivals)`
+    /// and [`fence_init`](super::mbarrier::fence_init), then the whole CTA meets at
+    /// `barrier.sync 0` ([`super::thread::sync_threads`]), which publishes the barriers.
+    ///
+    /// # Safety
+    /// Every thread of the CTA calls it once, convergently (it contains `bar.sync`), before any
+    /// other use of the pipeline; no other CTA uses this pipeline (a launch without clusters, or
+    /// a cluster whose CTAs never multicast into or release on each other's stages);
+    /// `consumer_arrivals` in `1..2^20` is the number of releases per stage and phase.
+    #[inline(always)]
+    pub unsafe fn init_cta(self, consumer_arrivals: u32) {
+        if super::thread::thread_idx_x() == 0 {
+            // SAFETY: one thread, before any use (contract above); published below.
+            unsafe { self.init(consumer_arrivals) };
+            super::mbarrier::fence_init();
+        }
+        // SAFETY: every thread of the CTA, convergently (contract above).
+        unsafe { super::thread::sync_threads() };
     }
 
     #[inline(always)]

@@ -10,16 +10,15 @@
 //!                                             epilogue: BF16 pairs straight from registers
 //! ```
 //!
-//! The template owns the barriers: a `TmaPipeline` used by one CTA (initialised by thread 0,
-//! published with `fence_init` + `bar.sync`, released locally), so the roles below only say which
-//! tile goes where.
+//! The template owns the barriers: a `TmaPipeline` used by one CTA (`init_cta`: thread 0
+//! initialises, `fence_init` + `bar.sync` publish; consumers release locally), so the roles below
+//! only say which tile goes where.
 
 use crate::contract::batched_gemm::*;
 use crate::device::math::pack_bf16x2;
-use crate::device::mbarrier::fence_init;
 use crate::device::pipeline::{PipelineState, TmaPipeline};
 use crate::device::smem::dynamic_smem_base;
-use crate::device::thread::{block_dim_x, sync_threads, thread_idx_x};
+use crate::device::thread::{block_dim_x, thread_idx_x};
 use crate::device::tma::TensorMap;
 use crate::device::warpgroup::{
     setmaxnreg_dec, setmaxnreg_inc, thread_in_warpgroup, warpgroup_idx,
@@ -232,14 +231,12 @@ pub unsafe extern "ptx-kernel" fn batched_gemm_bf16(
         ring: unsafe { Ring::at(smem + BARRIERS_OFFSET as u32) },
     };
     if thread_idx_x() == 0 {
-        // SAFETY: one thread, before any use; published below.
-        unsafe { t.ring.init(CONSUMER_WARPGROUPS) };
-        fence_init();
         t.a.prefetch();
         t.b.prefetch();
     }
-    // SAFETY: every thread of the CTA, converged (only thread 0's branch above).
-    unsafe { sync_threads() };
+    // SAFETY: every thread of the CTA, converged (only thread 0's branch above), before any use
+    // of the ring; no cluster; one release per consumer warpgroup per stage and phase.
+    unsafe { t.ring.init_cta(CONSUMER_WARPGROUPS) };
     if warpgroup_idx() == 0 {
         // SAFETY: the whole producer warpgroup, convergently; launch bounds with this split.
         unsafe { setmaxnreg_dec::<PRODUCER_REGS>() };
