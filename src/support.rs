@@ -150,8 +150,14 @@ pub fn ptxas_report() -> String {
 }
 
 /// Assembles the sm_90a module ([`warpline::SM90A_PTX`]) with `ptxas -arch=sm_90a -v`, panics on
-/// failure, and returns ptxas's verbose report (warnings included).
+/// failure, and returns ptxas's verbose report (warnings included). Assembled once per test
+/// process (several tests read the report).
 pub fn ptxas_report_sm90a() -> String {
+    static REPORT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    REPORT.get_or_init(assemble_sm90a).clone()
+}
+
+fn assemble_sm90a() -> String {
     let dir = std::env::temp_dir().join(format!(
         "warpline-ptxas-sm90a-{}-{:?}",
         std::process::id(),

@@ -260,3 +260,133 @@ fn issue20_decode_gemm_entries_use_mma_and_read_a_and_c_after_the_wait() {
         );
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Issue 22, items 5, 7, 8 and "3-D TMA": the sm_90a module's new entries carry the instructions
+// they exist for (rank-3..5 TMA loads, stores, multicast loads, the tensor and L2 prefetches, the
+// math functions and 8-byte stores), ptxas assembles them without spills, and every setmaxnreg
+// entry starts with the register count `warpline_device::entry_registers` assumes (what the
+// const check of `launch_bounds!(.., setmaxnreg = [..])` rests on).
+// ------------------------------------------------------------------------------------------------
+
+/// The text of entry `name` of the sm_90a module, up to the next entry.
+fn sm90a_entry(name: &str) -> &'static str {
+    let ptx = warpline::SM90A_PTX;
+    let start = ptx
+        .find(&format!(".entry {name}("))
+        .unwrap_or_else(|| panic!("{name} is not an entry of the sm_90a module"));
+    let rest = &ptx[start..];
+    let end = rest[1..].find(".entry ").map_or(rest.len(), |i| i + 1);
+    &rest[..end]
+}
+
+/// ptxas's report section of `kernel` (sm_90a).
+fn sm90a_section<'r>(report: &'r str, kernel: &str) -> &'r str {
+    let at = report
+        .find(&format!("Compiling entry function '{kernel}' for 'sm_90a'"))
+        .unwrap_or_else(|| panic!("{kernel} not compiled:\n{report}"));
+    let rest = &report[at..];
+    let end = rest[1..]
+        .find("Compiling entry")
+        .map_or(rest.len(), |i| i + 1);
+    &rest[..end]
+}
+
+#[test]
+fn issue22_sm90a_entries_carry_the_new_instructions() {
+    use warpline_gpu::contract::device_check as dc;
+    for (i, rank) in ["3d", "4d", "5d"].iter().enumerate() {
+        let plain = sm90a_entry(dc::COPY_KERNELS[i]);
+        for needle in [
+            format!(
+                "cp.async.bulk.tensor.{rank}.shared::cluster.global.mbarrier::complete_tx::bytes ["
+            ),
+            format!("cp.async.bulk.tensor.{rank}.global.shared::cta.bulk_group"),
+            format!("cp.async.bulk.prefetch.tensor.{rank}.L2.global.tile"),
+            "cp.async.bulk.prefetch.L2.global".to_string(),
+        ] {
+            assert!(
+                plain.contains(&needle),
+                "{} lacks `{needle}`",
+                dc::COPY_KERNELS[i]
+            );
+        }
+        let mc = sm90a_entry(dc::COPY_MULTICAST_KERNELS[i]);
+        let needle = format!(
+            "cp.async.bulk.tensor.{rank}.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        );
+        assert!(
+            mc.contains(&needle),
+            "{} lacks `{needle}`",
+            dc::COPY_MULTICAST_KERNELS[i]
+        );
+    }
+    let math = sm90a_entry(dc::MATH_KERNEL);
+    for needle in [
+        "sqrt.rn.f32",
+        "sqrt.approx.ftz.f32",
+        "rsqrt.approx.ftz.f32",
+        "tanh.approx.f32",
+        "ex2.approx.ftz.f32",
+        "lg2.approx.ftz.f32",
+        "sin.approx.ftz.f32",
+        "cos.approx.ftz.f32",
+        "st.global.v2.f32",
+        "st.global.b64",
+    ] {
+        assert!(math.contains(needle), "math_check lacks `{needle}`");
+    }
+    let gemm = sm90a_entry(warpline_gpu::contract::batched_gemm::KERNEL);
+    for needle in [
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes",
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16",
+        "setmaxnreg.inc.sync.aligned.u32 232",
+        "setmaxnreg.dec.sync.aligned.u32 40",
+        ".maxntid 384, 1, 1",
+    ] {
+        assert!(gemm.contains(needle), "batched_gemm_bf16 lacks `{needle}`");
+    }
+    // One CTA, no cluster: no cluster barrier, no remote (mapa) release.
+    for absent in ["barrier.cluster", "mapa"] {
+        assert!(!gemm.contains(absent), "batched_gemm_bf16 uses `{absent}`");
+    }
+}
+
+#[test]
+fn issue22_setmaxnreg_entries_start_with_entry_registers_and_do_not_spill() {
+    let report = ptxas_report_sm90a();
+    let expected = warpline_device::entry_registers(384, 1);
+    assert_eq!(expected, 168);
+    let mut kernels: Vec<&str> = warpline::kernels::tc_gemm::ENTRIES.to_vec();
+    kernels.push(warpline_gpu::contract::batched_gemm::KERNEL);
+    for kernel in kernels {
+        let section = sm90a_section(&report, kernel);
+        let regs = section
+            .lines()
+            .find_map(|l| {
+                let i = l.find("Used ")?;
+                let rest = &l[i + 5..];
+                rest[..rest.find(' ')?].parse::<u32>().ok()
+            })
+            .unwrap_or_else(|| panic!("no register line for {kernel}:\n{section}"));
+        assert_eq!(
+            regs, expected,
+            "{kernel}: ptxas gives {regs} registers at entry; the setmaxnreg budgets assume {expected}"
+        );
+    }
+    for kernel in warpline_gpu::contract::device_check::COPY_KERNELS
+        .iter()
+        .chain(warpline_gpu::contract::device_check::COPY_MULTICAST_KERNELS.iter())
+        .chain([warpline_gpu::contract::batched_gemm::KERNEL, "math_check"].iter())
+    {
+        let section = sm90a_section(&report, kernel);
+        let spill = section
+            .lines()
+            .find(|l| l.contains("spill stores"))
+            .unwrap_or_else(|| panic!("no spill line for {kernel}:\n{section}"));
+        assert!(
+            spill.contains(" 0 bytes spill stores") && spill.contains(" 0 bytes spill loads"),
+            "{kernel} spills: {spill}"
+        );
+    }
+}

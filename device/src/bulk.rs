@@ -83,3 +83,20 @@ pub unsafe fn load_multicast(dst: u32, src: *const u8, bytes: u32, bar: Mbarrier
             m = in(reg16) cta_mask, options(nostack));
     }
 }
+
+/// `cp.async.bulk.prefetch.L2.global [src], bytes` (PTX ISA 8.3 §9.7.9.25.4.2, sm_90): brings
+/// `bytes` of global memory from `src` into L2 ahead of a later load (a bulk or TMA copy, or plain
+/// loads). A hint: nothing to wait for, no shared memory, no barrier.
+///
+/// # Safety
+/// `src` is 16-byte aligned, `bytes` a multiple of 16, and `src..src + bytes` lies inside one
+/// live global-memory allocation (unlike the tensor form, which clips to the map's tensor, this
+/// form has no bounds of its own: treat an address outside the allocation as an invalid access).
+#[inline(always)]
+pub unsafe fn prefetch_l2(src: *const u8, bytes: u32) {
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("cp.async.bulk.prefetch.L2.global [{s}], {n};", s = in(reg64) src, n = in(reg32) bytes,
+            options(nostack));
+    }
+}

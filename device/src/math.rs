@@ -1,5 +1,7 @@
-//! Float math `core` lacks without `std`: the SFU exponential (`ex2.approx`) and a fused
-//! multiply-add.
+//! Float math `core` lacks without `std`: square roots, the SFU's approximate transcendentals
+//! (`ex2`, `lg2`, `sin`, `cos`, `tanh`, `rsqrt`, PTX ISA 8.3 §9.7.3, floating-point
+//! instructions), a fused multiply-add and BF16/FP16 conversions. The `_approx` functions are one
+//! SFU instruction each (plus a multiply where said); their error bounds are the PTX ISA's.
 
 use core::arch::asm;
 
@@ -78,4 +80,108 @@ pub fn f16_to_f32(bits: u16) -> f32 {
             options(pure, nomem, nostack))
     };
     d
+}
+
+/// `sqrt.rn.f32` (PTX ISA 8.3 §9.7.3.15 `sqrt`): the correctly rounded square root (IEEE 754,
+/// round to nearest even; subnormals kept); NaN for negative inputs, `-0.0` for `-0.0`.
+#[inline(always)]
+pub fn sqrt(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: an arithmetic instruction on registers.
+    unsafe {
+        asm!("sqrt.rn.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+            options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// `sqrt.approx.ftz.f32` (PTX ISA 8.3 §9.7.3.15): the SFU's approximate square root (the ISA
+/// gives its error bound; `tests/issue22_device.rs` checks relative error <= 2^-21 on the H100);
+/// subnormal inputs and results flush to zero.
+#[inline(always)]
+pub fn sqrt_approx(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: an arithmetic instruction on registers.
+    unsafe {
+        asm!("sqrt.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+            options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// `rsqrt.approx.ftz.f32` (PTX ISA 8.3 §9.7.3.16 `rsqrt`): 1 / sqrt(x) (the ISA gives the bound,
+/// about 2^-23 relative; the GPU test checks <= 2^-21); `+inf` for `0.0`, NaN for negative
+/// inputs; subnormals flush to zero. (LayerNorm's `1 / sqrt(var + eps)`.)
+#[inline(always)]
+pub fn rsqrt_approx(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: an arithmetic instruction on registers.
+    unsafe {
+        asm!("rsqrt.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+            options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// `tanh.approx.f32` (PTX ISA 8.3 §9.7.3.22 `tanh`, sm_75+): hyperbolic tangent, relative error
+/// about 2^-11 over the full range (the ISA's bound; a BF16-grade result: the GPU test checks
+/// <= 2^-10); subnormal results flush to zero. (GELU's tanh form.)
+#[inline(always)]
+pub fn tanh_approx(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: an arithmetic instruction on registers.
+    unsafe {
+        asm!("tanh.approx.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+            options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// `lg2.approx.ftz.f32` (PTX ISA 8.3 §9.7.3.20 `lg2`): log2(x) with an absolute error bound (the
+/// ISA's, about 2^-22; the GPU test checks <= 2^-20); `-inf` for `0.0`, NaN for negative inputs;
+/// subnormal inputs flush to zero.
+#[inline(always)]
+pub fn log2_approx(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: an arithmetic instruction on registers.
+    unsafe {
+        asm!("lg2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+            options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// ln(x) as `log2_approx(x) * ln(2)`: the absolute error of [`log2_approx`] times ln 2 plus one
+/// rounding of the product (relative 2^-24).
+#[inline(always)]
+pub fn ln_approx(x: f32) -> f32 {
+    log2_approx(x) * core::f32::consts::LN_2
+}
+
+/// `sin.approx.ftz.f32` (PTX ISA 8.3 §9.7.3.18 `sin`): sine of `x` radians, absolute error about
+/// 2^-21 in -pi..pi (the ISA's bound; the GPU test checks <= 2^-19; larger outside, where the
+/// SFU's argument reduction loses precision: reduce large arguments yourself); subnormals flush
+/// to zero.
+#[inline(always)]
+pub fn sin_approx(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: an arithmetic instruction on registers.
+    unsafe {
+        asm!("sin.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+            options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// `cos.approx.ftz.f32` (PTX ISA 8.3 §9.7.3.19 `cos`): cosine of `x` radians, with the error of
+/// [`sin_approx`] in -pi..pi.
+#[inline(always)]
+pub fn cos_approx(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: an arithmetic instruction on registers.
+    unsafe {
+        asm!("cos.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+            options(pure, nomem, nostack))
+    };
+    r
 }

@@ -181,6 +181,18 @@ impl<const STAGES: u32> Pipeline<STAGES> {
 /// release lands on an exited CTA), [`Self::consumer_wait`], [`Self::consumer_release`]. The
 /// producer starts at [`PipelineState::new`] waiting on parity 1 of the empty barriers, which
 /// passes at once on fresh barriers ("producer start state").
+///
+/// **One CTA, no cluster.** A kernel launched without cluster dimensions uses the pipeline as it
+/// is: every CTA is then a cluster of one (PTX ISA 8.3 §2.2.1; `%cluster_nctarank` is 1), the TMA
+/// copies' `.shared::cluster` destinations name this CTA's own shared memory, and no cluster
+/// barrier is needed. The recipe: [`Self::init_cta`] (thread 0 runs [`Self::init`] with the
+/// consumer count of this CTA alone, e.g. one release per consumer warpgroup, then
+/// [`fence_init`](super::mbarrier::fence_init); then [`super::thread::sync_threads`], not
+/// `cluster::sync_cluster`, publishes the barriers); consumers release with
+/// [`Self::consumer_release_local`] (a plain `mbarrier.arrive` on this CTA's barrier, no `mapa`);
+/// [`Self::producer_tail`] is not needed, since no other CTA can arrive on this CTA's barriers
+/// (the consumers wait for every stage they read, so no copy is in flight when the CTA exits).
+/// `gpu/src/kernels/batched_gemm.rs` is a kernel built this way.
 #[derive(Clone, Copy)]
 pub struct TmaPipeline<const STAGES: u32> {
     base: u32,
@@ -198,7 +210,8 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
     /// write into this CTA's stage (from this CTA or, multicast, from others), and exactly the
     /// `consumer_arrivals` given to [`Self::init`] releases, from this CTA's and the other
     /// writing CTAs' consumers together. Barrier initialisation is published to the whole cluster
-    /// (`fence_init` then a cluster barrier) before any CTA uses the pipeline.
+    /// (`fence_init` then a cluster barrier) before any CTA uses the pipeline; for a launch
+    /// without clusters (a cluster of one), `fence_init` then a CTA barrier (`bar.sync`).
     #[inline(always)]
     pub const unsafe fn at(base: u32) -> Self {
         Self { base }
@@ -221,6 +234,26 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
             }
             s += 1;
         }
+    }
+
+    /// The one-CTA setup in one call: thread 0 of the CTA runs [`Self::init`]`(consumer_arrivals)`
+    /// and [`fence_init`](super::mbarrier::fence_init), then the whole CTA meets at
+    /// `barrier.sync 0` ([`super::thread::sync_threads`]), which publishes the barriers.
+    ///
+    /// # Safety
+    /// Every thread of the CTA calls it once, convergently (it contains `bar.sync`), before any
+    /// other use of the pipeline; no other CTA uses this pipeline (a launch without clusters, or
+    /// a cluster whose CTAs never multicast into or release on each other's stages);
+    /// `consumer_arrivals` in `1..2^20` is the number of releases per stage and phase.
+    #[inline(always)]
+    pub unsafe fn init_cta(self, consumer_arrivals: u32) {
+        if super::thread::thread_idx_x() == 0 {
+            // SAFETY: one thread, before any use (contract above); published below.
+            unsafe { self.init(consumer_arrivals) };
+            super::mbarrier::fence_init();
+        }
+        // SAFETY: every thread of the CTA, convergently (contract above).
+        unsafe { super::thread::sync_threads() };
     }
 
     #[inline(always)]
@@ -271,6 +304,17 @@ impl<const STAGES: u32> TmaPipeline<STAGES> {
     #[inline(always)]
     pub fn consumer_wait(self, state: PipelineState<STAGES>) {
         self.full(state).wait_parity(state.phase);
+    }
+
+    /// Consumer: one release of `state`'s stage on this CTA's own empty barrier
+    /// (`mbarrier.arrive.shared::cta.b64`, PTX ISA 8.3 §9.7.13.15.13), for pipelines that only
+    /// this CTA writes into (no multicast from other CTAs; in particular every launch without
+    /// clusters). The consumer's reads of the stage must be complete (for wgmma: after the
+    /// `wait_group` that covers them); the count is one of those given to [`Self::init`], as the
+    /// contract of [`Self::at`] requires.
+    #[inline(always)]
+    pub fn consumer_release_local(self, state: PipelineState<STAGES>) {
+        self.empty(state).arrive();
     }
 
     /// Consumer: one release of `state`'s stage on the empty barrier of CTA `rank` of the cluster

@@ -623,7 +623,9 @@ mod device {
     /// # Safety
     /// - Called by every thread of the CTA, once, from convergent code at the top of the kernel
     ///   (it contains `bar.sync`), with nothing else using the dynamic shared memory the layout
-    ///   covers;
+    ///   covers, except per-CTA constants: [`Array`] regions the kernel filled before the call
+    ///   with plain stores (`run`'s CTA barrier orders those stores before every hook) and that
+    ///   the hooks only read;
     /// - `k`'s hooks are sound under the launch contract of the calling kernel, which its caller
     ///   upholds (the hooks' `# Safety`).
     #[inline(always)]

@@ -178,3 +178,32 @@ pub unsafe fn store_global(dst: *mut f32, v: f32) {
         asm!("st.global.f32 [{p}], {v};", v = in(reg32) v, p = in(reg64) dst, options(nostack));
     }
 }
+
+/// `st.global.v2.f32`: an 8-byte store of two floats to global memory (PTX ISA 8.3 §9.7.9.9
+/// `st`, vector form).
+///
+/// # Safety
+/// `dst` is an 8-byte aligned global address of 2 writable floats that no other thread accesses
+/// concurrently.
+#[inline(always)]
+pub unsafe fn store_global_v2(dst: *mut f32, v: [f32; 2]) {
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("st.global.v2.f32 [{p}], {{{x}, {y}}};", x = in(reg32) v[0], y = in(reg32) v[1],
+            p = in(reg64) dst, options(nostack));
+    }
+}
+
+/// `st.global.b64`: an 8-byte store to global memory (PTX ISA 8.3 §9.7.9.9 `st`), e.g. four
+/// packed BF16/FP16 values (two [`super::math::pack_bf16x2`] words, the first in the low half).
+///
+/// # Safety
+/// `dst` is an 8-byte aligned global address of 8 writable bytes that no other thread accesses
+/// concurrently.
+#[inline(always)]
+pub unsafe fn store_global_b64(dst: *mut u64, v: u64) {
+    // SAFETY: the caller upholds this function's `# Safety` contract.
+    unsafe {
+        asm!("st.global.b64 [{p}], {v};", v = in(reg64) v, p = in(reg64) dst, options(nostack));
+    }
+}

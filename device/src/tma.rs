@@ -124,3 +124,103 @@ impl TensorMap {
         }
     }
 }
+
+/// One rank of the N-D forms: `load_Nd`, `load_Nd_multicast`, `store_Nd`, `prefetch_Nd`, with
+/// the coordinates as an array (innermost dimension first, in elements, signed).
+macro_rules! tma_rank {
+    ($n:literal, $dim:literal, $load:ident, $load_mc:ident, $store:ident, $prefetch:ident, $coords:literal,
+     [$($i:literal => $c:ident),+]) => {
+        impl TensorMap {
+            #[doc = concat!("`cp.async.bulk.tensor.", $dim, ".shared::cluster.global.mbarrier::complete_tx::bytes` ",
+                "(PTX ISA 8.3 §9.7.9.25.5.1, tile mode): as [`Self::load_2d`] for a rank-", $n,
+                " map; `c` holds the box's coordinates, innermost dimension first, in elements. ",
+                "A coordinate may lie outside the tensor in any dimension (loads fill zeros there); ",
+                "the box's bytes (the product of the map's box dimensions times the element size, ",
+                "out-of-bounds zeros included) count down `bar`'s transaction count.")]
+            ///
+            /// # Safety
+            /// As [`Self::load_2d`]; the map's rank is this function's.
+            #[inline(always)]
+            pub unsafe fn $load(self, dst: u32, c: [i32; $n], bar: Mbarrier) {
+                $(let $c = c[$i];)+
+                // SAFETY: the caller upholds this function's `# Safety` contract; the map is valid.
+                unsafe {
+                    asm!(concat!("cp.async.bulk.tensor.", $dim, ".shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{", $coords, "}}], [{b}];"),
+                        d = in(reg32) dst, m = in(reg64) self.addr, $($c = in(reg32) $c,)+
+                        b = in(reg32) bar.addr(), options(nostack));
+                }
+            }
+
+            #[doc = concat!("As [`Self::", stringify!($load), "`], but `.multicast::cluster` (PTX ISA 8.3 ",
+                "§9.7.9.25.5.1): the box lands at offset `dst` in the shared memory of every CTA of ",
+                "the cluster whose bit is set in `cta_mask`, and completes on the barrier at `bar`'s ",
+                "offset in each of them (sm_90a advised by ptxas).")]
+            ///
+            /// # Safety
+            /// As [`Self::load_2d_multicast`] for every destination CTA; the map's rank is this
+            /// function's.
+            #[inline(always)]
+            pub unsafe fn $load_mc(self, dst: u32, c: [i32; $n], bar: Mbarrier, cta_mask: u16) {
+                $(let $c = c[$i];)+
+                // SAFETY: the caller upholds this function's `# Safety` contract; the map is valid.
+                unsafe {
+                    asm!(concat!("cp.async.bulk.tensor.", $dim, ".shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{", $coords, "}}], [{b}], {k};"),
+                        d = in(reg32) dst, m = in(reg64) self.addr, $($c = in(reg32) $c,)+
+                        b = in(reg32) bar.addr(), k = in(reg16) cta_mask, options(nostack));
+                }
+            }
+
+            #[doc = concat!("`cp.async.bulk.tensor.", $dim, ".global.shared::cta.bulk_group` (PTX ISA 8.3 ",
+                "§9.7.9.25.5.1): as [`Self::store_2d`] for a rank-", $n, " map; elements of the box ",
+                "outside the tensor (in any dimension) are not written.")]
+            ///
+            /// # Safety
+            /// As [`Self::store_2d`]; the map's rank is this function's.
+            #[inline(always)]
+            pub unsafe fn $store(self, src: u32, c: [i32; $n]) {
+                $(let $c = c[$i];)+
+                // SAFETY: the caller upholds this function's `# Safety` contract; the map is valid.
+                unsafe {
+                    asm!(concat!("cp.async.bulk.tensor.", $dim, ".global.shared::cta.bulk_group [{m}, {{", $coords, "}}], [{s}];"),
+                        m = in(reg64) self.addr, $($c = in(reg32) $c,)+ s = in(reg32) src,
+                        options(nostack));
+                }
+            }
+
+            #[doc = concat!("`cp.async.bulk.prefetch.tensor.", $dim, ".L2.global.tile` (PTX ISA 8.3 ",
+                "§9.7.9.25.5.2): brings the box at `c` (innermost first, in elements; may hang over ",
+                "any edge) of a rank-", $n, " map into L2 ahead of a load. A hint: no shared memory, ",
+                "no barrier, nothing to wait for; the L2 lines are the only effect.")]
+            #[inline(always)]
+            pub fn $prefetch(self, c: [i32; $n]) {
+                $(let $c = c[$i];)+
+                // SAFETY: a prefetch reads through a valid map (contract of `at`) into L2 only; it
+                // writes no memory the program can observe.
+                unsafe {
+                    asm!(concat!("cp.async.bulk.prefetch.tensor.", $dim, ".L2.global.tile [{m}, {{", $coords, "}}];"),
+                        m = in(reg64) self.addr, $($c = in(reg32) $c,)+ options(nostack));
+                }
+            }
+        }
+    };
+}
+
+tma_rank!(3, "3d", load_3d, load_3d_multicast, store_3d, prefetch_3d,
+    "{c0}, {c1}, {c2}", [0 => c0, 1 => c1, 2 => c2]);
+tma_rank!(4, "4d", load_4d, load_4d_multicast, store_4d, prefetch_4d,
+    "{c0}, {c1}, {c2}, {c3}", [0 => c0, 1 => c1, 2 => c2, 3 => c3]);
+tma_rank!(5, "5d", load_5d, load_5d_multicast, store_5d, prefetch_5d,
+    "{c0}, {c1}, {c2}, {c3}, {c4}", [0 => c0, 1 => c1, 2 => c2, 3 => c3, 4 => c4]);
+
+impl TensorMap {
+    /// `cp.async.bulk.prefetch.tensor.2d.L2.global.tile` (PTX ISA 8.3 §9.7.9.25.5.2): the rank-2
+    /// form of [`Self::prefetch_3d`], at `(c0, c1)`.
+    #[inline(always)]
+    pub fn prefetch_2d(self, c0: i32, c1: i32) {
+        // SAFETY: as in `prefetch_3d`: an L2 hint through a valid map.
+        unsafe {
+            asm!("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [{m}, {{{x}, {y}}}];",
+                m = in(reg64) self.addr, x = in(reg32) c0, y = in(reg32) c1, options(nostack));
+        }
+    }
+}

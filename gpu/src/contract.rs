@@ -768,3 +768,168 @@ pub mod decode_gemm {
         }
     };
 }
+
+/// Batched BF16 tensor-core GEMM on 3-D TMA (sm_90a module, `gpu/src/kernels/batched_gemm.rs`;
+/// issue 22, "3-D TMA"): `C[b] = A[b] * B[b]` for every `b < batch`, BF16 inputs, FP32
+/// accumulation, BF16 output (what cuBLAS's strided-batched BF16 GEMM computes with alpha 1,
+/// beta 0).
+///
+/// Layouts (every pitch and batch stride in elements):
+/// - A: `batch x M x K`, K contiguous (row-major per batch), row pitch `lda`, batch stride
+///   `stride_a >= M * lda`; a 3-D tensor map with dims `{K, M, batch}`, box [`A_BOX`];
+/// - B: `batch x N x K`, K contiguous (B column-major per batch, "K-major"), dims
+///   `{K, N, batch}`, box [`B_BOX`];
+/// - C: `batch x M x N`, N contiguous, row pitch `ldc` (even), batch stride `stride_c`.
+///
+/// The 3-D map is what makes batching free of padding: a box that hangs over row `M` of batch `b`
+/// reads zeros, not batch `b + 1`'s first rows (a 2-D map over `[batch * M, K]` would).
+///
+/// One CTA per `BM x BN` output tile (not persistent): grid `(ceil(N / BN), ceil(M / BM),
+/// batch)`, `THREADS_PER_CTA` threads, `SMEM_BYTES` of dynamic shared memory, no cluster
+/// dimensions. Warpgroup 0 is the producer (one thread TMA-loads A and B into a `STAGES`-deep
+/// `TmaPipeline` used without a cluster), warpgroups 1 and 2 the consumers (wgmma
+/// `m64n256k16`, 64 rows each), each storing its rows of C from registers.
+///
+/// Kernel parameters, in order:
+/// `(tmap_a: u64, tmap_b: u64, c: u64, m: u32, n: u32, k: u32, ldc: u32, stride_c: u64)`.
+pub mod batched_gemm {
+    use super::*;
+
+    /// Entry name.
+    pub const KERNEL: &str = "batched_gemm_bf16";
+    /// Bytes of one BF16 element.
+    pub const IN_BYTES: usize = 2;
+    /// Rows of C per CTA tile (two consumer warpgroups x 64).
+    pub const BM: usize = 128;
+    /// Columns of C per CTA tile (the N of `wgmma.m64n256k16`).
+    pub const BN: usize = 256;
+    /// K per stage: 64 BF16 = 128 bytes, the span of the 128-byte swizzle.
+    pub const BK: usize = 64;
+    /// K of one wgmma instruction.
+    pub const WGMMA_K: usize = 16;
+    /// Rows per consumer warpgroup.
+    pub const WG_M: usize = 64;
+    /// Pipeline depth.
+    pub const STAGES: usize = 4;
+    /// Threads per warpgroup.
+    pub const WARPGROUP_THREADS: u32 = 4 * WARP_SIZE;
+    /// Consumer warpgroups.
+    pub const CONSUMER_WARPGROUPS: u32 = 2;
+    /// Threads per CTA: the producer warpgroup and the consumers.
+    pub const THREADS_PER_CTA: u32 = WARPGROUP_THREADS * (1 + CONSUMER_WARPGROUPS);
+    /// Registers per thread the producer warpgroup keeps (`setmaxnreg.dec`).
+    pub const PRODUCER_REGS: u32 = 40;
+    /// Registers per thread of a consumer warpgroup (`setmaxnreg.inc`).
+    pub const CONSUMER_REGS: u32 = 232;
+    /// TMA box of A, `{K, M, batch}` elements, 128-byte swizzle.
+    pub const A_BOX: [u32; 3] = [BK as u32, BM as u32, 1];
+    /// TMA box of B, `{K, N, batch}` elements, 128-byte swizzle.
+    pub const B_BOX: [u32; 3] = [BK as u32, BN as u32, 1];
+    /// Bytes of one stage's A tile.
+    pub const A_STAGE_BYTES: usize = BM * BK * IN_BYTES;
+    /// Bytes of one stage's B tile.
+    pub const B_STAGE_BYTES: usize = BN * BK * IN_BYTES;
+    /// Layout from the 1024-byte aligned base: `STAGES x A | STAGES x B | full[STAGES] |
+    /// empty[STAGES]`.
+    pub const A_OFFSET: usize = 0;
+    /// Offset of stage 0's B tile.
+    pub const B_OFFSET: usize = A_OFFSET + STAGES * A_STAGE_BYTES;
+    /// Offset of the pipeline's mbarriers.
+    pub const BARRIERS_OFFSET: usize = B_OFFSET + STAGES * B_STAGE_BYTES;
+    /// Alignment of every swizzled tile.
+    pub const SWIZZLE_ALIGN: usize = 1024;
+    /// Dynamic shared memory per CTA (layout, barriers, alignment slack).
+    pub const SMEM_BYTES: usize = BARRIERS_OFFSET + 2 * STAGES * MBARRIER_BYTES + SWIZZLE_ALIGN;
+    /// Row pitches and batch strides of A, B and C must be multiples of this many elements (16
+    /// bytes: TMA's stride rule, and even, for C's paired 4-byte stores).
+    pub const PITCH_ALIGN: usize = 8;
+    /// Largest grid y (M tiles) and z (batch) a launch may have.
+    pub const MAX_GRID_YZ: u32 = 65535;
+
+    const _: () = {
+        assert!(BM == CONSUMER_WARPGROUPS as usize * WG_M);
+        assert!(BK * IN_BYTES == 128 && BK.is_multiple_of(WGMMA_K));
+        assert!(A_STAGE_BYTES.is_multiple_of(SWIZZLE_ALIGN));
+        assert!(B_STAGE_BYTES.is_multiple_of(SWIZZLE_ALIGN));
+        assert!(SMEM_BYTES <= 227 * 1024);
+        // The setmaxnreg split fits the registers the entry starts with (issue 22, item 7).
+        warpline_device::check_setmaxnreg(
+            THREADS_PER_CTA,
+            1,
+            &[PRODUCER_REGS, CONSUMER_REGS, CONSUMER_REGS],
+        );
+    };
+}
+
+/// Instruction-check kernels of the sm_90a module (`gpu/src/kernels/device_check.rs`; issue 22,
+/// items 5 and 8), for `tests/issue22_device.rs`.
+///
+/// TMA copies `tma_copy_{3,4,5}d` and `tma_copy_{3,4,5}d_multicast`, parameters
+/// `(src: u64, dst: u64, box_: u64, boxes: u64, box_bytes: u32, l2_src: u64, l2_bytes: u32)`:
+/// `src` and `dst` are device addresses of tensor maps of that rank with the same dims and box
+/// (no swizzle; `box_bytes` = the box's elements times the element size); `box_` packs the box
+/// size and `boxes` the number of boxes per dimension, [`device_check::FIELD_BITS`] bits per
+/// dimension, innermost first. CTA `b` copies box `b` (its coordinates are `b`'s digits in the
+/// mixed radix of `boxes`, times the box): a load (`cp.async.bulk.tensor.Nd`, after a
+/// `cp.async.bulk.prefetch.tensor.Nd` of the same box) into shared memory, then a store. CTA 0
+/// also issues `cp.async.bulk.prefetch.L2` of `l2_bytes` (0: none; a multiple of 16) at `l2_src`
+/// (16-byte aligned, inside one allocation). Launch: [`device_check::COPY_THREADS`] threads,
+/// [`device_check::copy_smem_bytes`] of dynamic shared memory; grid = the number of boxes; the
+/// multicast entries with cluster dims `(2, 1, 1)` and an even grid (CTA `b` stores the box
+/// `b ^ 1` that its peer multicast to it).
+///
+/// `math_check(x: u64, y: u64, n: u32)`: `y[8 i + j]` = function `j` of
+/// [`device_check::MATH_FUNCS_NAMES`] at `x[i]`, for `i < n`; any 1-D launch.
+pub mod device_check {
+    /// The copy entries, by rank 3, 4, 5.
+    pub const COPY_KERNELS: [&str; 3] = ["tma_copy_3d", "tma_copy_4d", "tma_copy_5d"];
+    /// The multicast copy entries, by rank 3, 4, 5.
+    pub const COPY_MULTICAST_KERNELS: [&str; 3] = [
+        "tma_copy_3d_multicast",
+        "tma_copy_4d_multicast",
+        "tma_copy_5d_multicast",
+    ];
+    /// The math entry.
+    pub const MATH_KERNEL: &str = "math_check";
+    /// Threads per CTA of the copies (one warp; thread 0 does the copy).
+    pub const COPY_THREADS: u32 = 32;
+    /// Bits per dimension in the packed `box_` and `boxes` parameters.
+    pub const FIELD_BITS: u32 = 12;
+    /// Mask of one packed field.
+    pub const FIELD_MASK: u64 = (1 << FIELD_BITS) - 1;
+    /// Alignment of the barrier and of each shared-memory slot.
+    pub const SLOT_ALIGN: u32 = 1024;
+    /// Functions `math_check` writes per input, in order.
+    pub const MATH_FUNCS: usize = 8;
+    /// Their names, in the output order.
+    pub const MATH_FUNCS_NAMES: [&str; MATH_FUNCS] = [
+        "sqrt",
+        "sqrt_approx",
+        "rsqrt_approx",
+        "tanh_approx",
+        "exp_approx",
+        "ln_approx",
+        "sin_approx",
+        "cos_approx",
+    ];
+
+    /// Dynamic shared memory a copy launch needs for boxes of `box_bytes`: alignment slack, the
+    /// barrier's slot and two box slots.
+    pub const fn copy_smem_bytes(box_bytes: u32) -> u32 {
+        SLOT_ALIGN + SLOT_ALIGN + 2 * box_bytes.div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+    }
+
+    /// Packs five fields (innermost first) for `box_` / `boxes`; `None` if one does not fit.
+    pub const fn pack(v: [u32; 5]) -> Option<u64> {
+        let mut p = 0u64;
+        let mut i = 0;
+        while i < 5 {
+            if v[i] as u64 > FIELD_MASK {
+                return None;
+            }
+            p |= (v[i] as u64) << (FIELD_BITS * i as u32);
+            i += 1;
+        }
+        Some(p)
+    }
+}

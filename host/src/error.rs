@@ -106,6 +106,10 @@ pub enum Error {
         addr: u64,
         align: u64,
     },
+    /// A cudarc object that warpline cannot take over as it is (`warpline::interop`): what was
+    /// given and what is allowed.
+    #[error("{what}: {detail}")]
+    CudarcInterop { what: &'static str, detail: String },
     /// A buffer bound to one stream used on another.
     #[error("{what}: the buffer belongs to another stream; use it on its own stream or move it with DeviceBuffer::move_to_stream")]
     WrongStream { what: &'static str },

@@ -18,6 +18,7 @@ pub(crate) mod driver;
 pub mod error;
 pub mod fp8;
 pub mod fuzz;
+pub mod interop;
 pub mod kernels;
 pub mod launch;
 pub mod memory;

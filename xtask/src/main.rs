@@ -537,7 +537,15 @@ fn gpu_bundle() -> Result<()> {
     }
     // The example programs (workspace members under examples/, e.g. saxpy and softmax), if any.
     let examples = root.join("examples");
-    let example_bins = example_executables(&examples)?;
+    let mut example_bins = example_executables(&examples)?;
+    // The host crate's own examples (host/examples: the cudarc interop example, issue 22).
+    example_bins.extend(built_executables(&[
+        "build",
+        "--release",
+        "-p",
+        "warpline",
+        "--examples",
+    ])?);
     if !example_bins.is_empty() {
         fs::create_dir_all(dir.join("examples")).map_err(|e| e.to_string())?;
     }

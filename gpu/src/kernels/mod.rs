@@ -3,10 +3,15 @@
 
 //!
 //! The crate is built into two modules: without feature `sm90a` (sm_90, every kernel below but
-//! the tensor-core ones) and with it (sm_90a: only `tc_gemm`, which needs wgmma and setmaxnreg).
+//! the tensor-core ones) and with it (sm_90a: `tc_gemm` and `batched_gemm`, which need wgmma and
+//! setmaxnreg, and the instruction checks of `device_check`).
 
+#[cfg(feature = "sm90a")]
+mod batched_gemm;
 #[cfg(not(feature = "sm90a"))]
 mod decode_gemm;
+#[cfg(feature = "sm90a")]
+mod device_check;
 #[cfg(not(feature = "sm90a"))]
 mod gemm;
 #[cfg(not(feature = "sm90a"))]

@@ -1121,7 +1121,12 @@ macro_rules! entry {
             // SAFETY: the launch contract above.
             unsafe { tc_gemm::<$input, $layout, $pingpong>(p) }
         }
-        crate::device::launch_bounds!($name, THREADS_PER_CTA, 1);
+        crate::device::launch_bounds!(
+            $name,
+            THREADS_PER_CTA,
+            1,
+            setmaxnreg = [PRODUCER_REGS, CONSUMER_REGS, CONSUMER_REGS]
+        );
     };
 }
 

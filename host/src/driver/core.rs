@@ -141,6 +141,14 @@ pub(crate) fn stream_query(s: sys::CUstream) -> Result<bool> {
     }
 }
 
+/// `cuStreamGetFlags`.
+pub(crate) fn stream_get_flags(s: sys::CUstream) -> Result<u32> {
+    let mut flags: std::ffi::c_uint = 0;
+    // SAFETY: valid out-pointer; `s` is a live stream handle held by the caller.
+    unsafe { sys::cuStreamGetFlags(s, &mut flags) }.call("cuStreamGetFlags")?;
+    Ok(flags)
+}
+
 /// `cuStreamWaitEvent`.
 pub(crate) fn stream_wait_event(s: sys::CUstream, e: sys::CUevent) -> Result<()> {
     // SAFETY: live stream and event handles held by the caller.

@@ -370,7 +370,35 @@ macro_rules! view_common {
 view_common!(DeviceView);
 view_common!(DeviceViewMut);
 
+impl<'a, T> DeviceView<'a, T> {
+    /// # Safety
+    /// `ptr` addresses `len` initialised elements of `T` in device memory of `stream`'s context
+    /// that stay allocated, and are not written except through work queued on `stream`, for
+    /// `'a`; the memory's stream-ordered free (if any) is queued on `stream` after every use
+    /// (the binding rule of [`DeviceBuffer`]).
+    pub(crate) unsafe fn from_raw_parts(ptr: u64, len: usize, stream: &'a Stream) -> Self {
+        Self {
+            ptr,
+            len,
+            stream,
+            _b: PhantomData,
+        }
+    }
+}
+
 impl<'a, T> DeviceViewMut<'a, T> {
+    /// # Safety
+    /// As [`DeviceView::from_raw_parts`], and nothing else accesses the elements for `'a`
+    /// except through work queued on `stream` with this view.
+    pub(crate) unsafe fn from_raw_parts(ptr: u64, len: usize, stream: &'a Stream) -> Self {
+        Self {
+            ptr,
+            len,
+            stream,
+            _b: PhantomData,
+        }
+    }
+
     /// A shorter-lived mutable view of the same elements (to pass the view on and use it again).
     pub fn reborrow(&mut self) -> DeviceViewMut<'_, T> {
         DeviceViewMut {
