@@ -313,6 +313,10 @@ pub enum Error {
     /// `%globaltimer` calibration, a stamp outside its kernel's window).
     #[error("trace clock: {detail}")]
     TraceClock { detail: String },
+    /// A decode step's block table is unusable (issue 21): an entry a sequence uses points
+    /// outside the KV cache, or two sequences of the batch write or read the same cache slot.
+    #[error("decode block table, sequence {seq}: {detail}; allowed: entries below the cache's page count, and no cache slot written by one sequence and used by another")]
+    BlockTable { seq: usize, detail: String },
 }
 
 /// Attaches the name of the CUDA call to a driver error. Sticky errors (see [`is_sticky`]) become

@@ -1,0 +1,1 @@
+//! The GPU decode step (issue 21): see [`super`].
