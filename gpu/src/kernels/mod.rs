@@ -8,6 +8,8 @@
 #[cfg(not(feature = "sm90a"))]
 mod decode_gemm;
 #[cfg(not(feature = "sm90a"))]
+mod decode_step;
+#[cfg(not(feature = "sm90a"))]
 mod gemm;
 #[cfg(not(feature = "sm90a"))]
 mod pdl;
