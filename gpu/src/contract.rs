@@ -834,7 +834,7 @@ pub mod decode_step {
 
     /// One attention entry: head dim and query heads per KV head. Parameter list: `q, k_cache,
     /// v_cache, block_table, positions, out, part_o, part_ml: u64`, `n_kv, page_size, bt_stride,
-    /// num_pages, splits, pages_per_split: u32`, `scale_log2: f32`, `stamps: u64`, `flags: u32`.
+    /// num_pages, splits_pps: u32` (`splits | pages_per_split << 16`), `scale_log2: f32`, `stamps: u64`, `flags: u32`.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct AttnVariant {
         /// Entry point.

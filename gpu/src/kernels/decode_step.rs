@@ -506,7 +506,7 @@ macro_rules! attn_entry {
         /// Grid `batch * n_kv * splits` CTAs of `ATTN_WARPS * 32` threads with
         /// `attn_smem_bytes` of dynamic shared memory; `q` `batch x heads x d` bf16 (`heads =
         /// n_kv * G`); caches `num_pages x n_kv x page_size x d` bf16; `block_table` `batch x
-        /// bt_stride` u32, `positions` `batch` u32 (both not written by any kernel while this
+        /// bt_stride` u32, `positions` `batch` u32 (`splits_pps = splits | pages_per_split << 16`) (both not written by any kernel while this
         /// one may run); with `splits == 1` `out` `batch x heads x d` bf16, else `part_o`
         /// `batch x heads x splits x d` f32 and `part_ml` `batch x heads x splits x 2` f32;
         /// outputs alias nothing. A page `>= num_pages` or a length beyond the table traps.
@@ -525,12 +525,12 @@ macro_rules! attn_entry {
             page_size: u32,
             bt_stride: u32,
             num_pages: u32,
-            splits: u32,
-            pages_per_split: u32,
+            splits_pps: u32,
             scale_log2: f32,
             stamps: *mut u64,
             flags: u32,
         ) {
+            let (splits, pages_per_split) = (splits_pps & 0xffff, splits_pps >> 16);
             let p = Attn {
                 q,
                 k_cache,
