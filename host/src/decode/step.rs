@@ -193,8 +193,9 @@ impl HostLayer {
         }
     }
 
-    /// The same weights as [`LayerWeights::random`] with `seed`, generated tensor by tensor
-    /// (no f32 copy of the whole layer).
+    /// Random weights of the same distribution as [`LayerWeights::random`] (not the same
+    /// values), generated in chunks of 4 Mi elements on all cores (full-size layers are
+    /// 218 M parameters).
     pub fn random(dims: &DecodeDims, seed: u64) -> Self {
         let (h, q, i) = (dims.hidden, dims.q_width(), dims.intermediate);
         let s = |fan_in: usize| 1.0 / (fan_in as f64).sqrt();
@@ -204,7 +205,32 @@ impl HostLayer {
                 .map(|v| bf16::from_f32(1.0 + v))
                 .collect()
         };
-        let mat = |seed, n, sc| to_bf16(&normal_bf16(seed, n, sc));
+        let mat = |seed: u64, n: usize, sc: f64| -> Vec<bf16> {
+            const CHUNK: usize = 1 << 22;
+            let mut out = vec![bf16::ZERO; n];
+            let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+            let chunks: Vec<(usize, &mut [bf16])> = out.chunks_mut(CHUNK).enumerate().collect();
+            let per = chunks.len().div_ceil(threads).max(1);
+            let mut groups: Vec<Vec<(usize, &mut [bf16])>> = Vec::new();
+            let mut it = chunks.into_iter().peekable();
+            while it.peek().is_some() {
+                groups.push(it.by_ref().take(per).collect());
+            }
+            std::thread::scope(|s| {
+                for g in groups {
+                    s.spawn(move || {
+                        for (i, c) in g {
+                            let seed = seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
+                            let vals = normal_bf16(seed, c.len(), sc);
+                            for (d, v) in c.iter_mut().zip(vals) {
+                                *d = bf16::from_f32(v);
+                            }
+                        }
+                    });
+                }
+            });
+            out
+        };
         let k = seed.wrapping_mul(7);
         Self {
             attn_norm: norm(k + 1),
@@ -231,9 +257,7 @@ impl HostLayer {
             if len != want {
                 return Err(Error::LengthMismatch {
                     what: "decode layer weights",
-                    detail: format!(
-                        "layer {layer} {name}: {len} elements; the dims need {want}"
-                    ),
+                    detail: format!("layer {layer} {name}: {len} elements; the dims need {want}"),
                 });
             }
         }
@@ -376,8 +400,8 @@ impl<'d> DecodeStep<'d> {
     /// Validates everything, uploads the weights (QKV and gate/up rows packed for the
     /// epilogues), allocates the caches (zeroed), activations and inputs once from a memory pool
     /// of the device, and builds the three launch chains. Inputs start as zeros at position 0
-    /// with block table rows `b * max_pages_per_seq + i` (valid when `num_pages >= batch *
-    /// max_pages_per_seq`); set them with [`DecodeStep::set_inputs`].
+    /// with block-table entry `i` of the table (row-major) equal to `i % num_pages` (checked
+    /// with [`check_batch`] like any input); set them with [`DecodeStep::set_inputs`].
     ///
     /// Errors, before anything is queued: [`Error::BadShape`] (dims, see
     /// [`DecodeDims::validate`]; batch outside 1..=64; no layers; an empty layout; splits;
@@ -474,6 +498,13 @@ impl<'d> DecodeStep<'d> {
             .map(|i| (i % cfg.layout.num_pages) as u32)
             .collect();
         let host_positions = vec![0u32; b];
+        check_batch(
+            &dims,
+            &cfg.layout,
+            cfg.max_pos,
+            &host_positions,
+            &host_block_table,
+        )?;
         let mut positions = pool.alloc_async::<u32>(stream, b)?;
         positions.copy_from_host(&host_positions)?;
         let mut block_table = pool.alloc_async::<u32>(stream, b * bt_cols)?;
@@ -559,8 +590,15 @@ impl<'d> DecodeStep<'d> {
             .enumerate()
         {
             let mut chain = Chain::new(dev, stream, pdl)?;
-            let kernels =
-                step.push_all(&mut chain, early, &gemms, &shapes, attn_variant, pps, per_layer)?;
+            let kernels = step.push_all(
+                &mut chain,
+                early,
+                &gemms,
+                &shapes,
+                attn_variant,
+                pps,
+                per_layer,
+            )?;
             if ci == 0 {
                 step.kernels = kernels;
             }
@@ -1165,10 +1203,8 @@ pub fn check_step_entries(ptx: &str) -> Result<()> {
         ptr("stamps"),
         int("flags"),
     ];
-    let mut want: Vec<(&str, &Vec<RustParam>)> = vec![
-        (sc::RMSNORM_KERNEL, &norm),
-        (sc::COMBINE_KERNEL, &combine),
-    ];
+    let mut want: Vec<(&str, &Vec<RustParam>)> =
+        vec![(sc::RMSNORM_KERNEL, &norm), (sc::COMBINE_KERNEL, &combine)];
     for v in gc::EPI_VARIANTS {
         want.push((v.kernel, &gemm));
     }
