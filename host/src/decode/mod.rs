@@ -162,9 +162,8 @@ impl DecodeDims {
         if self.page_size > 256 {
             return bad(format!("page size {}; allowed: 1 to 256", self.page_size));
         }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0)
-            || !(self.eps.is_finite() && self.eps > 0.0)
-        {
+        let finite = self.rope_theta.is_finite() && self.eps.is_finite();
+        if !(finite && self.rope_theta > 1.0 && self.eps > 0.0) {
             return bad(format!(
                 "rope theta {} and eps {}; allowed: theta > 1, eps > 0, finite",
                 self.rope_theta, self.eps
