@@ -143,7 +143,7 @@ pub unsafe extern "ptx-kernel" fn decode_rmsnorm_bf16(
     ss = unsafe { reduce_sum_f32(ss) };
     let smem = Shared::<f32>::at(dynamic_smem_base());
     let warp = tid / 32;
-    if tid % 32 == 0 {
+    if tid.is_multiple_of(32) {
         // SAFETY: warp < 8 <= 32 floats of dynamic shared memory (checked).
         unsafe { smem.add(warp).store(ss) };
     }
@@ -305,7 +305,11 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
         };
         if tid < 2 * n {
             let pg = page_of((first + tid / 2) * p.page_size);
-            let cache = if tid % 2 == 0 { p.k_cache } else { p.v_cache };
+            let cache = if tid.is_multiple_of(2) {
+                p.k_cache
+            } else {
+                p.v_cache
+            };
             let off =
                 (pg as usize * p.n_kv as usize + kvh as usize) * p.page_size as usize * d as usize;
             // SAFETY: one page of one KV head: page_size * d bf16 inside the cache, 16-byte

@@ -484,6 +484,11 @@ impl<'d> DecodeStep<'d> {
                 ),
             })?;
 
+        // 16-warp CTAs with 8 token tiles need 64 KiB for the split-K exchange.
+        for v in gc::EPI_VARIANTS {
+            dev.kernel(v.kernel)?
+                .raise_max_dynamic_shared_memory(gc::MAX_SMEM_BYTES)?;
+        }
         let pool = MemPool::new(dev, u64::MAX)?;
         let alloc_bf16 = |n: usize| pool.alloc_async::<bf16>(stream, n);
         let upload = |v: &[bf16]| -> Result<DeviceBuffer<bf16>> {
