@@ -12,14 +12,18 @@
 //! Environment: `WARPLINE_DECODE_CASES=BxL,...` (default the 1x1024, 8x1024, 8x4096,
 //! 32x4096, 64x2048), `WARPLINE_DECODE_LAYERS=NL` (default 4), `WARPLINE_DECODE_VARIANTS=abcde`
 //! (default all), `WARPLINE_DECODE_SMALL=1` (the tests' small dims instead of Llama-8B),
-//! `WARPLINE_DECODE_JSON=file` (rows and timeline as JSON), `WARPLINE_DECODE_NPY=dir` (also
+//! `WARPLINE_DECODE_JSON=file` (rows and timeline as JSON), `WARPLINE_DECODE_TIMELINE=file.png`
+//! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`
+//! in the `wait` colour; variant `WARPLINE_DECODE_TIMELINE_VARIANT`, default `e`), `WARPLINE_DECODE_NPY=dir` (also
 //! write one step's inputs, weights, caches and output for `scripts/torch_decode.py --check
 //! dir`, at the first case with `WARPLINE_DECODE_NPY_LAYERS` layers, default 1). Without a
 //! driver it prints why it skipped and exits 0.
 
 use warpline::bandwidth::d2d_copy_gbps;
 use warpline::bf16;
-use warpline::decode::bench::{build_step, export_npy, run_case, timeline, to_json, Case, Row};
+use warpline::decode::bench::{
+    build_step, export_npy, run_case, timeline, timeline_trace, to_json, Case, Row,
+};
 use warpline::decode::reference::normal_bf16;
 use warpline::decode::step::{HostLayer, Variant};
 use warpline::decode::DecodeDims;
@@ -112,6 +116,28 @@ fn main() -> warpline::Result<()> {
                     "{:>5} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
                     k.layer, k.role, k.start_us, k.wait_us, k.end_us, k.overlap_us
                 );
+            }
+            if let Some(path) = env("WARPLINE_DECODE_TIMELINE") {
+                let v = env("WARPLINE_DECODE_TIMELINE_VARIANT")
+                    .map_or(Ok(Variant::GraphPdlPrefetch), |s| Variant::parse(&s))?;
+                let rows = timeline(&mut step, v)?;
+                let title = format!(
+                    "decode step {}x{}, {layers} layers, variant {}",
+                    case.batch,
+                    case.kv_len,
+                    v.label()
+                );
+                let trace = timeline_trace(&rows, &title)?;
+                let opts = warpline::trace::timeline::TimelineOptions {
+                    title,
+                    ..Default::default()
+                };
+                warpline::trace::timeline::write_timeline(
+                    &trace,
+                    std::path::Path::new(&path),
+                    &opts,
+                )?;
+                println!("wrote the timeline of variant {} to {path}", v.label());
             }
             tl = Some(t);
         }

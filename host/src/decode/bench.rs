@@ -209,6 +209,48 @@ pub fn timeline_rows(st: &[KernelStamps]) -> Vec<TimelineRow> {
         .collect()
 }
 
+/// The timeline as a [`crate::trace::Trace`] with one row per kernel (`L{layer} {role}`): the
+/// span before `griddepcontrol.wait` (stage `wait`: the CTAs are resident, may prefetch, and
+/// wait for the predecessor) and the span after it (stage `kernel`), for
+/// `trace::timeline::write_timeline` (feature `timeline`) or `trace::write_chrome_json`.
+pub fn timeline_trace(rows: &[TimelineRow], title: &str) -> Result<crate::trace::Trace> {
+    use crate::trace::{Span, Stage, Trace, TrackKind};
+    let mut t = Trace {
+        clock: format!(
+            "%globaltimer stamps of one step ({title}), µs from the first kernel's start"
+        ),
+        ..Default::default()
+    };
+    for r in rows {
+        let track = t.add_track(
+            1,
+            title,
+            &format!("L{} {}", r.layer, r.role),
+            TrackKind::DeviceStamps,
+        )?;
+        if r.wait_us > r.start_us {
+            t.spans.push(Span {
+                track,
+                stage: Stage::Wait,
+                name: format!("L{} {} before griddepcontrol.wait", r.layer, r.role),
+                start_us: r.start_us,
+                dur_us: r.wait_us - r.start_us,
+                args: vec![("overlap_us".into(), format!("{:.2}", r.overlap_us))],
+            });
+        }
+        t.spans.push(Span {
+            track,
+            stage: Stage::Kernel,
+            name: format!("L{} {}", r.layer, r.role),
+            start_us: r.wait_us,
+            dur_us: (r.end_us - r.wait_us).max(0.0),
+            args: vec![],
+        });
+    }
+    t.spans.sort_by(|a, b| a.start_us.total_cmp(&b.start_us));
+    Ok(t)
+}
+
 /// The table and timeline as one pretty JSON object (`dims`, `copy_gbps`, `rows`, `timeline`).
 pub fn to_json(
     dims: &DecodeDims,
@@ -345,5 +387,10 @@ mod tests {
         assert_eq!(r[1].start_us, 3.0);
         assert_eq!(r[1].overlap_us, 1.0);
         assert_eq!(r[1].end_us, 8.0);
+        let t = timeline_trace(&r, "test").unwrap();
+        assert_eq!(t.tracks.len(), 2);
+        // Both kernels have a pre-wait span and a kernel span.
+        assert_eq!(t.spans.len(), 4);
+        assert_eq!(t.extent_us(), (0.0, 8.0));
     }
 }
