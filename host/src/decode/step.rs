@@ -331,7 +331,6 @@ pub struct DecodeStep<'d> {
     cfg: StepConfig,
     kernels: Vec<StepKernel>,
     splits: u32,
-    _pool: MemPool,
     layers: Vec<DeviceLayer>,
     inputs: Mutex<Inputs>,
     h: DeviceBuffer<bf16>,
@@ -343,6 +342,8 @@ pub struct DecodeStep<'d> {
     part_ml: DeviceBuffer<f32>,
     rope: DeviceBuffer<f32>,
     stamps: DeviceBuffer<u64>,
+    // Last: the pool outlives the buffers allocated from it.
+    _pool: MemPool,
 }
 
 impl std::fmt::Debug for DecodeStep<'_> {
@@ -1278,6 +1279,104 @@ mod tests {
                 };
                 let (s, pps) = attention_splits(&d, &c, 132).unwrap();
                 assert!(s * pps >= pages && (s - 1) * pps < pages, "{pages} {want}");
+            }
+        }
+    }
+
+    /// A CPU model of the attention kernel's algorithm (gpu/src/kernels/decode_step.rs, f32 as
+    /// the kernel): token `t` of split `s` goes to state `(t - t_begin) % 16` (warp x token
+    /// slot), each state keeps a base-2 online softmax from `M_INIT`, the CTA merges its 16
+    /// states, and with several splits the combine step merges the normalised partials with
+    /// their (m, l); empty states and empty splits included. Matches the f64 reference.
+    #[test]
+    fn issue21_attention_kernel_model_matches_reference() {
+        use crate::decode::reference::{attention_paged, normal_bf16, RefCache};
+        let d = DecodeDims::small();
+        let layout = KvLayout {
+            num_pages: 4,
+            max_pages_per_seq: 4,
+        };
+        let n = layout.cache_elems(&d);
+        let cache = RefCache::from_f32(&normal_bf16(1, n, 1.0), &normal_bf16(2, n, 1.0));
+        let row = [2u32, 0, 3, 1];
+        let hd = d.head_dim;
+        let scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
+        let states = (sc::ATTN_WARPS * sc::ATTN_TOKENS_PER_WARP) as usize;
+        for len in [1usize, 15, 16, 17, 40, 64] {
+            let q: Vec<f64> = normal_bf16(3, d.q_width(), 1.0)
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            let want = attention_paged(&d, &layout, &cache, &q, &row, len);
+            for want_splits in [1u32, 2, 3, 4] {
+                let cfg = StepConfig {
+                    splits: Some(want_splits),
+                    layout,
+                    ..StepConfig::new(&d, 1, 1, 64)
+                };
+                let (splits, pps) = attention_splits(&d, &cfg, 132).unwrap();
+                let span = (pps as usize) * d.page_size;
+                for h in 0..d.heads {
+                    let kvh = h / d.group();
+                    // Per split: (o normalised, m, l).
+                    let mut parts = vec![];
+                    for s in 0..splits as usize {
+                        let (tb, te) = (s * span, ((s + 1) * span).min(len));
+                        let mut st = vec![(sc::M_INIT, 0.0f32, vec![0.0f32; hd]); states];
+                        for t in tb..te.max(tb) {
+                            let (m, l, acc) = &mut st[(t - tb) % states];
+                            let o = layout.offset(
+                                &d,
+                                row[t / d.page_size] as usize,
+                                kvh,
+                                t % d.page_size,
+                            );
+                            let sc2: f32 = (0..hd)
+                                .map(|e| q[h * hd + e] as f32 * scale * cache.k[o + e] as f32)
+                                .sum();
+                            let mn = sc2.max(*m);
+                            let corr = (*m - mn).exp2();
+                            let p = (sc2 - mn).exp2();
+                            *l = *l * corr + p;
+                            for e in 0..hd {
+                                acc[e] = acc[e] * corr + p * cache.v[o + e] as f32;
+                            }
+                            *m = mn;
+                        }
+                        let mm = st.iter().map(|x| x.0).fold(sc::M_INIT, f32::max);
+                        let l: f32 = st.iter().map(|x| x.1 * (x.0 - mm).exp2()).sum();
+                        let o: Vec<f32> = (0..hd)
+                            .map(|e| {
+                                let a: f32 = st.iter().map(|x| x.2[e] * (x.0 - mm).exp2()).sum();
+                                if l > 0.0 {
+                                    a / l
+                                } else {
+                                    0.0
+                                }
+                            })
+                            .collect();
+                        parts.push((o, mm, l));
+                    }
+                    let mm = parts
+                        .iter()
+                        .filter(|p| p.2 > 0.0)
+                        .map(|p| p.1)
+                        .fold(sc::M_INIT, f32::max);
+                    for e in 0..hd {
+                        let (mut num, mut den) = (0.0f32, 0.0f32);
+                        for p in parts.iter().filter(|p| p.2 > 0.0) {
+                            let w = p.2 * (p.1 - mm).exp2();
+                            num += w * p.0[e];
+                            den += w;
+                        }
+                        let got = (num / den) as f64;
+                        let w = want[h * hd + e];
+                        assert!(
+                            (got - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                            "len {len} splits {splits} head {h} e {e}: {got} vs {w}"
+                        );
+                    }
+                }
             }
         }
     }
