@@ -1338,8 +1338,8 @@ mod tests {
                             let corr = (*m - mn).exp2();
                             let p = (sc2 - mn).exp2();
                             *l = *l * corr + p;
-                            for e in 0..hd {
-                                acc[e] = acc[e] * corr + p * cache.v[o + e] as f32;
+                            for (a, v) in acc.iter_mut().zip(&cache.v[o..o + hd]) {
+                                *a = *a * corr + p * *v as f32;
                             }
                             *m = mn;
                         }
