@@ -17,7 +17,7 @@
 
 use warpline::bf16;
 use warpline::decode::reference::{self, normal_bf16, LayerWeights, RefCache, Rounding};
-use warpline::decode::step::{DecodeStep, HostLayer, StepConfig, Variant};
+use warpline::decode::step::{Activation, DecodeStep, HostLayer, StepConfig, Variant};
 use warpline::decode::{DecodeDims, KvLayout};
 use warpline::{Device, Error};
 use warpline_suite::support::{gemm_seed, gpu_or_skip};
@@ -240,6 +240,134 @@ fn issue21_decode_step_kernels_match_reference() {
         check("rmsnorm2", &mid.normed, &cat(|t| &t.normed2));
         check("silu(gate) * up", &mid.act, &cat(|t| &t.act));
         check("layer output", &out, &h);
+    }
+}
+
+/// Each kernel alone, on inputs that are the reference's own (bf16-valued) intermediates,
+/// against the reference's next intermediate: RMSNorm (and the copy of x into h), the QKV GEMM
+/// (Q after RoPE and the K/V rows written into the caches), attention (+ combine), the O
+/// projection with the residual add, RMSNorm, the gate/up GEMM with SiLU(gate) * up, and the
+/// down projection with the residual add. B = 5, ragged lengths, with and without KV splits.
+#[test]
+fn issue21_decode_each_kernel_alone() {
+    let Some(dev) = gpu_or_skip("issue21_decode_each_kernel_alone") else {
+        return;
+    };
+    let seed = gemm_seed("decode_step each kernel");
+    for splits in [Some(1), None] {
+        let s = setup(seed, &[0, 15, 16, 31, 40], 1, splits);
+        let mut step = build(&dev, &s);
+        let mut rc = ref_caches(&s);
+        let mut h: Vec<f64> = s.x.iter().map(|&v| v as f64).collect();
+        let traces = reference::layer(
+            &s.dims,
+            &s.cfg.layout,
+            &s.weights[0],
+            &mut rc[0],
+            &mut h,
+            &s.positions,
+            &s.block_table,
+            Rounding::Bf16,
+        );
+        let cat = |f: fn(&reference::LayerTrace) -> &Vec<f64>| -> Vec<f64> {
+            traces.iter().flat_map(|t| f(t).clone()).collect()
+        };
+        // Reference intermediates are bf16 values (Rounding::Bf16): exact as inputs.
+        let up = |v: &[f64]| -> Vec<bf16> { v.iter().map(|&x| bf16::from_f64(x)).collect() };
+        let roles: Vec<&str> = step.kernels().iter().map(|k| k.role).collect();
+        let at = |r: &str| roles.iter().position(|&x| x == r).unwrap();
+        let v = Variant::PdlPrefetch;
+        eprintln!("splits {}: kernels {roles:?}", step.splits());
+
+        // RMSNorm of x; h = x.
+        step.poison().unwrap();
+        step.run_kernels(v, 0..1).unwrap();
+        let mid = step.intermediates().unwrap();
+        check("rmsnorm1 alone", &mid.normed, &cat(|t| &t.normed));
+        assert_eq!(step.output().unwrap(), bf(&s.x), "rmsnorm1 copies x into h");
+
+        // QKV + RoPE + cache append.
+        step.poison().unwrap();
+        step.write_activation(Activation::Normed, &up(&cat(|t| &t.normed)))
+            .unwrap();
+        step.run_kernels(v, at("qkv")..at("qkv") + 1).unwrap();
+        check(
+            "qkv alone: q",
+            &step.intermediates().unwrap().q,
+            &cat(|t| &t.q),
+        );
+        let (k, vv) = step.read_cache(0).unwrap();
+        for (b, &p) in s.positions.iter().enumerate() {
+            let p = p as usize;
+            let page = s.block_table[b * s.cfg.layout.max_pages_per_seq + p / 16] as usize;
+            for kvh in 0..s.dims.kv_heads {
+                let o = s.cfg.layout.offset(&s.dims, page, kvh, p % 16);
+                let d = s.dims.head_dim;
+                check(
+                    &format!("qkv alone: K row of seq {b} head {kvh}"),
+                    &k[o..o + d],
+                    &traces[b].k[kvh * d..(kvh + 1) * d],
+                );
+                check(
+                    &format!("qkv alone: V row of seq {b} head {kvh}"),
+                    &vv[o..o + d],
+                    &traces[b].v[kvh * d..(kvh + 1) * d],
+                );
+            }
+        }
+
+        // Attention (+ combine) on the reference's Q and caches.
+        step.poison().unwrap();
+        step.upload_cache(0, &up(&rc[0].k), &up(&rc[0].v)).unwrap();
+        step.write_activation(Activation::Q, &up(&cat(|t| &t.q)))
+            .unwrap();
+        step.run_kernels(v, at("attn")..at("o_proj")).unwrap();
+        check(
+            "attention alone",
+            &step.intermediates().unwrap().attn,
+            &cat(|t| &t.attn),
+        );
+
+        // O projection + residual.
+        step.poison().unwrap();
+        step.write_activation(Activation::Attn, &up(&cat(|t| &t.attn)))
+            .unwrap();
+        step.write_activation(Activation::H, &bf(&s.x)).unwrap();
+        step.run_kernels(v, at("o_proj")..at("o_proj") + 1).unwrap();
+        check("o_proj alone", &step.output().unwrap(), &cat(|t| &t.h1));
+
+        // RMSNorm of h.
+        step.poison().unwrap();
+        step.write_activation(Activation::H, &up(&cat(|t| &t.h1)))
+            .unwrap();
+        step.run_kernels(v, at("rmsnorm2")..at("rmsnorm2") + 1)
+            .unwrap();
+        check(
+            "rmsnorm2 alone",
+            &step.intermediates().unwrap().normed,
+            &cat(|t| &t.normed2),
+        );
+
+        // gate/up + SiLU(gate) * up.
+        step.poison().unwrap();
+        step.write_activation(Activation::Normed, &up(&cat(|t| &t.normed2)))
+            .unwrap();
+        step.run_kernels(v, at("gate_up")..at("gate_up") + 1)
+            .unwrap();
+        check(
+            "gate_up alone",
+            &step.intermediates().unwrap().act,
+            &cat(|t| &t.act),
+        );
+
+        // down + residual.
+        step.poison().unwrap();
+        step.write_activation(Activation::Act, &up(&cat(|t| &t.act)))
+            .unwrap();
+        step.write_activation(Activation::H, &up(&cat(|t| &t.h1)))
+            .unwrap();
+        step.run_kernels(v, at("down")..at("down") + 1).unwrap();
+        check("down alone", &step.output().unwrap(), &cat(|t| &t.out));
     }
 }
 

@@ -325,6 +325,9 @@ pub struct KernelStamps {
 pub struct DecodeStep<'d> {
     // Declared first: dropped before the buffers their launches point into.
     chains: Vec<Chain<'d>>,
+    /// The launches of each chain (entry, configuration, arguments), for
+    /// [`DecodeStep::run_kernels`].
+    launches: Vec<Vec<(&'static str, LaunchConfig, Vec<KernelArg>)>>,
     dev: &'d Device,
     stream: Stream,
     dims: DecodeDims,
@@ -564,6 +567,7 @@ impl<'d> DecodeStep<'d> {
 
         let mut step = Self {
             chains: Vec::new(),
+            launches: Vec::new(),
             dev,
             stream: stream.clone(),
             dims,
@@ -596,7 +600,7 @@ impl<'d> DecodeStep<'d> {
             .enumerate()
         {
             let mut chain = Chain::new(dev, stream, pdl)?;
-            let kernels = step.push_all(
+            let (kernels, launches) = step.push_all(
                 &mut chain,
                 early,
                 &gemms,
@@ -608,6 +612,7 @@ impl<'d> DecodeStep<'d> {
             if ci == 0 {
                 step.kernels = kernels;
             }
+            step.launches.push(launches);
             step.chains.push(chain);
         }
         Ok(step)
@@ -624,7 +629,10 @@ impl<'d> DecodeStep<'d> {
         attn_variant: &sc::AttnVariant,
         pps: u32,
         per_layer: usize,
-    ) -> Result<Vec<StepKernel>> {
+    ) -> Result<(
+        Vec<StepKernel>,
+        Vec<(&'static str, LaunchConfig, Vec<KernelArg>)>,
+    )> {
         let d = &self.dims;
         let b = self.cfg.batch as u32;
         let stamps = if self.cfg.stamps {
@@ -640,6 +648,7 @@ impl<'d> DecodeStep<'d> {
         );
         drop(inputs);
         let mut kernels = Vec::new();
+        let mut launches = Vec::new();
         let u32a = KernelArg::U32;
         let u64a = KernelArg::U64;
         let f32a = |v: f32| KernelArg::U32(v.to_bits());
@@ -664,6 +673,7 @@ impl<'d> DecodeStep<'d> {
                 // table is validated on every host update (set_inputs) and the kernels trap on
                 // an entry outside the cache rather than access it.
                 unsafe { chain.push_raw(kernel, cfg, args) }?;
+                launches.push((kernel, cfg, args.to_vec()));
                 kernels.push(StepKernel {
                     layer: l,
                     role,
@@ -914,7 +924,43 @@ impl<'d> DecodeStep<'d> {
             )?;
             debug_assert!(slot < base_slot + 8);
         }
-        Ok(kernels)
+        Ok((kernels, launches))
+    }
+
+    /// Queues only the launches `range` of [`DecodeStep::kernels`] (in order, with
+    /// `variant`'s launch flags; a graph variant runs its chain's launches eagerly): for testing
+    /// a kernel alone on inputs written with [`DecodeStep::write_activation`]. Errors:
+    /// [`Error::BadShape`] for a range outside the kernel list; launch errors.
+    pub fn run_kernels(&self, variant: Variant, range: std::ops::Range<usize>) -> Result<()> {
+        let all = &self.launches[variant.chain()];
+        if range.start > range.end || range.end > all.len() {
+            return Err(Error::BadShape {
+                what: "DecodeStep::run_kernels range",
+                detail: format!("{range:?}; the step has kernels 0..{}", all.len()),
+            });
+        }
+        let mut chain = Chain::new(self.dev, &self.stream, self.chains[variant.chain()].pdl())?;
+        for (kernel, cfg, args) in &all[range] {
+            // SAFETY: the same launches as the step's own chain (see push_all): arguments
+            // checked against the entries, buffers owned by the step, which outlives the
+            // queued work's use of them (buffers are freed stream-ordered on drop).
+            unsafe { chain.push_raw(kernel, *cfg, args) }?;
+        }
+        chain.run()
+    }
+
+    /// Overwrites one activation buffer (stream-ordered, waits): for testing a kernel alone.
+    /// Errors: [`Error::LengthMismatch`] (the buffer's size: `h`, `normed` `B x hidden`; `q`,
+    /// `attn` `B x H d`; `act` `B x inter`).
+    pub fn write_activation(&mut self, which: Activation, data: &[bf16]) -> Result<()> {
+        let buf = match which {
+            Activation::H => &mut self.h,
+            Activation::Normed => &mut self.normed,
+            Activation::Q => &mut self.q,
+            Activation::Attn => &mut self.attn,
+            Activation::Act => &mut self.act,
+        };
+        buf.copy_from_host(data)
     }
 
     /// The model shape.
@@ -1117,6 +1163,21 @@ impl<'d> DecodeStep<'d> {
     pub fn rope_len(&self) -> usize {
         self.rope.len()
     }
+}
+
+/// The activation buffers of a step ([`DecodeStep::write_activation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// The residual stream and output, `[B][hidden]`.
+    H,
+    /// RMSNorm output, `[B][hidden]`.
+    Normed,
+    /// Q after RoPE, `[B][H d]`.
+    Q,
+    /// Attention output, `[B][H d]`.
+    Attn,
+    /// SiLU(gate) * up, `[B][inter]`.
+    Act,
 }
 
 /// See [`DecodeStep::intermediates`].
