@@ -265,6 +265,9 @@ impl HostLayer {
     }
 }
 
+/// One launch of a chain: entry, configuration, arguments.
+type Launch = (&'static str, LaunchConfig, Vec<KernelArg>);
+
 /// One layer on the device.
 struct DeviceLayer {
     attn_norm: DeviceBuffer<bf16>,
@@ -327,7 +330,7 @@ pub struct DecodeStep<'d> {
     chains: Vec<Chain<'d>>,
     /// The launches of each chain (entry, configuration, arguments), for
     /// [`DecodeStep::run_kernels`].
-    launches: Vec<Vec<(&'static str, LaunchConfig, Vec<KernelArg>)>>,
+    launches: Vec<Vec<Launch>>,
     dev: &'d Device,
     stream: Stream,
     dims: DecodeDims,
@@ -629,10 +632,7 @@ impl<'d> DecodeStep<'d> {
         attn_variant: &sc::AttnVariant,
         pps: u32,
         per_layer: usize,
-    ) -> Result<(
-        Vec<StepKernel>,
-        Vec<(&'static str, LaunchConfig, Vec<KernelArg>)>,
-    )> {
+    ) -> Result<(Vec<StepKernel>, Vec<Launch>)> {
         let d = &self.dims;
         let b = self.cfg.batch as u32;
         let stamps = if self.cfg.stamps {
