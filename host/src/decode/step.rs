@@ -565,7 +565,13 @@ impl<'d> DecodeStep<'d> {
         let part_ml = pool.alloc_async::<f32>(stream, (2 * part_len / dims.head_dim).max(1))?;
         let per_layer = if splits > 1 { 8 } else { 7 };
         let mut stamps = pool.alloc_async::<u64>(stream, cfg.layers * 8 * sc::STAMP_WORDS)?;
-        stamps.fill_async(0)?;
+        // (u64 elements: no memset pattern; an H2D copy of the reset values.)
+        let n_slots = stamps.len() / sc::STAMP_WORDS;
+        stamps.copy_from_host(
+            &(0..n_slots)
+                .flat_map(|_| [u64::MAX, u64::MAX, 0, 0])
+                .collect::<Vec<u64>>(),
+        )?;
         stream.synchronize()?;
 
         let mut step = Self {
