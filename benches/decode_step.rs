@@ -57,6 +57,9 @@ fn main() -> warpline::Result<()> {
             .collect::<Result<_, _>>()?,
         None => Variant::ALL.to_vec(),
     };
+    let prefetch: usize = (env("WARPLINE_DECODE_PREFETCH_MB")
+        .map_or(4.0, |v| v.parse::<f64>().expect("MiB"))
+        * 1048576.0) as usize;
     let copy = d2d_copy_gbps(&dev, 1 << 30, 10)?;
     println!(
         "decode step: {:?}, {layers} layers, device copy {copy:.0} GB/s (floor = weight + KV bytes / copy)",
@@ -74,7 +77,7 @@ fn main() -> warpline::Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut tl = None;
     for (ci, &case) in cases.iter().enumerate() {
-        let mut step = build_step(&dev, &dims, case, &weights, ci == 0)?;
+        let mut step = build_step(&dev, &dims, case, &weights, ci == 0, prefetch)?;
         let iters = 10;
         let r = run_case(&step, case, &variants, copy, 7, iters)?;
         for row in &r {
@@ -150,7 +153,7 @@ fn main() -> warpline::Result<()> {
         let nl: usize = env("WARPLINE_DECODE_NPY_LAYERS").map_or(1, |v| v.parse().expect("NL"));
         let case = cases[0];
         let w = &weights[..nl.min(weights.len())];
-        let step = build_step(&dev, &dims, case, w, false)?;
+        let step = build_step(&dev, &dims, case, w, false, prefetch)?;
         let cols = step.config().layout.max_pages_per_seq;
         // Ragged positions (1 .. L) and random caches are what the check needs; the bench's
         // constant caches would hide a wrong key order.

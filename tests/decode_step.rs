@@ -50,7 +50,10 @@ fn setup(seed: u64, positions: &[u32], layers: usize, splits: Option<u32>) -> Se
         max_pos: 64,
         splits,
         gemm_warps: 8,
-        prefetch_bytes: 16 << 10,
+        gemm_ksplit: None,
+        // With ksplit 1 (see the tests) every warp has 2 to 4 k-blocks: 1 MiB prefetches the
+        // second one into L2 before the wait.
+        prefetch_bytes: 1 << 20,
         stamps: true,
     };
     let block_table: Vec<u32> = (0..batch * cols)
@@ -142,8 +145,11 @@ fn issue21_decode_step_matches_reference() {
     };
     let seed = gemm_seed("decode_step");
     for positions in [vec![16u32], vec![0], vec![0, 15, 16, 31, 40]] {
-        for splits in [Some(1), None] {
-            let s = setup(seed, &positions, 2, splits);
+        // (KV splits, GEMM k-split): ksplit 1 gives every warp several k-blocks, so variant c/e
+        // also runs the L2 bulk weight prefetch.
+        for (splits, ksplit) in [(Some(1), None), (None, Some(1))] {
+            let mut s = setup(seed, &positions, 2, splits);
+            s.cfg.gemm_ksplit = ksplit;
             let mut step = build(&dev, &s);
             eprintln!(
                 "B = {}, positions {positions:?}, splits {}",
@@ -380,7 +386,8 @@ fn issue21_decode_graph_replay_equals_eager_bitwise() {
         return;
     };
     let seed = gemm_seed("decode_step graph");
-    let s = setup(seed, &[3, 15, 16, 30, 40], 2, None);
+    let mut s = setup(seed, &[3, 15, 16, 30, 40], 2, None);
+    s.cfg.gemm_ksplit = Some(1);
     let mut step = build(&dev, &s);
     let eager: Vec<Vec<bf16>> = [Variant::Plain, Variant::Pdl, Variant::PdlPrefetch]
         .into_iter()

@@ -97,17 +97,20 @@ fn median_us(
 }
 
 /// Builds the step for `case` (caches filled with a constant, every sequence at position
-/// `kv_len - 1`, block tables `b * pages + i`) with `weights` (one per layer).
+/// `kv_len - 1`, block tables `b * pages + i`) with `weights` (one per layer), `stamps` as
+/// [`StepConfig::stamps`] and `prefetch_bytes` as [`StepConfig::prefetch_bytes`].
 pub fn build_step<'d>(
     dev: &'d Device,
     dims: &DecodeDims,
     case: Case,
     weights: &[HostLayer],
     stamps: bool,
+    prefetch_bytes: usize,
 ) -> Result<DecodeStep<'d>> {
     let stream = dev.new_stream()?;
     let mut cfg = StepConfig::new(dims, case.batch, weights.len(), case.kv_len);
     cfg.stamps = stamps;
+    cfg.prefetch_bytes = prefetch_bytes;
     let mut step = DecodeStep::new(dev, &stream, *dims, cfg, weights)?;
     step.fill_caches(bf16::from_f32(0.01))?;
     let x: Vec<bf16> = normal_bf16(5, case.batch * dims.hidden, 1.0)

@@ -128,8 +128,12 @@ pub struct StepConfig {
     pub splits: Option<u32>,
     /// Warps per decode-GEMM CTA (4, 8 or 16).
     pub gemm_warps: u32,
+    /// Warps splitting K in the decode GEMMs (`None`: `kernels::decode_gemm::default_ksplit`).
+    pub gemm_ksplit: Option<u32>,
     /// Bytes of each GEMM's weights that variant (c)/(e) prefetches into L2 before
-    /// `griddepcontrol.wait`, beyond the first k-block every warp loads into registers.
+    /// `griddepcontrol.wait`, beyond the first k-block every warp loads into registers, in whole
+    /// k-blocks per warp (`(N K 2) / iterations` bytes each; rounded down, so a budget below
+    /// one block prefetches nothing).
     pub prefetch_bytes: usize,
     /// Stamp `%globaltimer` per kernel ([`DecodeStep::stamps`]); costs a few atomics per CTA.
     pub stamps: bool,
@@ -150,6 +154,7 @@ impl StepConfig {
             max_pos: pages * dims.page_size,
             splits: None,
             gemm_warps: 8,
+            gemm_ksplit: None,
             prefetch_bytes: 4 << 20,
             stamps: false,
         }
@@ -461,7 +466,7 @@ impl<'d> DecodeStep<'d> {
         let (splits, pps) = attention_splits(&dims, &cfg, sms)?;
         let gemm_cfg = DecodeConfig {
             warps: cfg.gemm_warps,
-            ksplit: None,
+            ksplit: cfg.gemm_ksplit,
             unroll: gc::EPI_UNROLL as u32,
             l2_prefetch: true,
             row_tiles: 1,
@@ -1446,6 +1451,49 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The L2 prefetch depth: whole k-blocks per warp within the budget, never the last.
+    #[test]
+    fn issue21_prefetch_iters() {
+        let d = DecodeDims::small();
+        let cfg = DecodeConfig {
+            warps: 8,
+            ksplit: Some(1),
+            unroll: 4,
+            l2_prefetch: true,
+            row_tiles: 1,
+            prefetch_a: false,
+        };
+        let sh = |n, k| GemmShape { m: 5, n, k };
+        for (s, want) in [
+            (sh(d.qkv_rows(), d.hidden), 1),
+            (sh(d.hidden, d.intermediate), 3),
+        ] {
+            let ls = launch_shape(s, true, &cfg, 132).unwrap();
+            assert_eq!(pf_iters(&ls, s, 1 << 20), want, "{s:?}");
+            assert_eq!(pf_iters(&ls, s, 0), 0);
+        }
+        // Llama-8B QKV with the default k-split: 4 iterations of 12 MiB per warp.
+        let l = DecodeDims::llama3_8b();
+        let s = GemmShape {
+            m: 8,
+            n: l.qkv_rows(),
+            k: l.hidden,
+        };
+        let ls = launch_shape(
+            s,
+            true,
+            &DecodeConfig {
+                ksplit: None,
+                ..cfg
+            },
+            132,
+        )
+        .unwrap();
+        assert_eq!(pf_iters(&ls, s, 4 << 20), 0);
+        assert_eq!(pf_iters(&ls, s, 24 << 20), 2);
+        assert_eq!(pf_iters(&ls, s, 1 << 30), 3);
     }
 
     #[test]
