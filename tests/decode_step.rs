@@ -6,12 +6,14 @@
 //! poisoned with NaN before every checked run.
 //!
 //! Error bound, per element, against the reference that rounds to bf16 where the GPU stores
-//! bf16 (`Rounding::Bf16`): `|got - want| <= 2^-6 |want| + 2^-7 rms(want)`. The GPU accumulates
+//! bf16 (`Rounding::Bf16`): `|got - want| <= 2^-5 |want| + 2^-6 rms(want)`. The GPU accumulates
 //! in f32 (relative error ~1e-6 at these K) and uses `ex2.approx` (2^-22) in the softmax and
-//! SiLU, so the remaining differences are bf16 rounding flips (one ulp, 2^-8 relative) of an
-//! intermediate where the f32 and f64 values round to different neighbours; they reach the
-//! output through the residual stream at most a few ulps strong. A wrong index, head, page or
-//! rotation gives errors of the order of the values themselves.
+//! SiLU, so the remaining differences are bf16 rounding flips (one ulp, 2^-8 to 2^-7 relative)
+//! of an intermediate where the GPU's and the reference's values round to different
+//! neighbours. Through the four rounded residual adds of two layers such flips can pile up to
+//! about 3 ulps (up to 2.3% relative) in an element of the output; the bound leaves room for
+//! that. A wrong index, head, page, rotation or split merge gives errors of the order of the
+//! values themselves (the tests print the largest error as a fraction of the bound).
 //!
 //! The GPU tests skip without a driver (`WARPLINE_REQUIRE_GPU=1` makes a skip fail).
 
@@ -112,7 +114,7 @@ fn check(what: &str, got: &[bf16], want: &[f64]) -> f64 {
     let mut worst = 0.0f64;
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let g = g.to_f64();
-        let tol = w.abs() / 64.0 + rms / 128.0;
+        let tol = w.abs() / 32.0 + rms / 64.0;
         assert!(
             g.is_finite() && (g - w).abs() <= tol,
             "{what}[{i}]: got {g}, want {w} (tol {tol}, rms {rms})"
