@@ -105,6 +105,23 @@ fn main() -> warpline::Result<()> {
         }
         rows.extend(r);
         if ci == 0 {
+            let sms = dev.capabilities().sm_count;
+            println!(
+                "kernels of layer 0 (case {}x{}): grid, CTAs per SM that fit, waves over {sms} SMs",
+                case.batch, case.kv_len
+            );
+            for k in step.kernels().iter().filter(|k| k.layer == 0) {
+                let slots = (k.ctas_per_sm * sms).max(1);
+                println!(
+                    "  {:>9} {:>32} grid {:>6} x {:>4} threads, {:>2} CTAs/SM, {:.2} waves",
+                    k.role,
+                    k.kernel,
+                    k.grid,
+                    k.block,
+                    k.ctas_per_sm,
+                    k.grid as f64 / slots as f64
+                );
+            }
             let t = timeline(&mut step, Variant::PdlPrefetch)?;
             println!(
                 "timeline of one step, variant c, case {}x{} (us):",

@@ -310,6 +310,10 @@ pub struct StepKernel {
     pub block: u32,
     /// Bytes of weights (or, for the attention, KV cache at full capacity) the kernel reads.
     pub bytes: u64,
+    /// CTAs of this launch that fit on one SM at once (registers, shared memory, threads;
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor`). With `grid < ctas_per_sm * SMs` the
+    /// kernel leaves room on the SMs for its successor's CTAs (PDL overlap).
+    pub ctas_per_sm: u32,
 }
 
 /// `%globaltimer` stamps of one kernel of a run (ns).
@@ -685,6 +689,15 @@ impl<'d> DecodeStep<'d> {
                 // an entry outside the cache rather than access it.
                 unsafe { chain.push_raw(kernel, cfg, args) }?;
                 launches.push((kernel, cfg, args.to_vec()));
+                self.dev.bind()?;
+                // SAFETY: a function of the device's module; its context was bound just above.
+                let ctas_per_sm = unsafe {
+                    crate::driver::core::occupancy_max_blocks_per_sm(
+                        self.dev.kernel(kernel)?.cu_function(),
+                        cfg.block[0],
+                        cfg.shared_mem_bytes as usize,
+                    )
+                }?;
                 kernels.push(StepKernel {
                     layer: l,
                     role,
@@ -692,6 +705,7 @@ impl<'d> DecodeStep<'d> {
                     grid: cfg.grid[0],
                     block: cfg.block[0],
                     bytes,
+                    ctas_per_sm: ctas_per_sm.max(0) as u32,
                 });
                 Ok(())
             };
