@@ -128,13 +128,21 @@ fn main() -> warpline::Result<()> {
                 case.batch, case.kv_len
             );
             println!(
-                "{:>5} {:>9} {:>10} {:>10} {:>10} {:>10}",
-                "layer", "kernel", "start", "wait", "end", "overlap"
+                "{:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                "layer", "kernel", "start", "wait", "end", "overlap", "GB/s"
             );
-            for k in &t {
+            // GB/s: the kernel's weight (attention: KV at capacity) bytes over wait..end.
+            for (k, sk) in t.iter().zip(step.kernels()) {
+                let dt = (k.end_us - k.wait_us).max(1e-3);
                 println!(
-                    "{:>5} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
-                    k.layer, k.role, k.start_us, k.wait_us, k.end_us, k.overlap_us
+                    "{:>5} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.0}",
+                    k.layer,
+                    k.role,
+                    k.start_us,
+                    k.wait_us,
+                    k.end_us,
+                    k.overlap_us,
+                    sk.bytes as f64 / dt / 1e3
                 );
             }
             if let Some(path) = env("WARPLINE_DECODE_TIMELINE") {
