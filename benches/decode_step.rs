@@ -22,7 +22,8 @@
 use warpline::bandwidth::d2d_copy_gbps;
 use warpline::bf16;
 use warpline::decode::bench::{
-    build_step, export_npy, run_case, timeline, timeline_trace, to_json, Case, Row,
+    build_step, export_npy, parse_gemm_config, run_case, timeline, timeline_trace, to_json, Case,
+    Row,
 };
 use warpline::decode::reference::normal_bf16;
 use warpline::decode::step::{HostLayer, Variant};
@@ -60,10 +61,18 @@ fn main() -> warpline::Result<()> {
     let prefetch: usize = (env("WARPLINE_DECODE_PREFETCH_MB")
         .map_or(4.0, |v| v.parse::<f64>().expect("MiB"))
         * 1048576.0) as usize;
+    let gemm = match env("WARPLINE_DECODE_GEMM") {
+        Some(l) => Some(parse_gemm_config(
+            &l,
+            warpline::decode::step::StepConfig::new(&dims, 1, 1, 1).gemm,
+        )?),
+        None => None,
+    };
     let copy = d2d_copy_gbps(&dev, 1 << 30, 10)?;
     println!(
-        "decode step: {:?}, {layers} layers, device copy {copy:.0} GB/s (floor = weight + KV bytes / copy)",
-        dims
+        "decode step: {:?}, {layers} layers, device copy {copy:.0} GB/s (floor = weight + KV bytes / copy), GEMM {}",
+        dims,
+        gemm.map_or("default".to_string(), |g| g.label())
     );
     let t = std::time::Instant::now();
     let weights: Vec<HostLayer> = (0..layers)
@@ -77,7 +86,11 @@ fn main() -> warpline::Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut tl = None;
     for (ci, &case) in cases.iter().enumerate() {
-        let mut step = build_step(&dev, &dims, case, &weights, ci == 0, prefetch)?;
+        let mut step = build_step(&dev, &dims, case, &weights, |c| {
+            c.stamps = ci == 0;
+            c.prefetch_bytes = prefetch;
+            c.gemm = gemm.unwrap_or(c.gemm);
+        })?;
         let iters = 10;
         let r = run_case(&step, case, &variants, copy, 7, iters)?;
         for row in &r {
@@ -178,7 +191,10 @@ fn main() -> warpline::Result<()> {
         let nl: usize = env("WARPLINE_DECODE_NPY_LAYERS").map_or(1, |v| v.parse().expect("NL"));
         let case = cases[0];
         let w = &weights[..nl.min(weights.len())];
-        let step = build_step(&dev, &dims, case, w, false, prefetch)?;
+        let step = build_step(&dev, &dims, case, w, |c| {
+            c.prefetch_bytes = prefetch;
+            c.gemm = gemm.unwrap_or(c.gemm);
+        })?;
         let cols = step.config().layout.max_pages_per_seq;
         // Ragged positions (1 .. L) and random caches are what the check needs; the bench's
         // constant caches would hide a wrong key order.

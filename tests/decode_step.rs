@@ -21,6 +21,7 @@ use warpline::bf16;
 use warpline::decode::reference::{self, normal_bf16, LayerWeights, RefCache, Rounding};
 use warpline::decode::step::{Activation, DecodeStep, HostLayer, StepConfig, Variant};
 use warpline::decode::{DecodeDims, KvLayout};
+use warpline::kernels::decode_gemm::DecodeConfig;
 use warpline::{Device, Error};
 use warpline_suite::support::{gemm_seed, gpu_or_skip};
 
@@ -46,17 +47,14 @@ fn setup(seed: u64, positions: &[u32], layers: usize, splits: Option<u32>) -> Se
         max_pages_per_seq: cols,
     };
     let cfg = StepConfig {
-        batch,
-        layers,
         layout,
         max_pos: 64,
         splits,
-        gemm_warps: 8,
-        gemm_ksplit: None,
         // With ksplit 1 (see the tests) every warp has 2 to 4 k-blocks: 1 MiB prefetches the
         // second one into L2 before the wait.
         prefetch_bytes: 1 << 20,
         stamps: true,
+        ..StepConfig::new(&dims, batch, layers, 48)
     };
     let block_table: Vec<u32> = (0..batch * cols)
         .map(|i| (layout.num_pages - 1 - i) as u32)
@@ -147,16 +145,50 @@ fn issue21_decode_step_matches_reference() {
     };
     let seed = gemm_seed("decode_step");
     for positions in [vec![16u32], vec![0], vec![0, 15, 16, 31, 40]] {
-        // (KV splits, GEMM k-split): ksplit 1 gives every warp several k-blocks, so variant c/e
-        // also runs the L2 bulk weight prefetch.
-        for (splits, ksplit) in [(Some(1), None), (None, Some(1))] {
+        // (KV splits, GEMM configuration): the default (w8, u4); ksplit 1, which gives every
+        // warp several k-blocks, so variant c/e also runs the L2 bulk weight prefetch; and the
+        // other epilogue forms (u2 + A prefetch, with one and with two row tiles).
+        let dflt = setup(seed, &[0], 1, None).cfg.gemm;
+        let gemms = [
+            (Some(1), dflt),
+            (
+                None,
+                DecodeConfig {
+                    ksplit: Some(1),
+                    ..dflt
+                },
+            ),
+            (
+                None,
+                DecodeConfig {
+                    warps: 8,
+                    unroll: 2,
+                    row_tiles: 2,
+                    prefetch_a: true,
+                    ..dflt
+                },
+            ),
+            (
+                Some(2),
+                DecodeConfig {
+                    warps: 4,
+                    ksplit: Some(2),
+                    unroll: 2,
+                    prefetch_a: true,
+                    l2_prefetch: false,
+                    ..dflt
+                },
+            ),
+        ];
+        for (splits, gemm) in gemms {
             let mut s = setup(seed, &positions, 2, splits);
-            s.cfg.gemm_ksplit = ksplit;
+            s.cfg.gemm = gemm;
             let mut step = build(&dev, &s);
             eprintln!(
-                "B = {}, positions {positions:?}, splits {}",
+                "B = {}, positions {positions:?}, splits {}, gemm {}",
                 positions.len(),
-                step.splits()
+                step.splits(),
+                gemm.label()
             );
             let mut rc = ref_caches(&s);
             let want = reference::step(
@@ -389,7 +421,7 @@ fn issue21_decode_graph_replay_equals_eager_bitwise() {
     };
     let seed = gemm_seed("decode_step graph");
     let mut s = setup(seed, &[3, 15, 16, 30, 40], 2, None);
-    s.cfg.gemm_ksplit = Some(1);
+    s.cfg.gemm.ksplit = Some(1);
     let mut step = build(&dev, &s);
     let eager: Vec<Vec<bf16>> = [Variant::Plain, Variant::Pdl, Variant::PdlPrefetch]
         .into_iter()
@@ -517,6 +549,13 @@ fn issue21_decode_bad_input_typed_errors() {
             &host
         ),
         Err(Error::LengthMismatch { .. })
+    ));
+    // A GEMM form without epilogue entries (unroll 4 with two row tiles).
+    let mut bad_gemm = s.cfg;
+    bad_gemm.gemm.row_tiles = 2;
+    assert!(matches!(
+        DecodeStep::new(&dev, &stream, s.dims, bad_gemm, &host),
+        Err(Error::BadShape { .. })
     ));
     // Batch over 64, bad dims.
     assert!(matches!(

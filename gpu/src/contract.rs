@@ -736,7 +736,7 @@ pub mod decode_gemm {
     /// head holds dims `8p..8p+8` and `d/2 + 8p..`; applies RoPE to Q and K (cos/sin table),
     /// writes Q to C (`B x H d`) and K, V into the paged caches (arguments in [`QKV_ARGS`]).
     pub const EPI_QKV: u32 = 2;
-    /// Unroll of every epilogue entry.
+    /// Unroll of the default epilogue entries (`_u4_`).
     pub const EPI_UNROLL: usize = 4;
     /// Words (u64) of the QKV epilogue's argument block in device memory: `[0]` positions (u32
     /// per token), `[1]` block table (u32), `[2]` K cache, `[3]` V cache (bf16, layout
@@ -745,41 +745,148 @@ pub mod decode_gemm {
     /// num_pages << 32`, `[8]` `max_pos`.
     pub const QKV_ARGS: usize = 9;
 
-    /// One epilogue entry (bf16, unroll [`EPI_UNROLL`], one row tile per warp). Parameter list:
-    /// the plain entries' 14, then `stamps: u64` (0: none) and `epi: u64` (the QKV argument
-    /// block; 0 for the others).
+    /// One epilogue entry (bf16; the forms of the plain entries `_u4`, `_u2_pa` and `_u2_r2_pa`).
+    /// Parameter list: the plain entries' 14, then `stamps: u64` (0: none) and `epi: u64` (the
+    /// QKV argument block; 0 for the others).
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct EpiVariant {
         /// Entry point in the sm_90 module.
         pub kernel: &'static str,
         /// Token tiles of 8.
         pub token_tiles: usize,
+        /// k-steps per k-block.
+        pub unroll: usize,
+        /// Row tiles per warp.
+        pub row_tiles: usize,
+        /// Token fragments loaded one k-block ahead.
+        pub prefetch_a: bool,
         /// [`EPI_STORE`], [`EPI_SWIGLU`] or [`EPI_QKV`].
         pub epilogue: u32,
     }
 
-    const fn e(kernel: &'static str, token_tiles: usize, epilogue: u32) -> EpiVariant {
+    const fn e(
+        kernel: &'static str,
+        token_tiles: usize,
+        unroll: usize,
+        row_tiles: usize,
+        prefetch_a: bool,
+        epilogue: u32,
+    ) -> EpiVariant {
         EpiVariant {
             kernel,
             token_tiles,
+            unroll,
+            row_tiles,
+            prefetch_a,
             epilogue,
         }
     }
 
     /// Every epilogue entry, in the order the kernel file instantiates them.
-    pub const EPI_VARIANTS: [EpiVariant; 12] = [
-        e("decode_gemm_bf16_t1_u4_store", 1, EPI_STORE),
-        e("decode_gemm_bf16_t2_u4_store", 2, EPI_STORE),
-        e("decode_gemm_bf16_t4_u4_store", 4, EPI_STORE),
-        e("decode_gemm_bf16_t8_u4_store", 8, EPI_STORE),
-        e("decode_gemm_bf16_t1_u4_swiglu", 1, EPI_SWIGLU),
-        e("decode_gemm_bf16_t2_u4_swiglu", 2, EPI_SWIGLU),
-        e("decode_gemm_bf16_t4_u4_swiglu", 4, EPI_SWIGLU),
-        e("decode_gemm_bf16_t8_u4_swiglu", 8, EPI_SWIGLU),
-        e("decode_gemm_bf16_t1_u4_qkv", 1, EPI_QKV),
-        e("decode_gemm_bf16_t2_u4_qkv", 2, EPI_QKV),
-        e("decode_gemm_bf16_t4_u4_qkv", 4, EPI_QKV),
-        e("decode_gemm_bf16_t8_u4_qkv", 8, EPI_QKV),
+    pub const EPI_VARIANTS: [EpiVariant; 33] = [
+        e("decode_gemm_bf16_t1_u4_store", 1, 4, 1, false, EPI_STORE),
+        e("decode_gemm_bf16_t2_u4_store", 2, 4, 1, false, EPI_STORE),
+        e("decode_gemm_bf16_t4_u4_store", 4, 4, 1, false, EPI_STORE),
+        e("decode_gemm_bf16_t8_u4_store", 8, 4, 1, false, EPI_STORE),
+        e("decode_gemm_bf16_t1_u4_swiglu", 1, 4, 1, false, EPI_SWIGLU),
+        e("decode_gemm_bf16_t2_u4_swiglu", 2, 4, 1, false, EPI_SWIGLU),
+        e("decode_gemm_bf16_t4_u4_swiglu", 4, 4, 1, false, EPI_SWIGLU),
+        e("decode_gemm_bf16_t8_u4_swiglu", 8, 4, 1, false, EPI_SWIGLU),
+        e("decode_gemm_bf16_t1_u4_qkv", 1, 4, 1, false, EPI_QKV),
+        e("decode_gemm_bf16_t2_u4_qkv", 2, 4, 1, false, EPI_QKV),
+        e("decode_gemm_bf16_t4_u4_qkv", 4, 4, 1, false, EPI_QKV),
+        e("decode_gemm_bf16_t8_u4_qkv", 8, 4, 1, false, EPI_QKV),
+        e("decode_gemm_bf16_t1_u2_pa_store", 1, 2, 1, true, EPI_STORE),
+        e("decode_gemm_bf16_t2_u2_pa_store", 2, 2, 1, true, EPI_STORE),
+        e("decode_gemm_bf16_t4_u2_pa_store", 4, 2, 1, true, EPI_STORE),
+        e("decode_gemm_bf16_t8_u2_pa_store", 8, 2, 1, true, EPI_STORE),
+        e(
+            "decode_gemm_bf16_t1_u2_pa_swiglu",
+            1,
+            2,
+            1,
+            true,
+            EPI_SWIGLU,
+        ),
+        e(
+            "decode_gemm_bf16_t2_u2_pa_swiglu",
+            2,
+            2,
+            1,
+            true,
+            EPI_SWIGLU,
+        ),
+        e(
+            "decode_gemm_bf16_t4_u2_pa_swiglu",
+            4,
+            2,
+            1,
+            true,
+            EPI_SWIGLU,
+        ),
+        e(
+            "decode_gemm_bf16_t8_u2_pa_swiglu",
+            8,
+            2,
+            1,
+            true,
+            EPI_SWIGLU,
+        ),
+        e("decode_gemm_bf16_t1_u2_pa_qkv", 1, 2, 1, true, EPI_QKV),
+        e("decode_gemm_bf16_t2_u2_pa_qkv", 2, 2, 1, true, EPI_QKV),
+        e("decode_gemm_bf16_t4_u2_pa_qkv", 4, 2, 1, true, EPI_QKV),
+        e("decode_gemm_bf16_t8_u2_pa_qkv", 8, 2, 1, true, EPI_QKV),
+        e(
+            "decode_gemm_bf16_t1_u2_r2_pa_store",
+            1,
+            2,
+            2,
+            true,
+            EPI_STORE,
+        ),
+        e(
+            "decode_gemm_bf16_t2_u2_r2_pa_store",
+            2,
+            2,
+            2,
+            true,
+            EPI_STORE,
+        ),
+        e(
+            "decode_gemm_bf16_t4_u2_r2_pa_store",
+            4,
+            2,
+            2,
+            true,
+            EPI_STORE,
+        ),
+        e(
+            "decode_gemm_bf16_t1_u2_r2_pa_swiglu",
+            1,
+            2,
+            2,
+            true,
+            EPI_SWIGLU,
+        ),
+        e(
+            "decode_gemm_bf16_t2_u2_r2_pa_swiglu",
+            2,
+            2,
+            2,
+            true,
+            EPI_SWIGLU,
+        ),
+        e(
+            "decode_gemm_bf16_t4_u2_r2_pa_swiglu",
+            4,
+            2,
+            2,
+            true,
+            EPI_SWIGLU,
+        ),
+        e("decode_gemm_bf16_t1_u2_r2_pa_qkv", 1, 2, 2, true, EPI_QKV),
+        e("decode_gemm_bf16_t2_u2_r2_pa_qkv", 2, 2, 2, true, EPI_QKV),
+        e("decode_gemm_bf16_t4_u2_r2_pa_qkv", 4, 2, 2, true, EPI_QKV),
     ];
 
     const _: () = {

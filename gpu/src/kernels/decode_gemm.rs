@@ -861,8 +861,11 @@ entry!(decode_gemm_f16_t4_u2_r2_pa, false, 4, 2, 2, true);
 
 macro_rules! epi_entry {
     ($name:ident, $t:literal, $epi:expr) => {
+        epi_entry!($name, $t, 4, 1, false, $epi);
+    };
+    ($name:ident, $t:literal, $u:literal, $r:literal, $pa:literal, $epi:expr) => {
         /// Epilogue entry of [`crate::contract::decode_gemm`] (issue 21; `EPI_VARIANTS`): bf16,
-        /// unroll 4, one row tile per warp, the epilogue in the name.
+        /// unroll, row tiles, A prefetch and the epilogue in the name.
         ///
         /// # Safety
         /// The launch contract of the plain entries (C of bf16), plus: `stamps` is 0 or a stamp
@@ -922,7 +925,7 @@ macro_rules! epi_entry {
                 epi,
             };
             // SAFETY: the caller's launch contract.
-            unsafe { decode::<true, $t, { EPI_UNROLL }, 1, false, { $epi }>(p) }
+            unsafe { decode::<true, $t, $u, $r, $pa, { $epi }>(p) }
         }
     };
 }
@@ -939,3 +942,45 @@ epi_entry!(decode_gemm_bf16_t1_u4_qkv, 1, EPI_QKV);
 epi_entry!(decode_gemm_bf16_t2_u4_qkv, 2, EPI_QKV);
 epi_entry!(decode_gemm_bf16_t4_u4_qkv, 4, EPI_QKV);
 epi_entry!(decode_gemm_bf16_t8_u4_qkv, 8, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t1_u2_pa_store, 1, 2, 1, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t2_u2_pa_store, 2, 2, 1, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t4_u2_pa_store, 4, 2, 1, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t8_u2_pa_store, 8, 2, 1, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t1_u2_pa_swiglu, 1, 2, 1, true, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t2_u2_pa_swiglu, 2, 2, 1, true, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t4_u2_pa_swiglu, 4, 2, 1, true, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t8_u2_pa_swiglu, 8, 2, 1, true, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t1_u2_pa_qkv, 1, 2, 1, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t2_u2_pa_qkv, 2, 2, 1, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t4_u2_pa_qkv, 4, 2, 1, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t8_u2_pa_qkv, 8, 2, 1, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t1_u2_r2_pa_store, 1, 2, 2, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t2_u2_r2_pa_store, 2, 2, 2, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t4_u2_r2_pa_store, 4, 2, 2, true, EPI_STORE);
+epi_entry!(
+    decode_gemm_bf16_t1_u2_r2_pa_swiglu,
+    1,
+    2,
+    2,
+    true,
+    EPI_SWIGLU
+);
+epi_entry!(
+    decode_gemm_bf16_t2_u2_r2_pa_swiglu,
+    2,
+    2,
+    2,
+    true,
+    EPI_SWIGLU
+);
+epi_entry!(
+    decode_gemm_bf16_t4_u2_r2_pa_swiglu,
+    4,
+    2,
+    2,
+    true,
+    EPI_SWIGLU
+);
+epi_entry!(decode_gemm_bf16_t1_u2_r2_pa_qkv, 1, 2, 2, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t2_u2_r2_pa_qkv, 2, 2, 2, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t4_u2_r2_pa_qkv, 4, 2, 2, true, EPI_QKV);

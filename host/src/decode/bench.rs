@@ -13,6 +13,7 @@ use super::step::{DecodeStep, HostLayer, KernelStamps, StepConfig, Variant};
 use super::DecodeDims;
 use crate::device::Device;
 use crate::error::Result;
+use crate::kernels::decode_gemm::DecodeConfig;
 
 /// One measured case: `batch` sequences, each at KV length `kv_len` (position `kv_len - 1`;
 /// the step attends over `kv_len` tokens), `layers` layers with their own weights.
@@ -97,20 +98,18 @@ fn median_us(
 }
 
 /// Builds the step for `case` (caches filled with a constant, every sequence at position
-/// `kv_len - 1`, block tables `b * pages + i`) with `weights` (one per layer), `stamps` as
-/// [`StepConfig::stamps`] and `prefetch_bytes` as [`StepConfig::prefetch_bytes`].
+/// `kv_len - 1`, block tables `b * pages + i`) with `weights` (one per layer); `tune` adjusts
+/// the [`StepConfig`] (stamps, prefetch budget, GEMM configuration) before the step is made.
 pub fn build_step<'d>(
     dev: &'d Device,
     dims: &DecodeDims,
     case: Case,
     weights: &[HostLayer],
-    stamps: bool,
-    prefetch_bytes: usize,
+    tune: impl FnOnce(&mut StepConfig),
 ) -> Result<DecodeStep<'d>> {
     let stream = dev.new_stream()?;
     let mut cfg = StepConfig::new(dims, case.batch, weights.len(), case.kv_len);
-    cfg.stamps = stamps;
-    cfg.prefetch_bytes = prefetch_bytes;
+    tune(&mut cfg);
     let mut step = DecodeStep::new(dev, &stream, *dims, cfg, weights)?;
     step.fill_caches(bf16::from_f32(0.01))?;
     let x: Vec<bf16> = normal_bf16(5, case.batch * dims.hidden, 1.0)
@@ -158,6 +157,38 @@ pub fn run_case(
         });
     }
     Ok(rows)
+}
+
+/// Parses a GEMM configuration label into `base`: `_`-separated tokens `w4|w8|w16` (warps),
+/// `ks1..ks16` (k-split), `u2|u4` (unroll), `r1|r2` (row tiles), `pa|nopa` (A prefetch),
+/// `pf|nopf` (`.L2::256B` hint), e.g. `w8_u2_r2_pa`. Errors: [`crate::Error::BadShape`] naming
+/// the token.
+pub fn parse_gemm_config(label: &str, base: DecodeConfig) -> Result<DecodeConfig> {
+    let mut c = base;
+    for tok in label.split('_').filter(|t| !t.is_empty()) {
+        let num = |p: &str| tok.strip_prefix(p).and_then(|v| v.parse::<u32>().ok());
+        match tok {
+            "pa" => c.prefetch_a = true,
+            "nopa" => c.prefetch_a = false,
+            "pf" => c.l2_prefetch = true,
+            "nopf" => c.l2_prefetch = false,
+            _ if tok.starts_with("ks") && num("ks").is_some() => c.ksplit = num("ks"),
+            _ if tok.starts_with('w') && num("w").is_some() => c.warps = num("w").unwrap_or(8),
+            _ if tok.starts_with('u') && num("u").is_some() => c.unroll = num("u").unwrap_or(4),
+            _ if tok.starts_with('r') && num("r").is_some() => {
+                c.row_tiles = num("r").unwrap_or(1)
+            }
+            _ => {
+                return Err(crate::Error::BadShape {
+                    what: "decode GEMM configuration",
+                    detail: format!(
+                        "token {tok:?} of {label:?}; allowed: wN, ksN, uN, rN, pa, nopa, pf, nopf joined by _"
+                    ),
+                })
+            }
+        }
+    }
+    Ok(c)
 }
 
 /// One kernel on the timeline, µs from the first kernel's start.
@@ -367,6 +398,20 @@ mod tests {
             assert!(Case::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(Case::issue_cases().len(), 5);
+        let base = DecodeConfig::default();
+        let c = parse_gemm_config("w16_ks8_u2_r2_pa_nopf", base).unwrap();
+        assert_eq!(
+            (
+                c.warps,
+                c.ksplit,
+                c.unroll,
+                c.row_tiles,
+                c.prefetch_a,
+                c.l2_prefetch
+            ),
+            (16, Some(8), 2, 2, true, false)
+        );
+        assert!(parse_gemm_config("w8_fast", base).is_err());
         let st = vec![
             KernelStamps {
                 layer: 0,

@@ -36,7 +36,7 @@ use super::reference::{normal_bf16, LayerWeights};
 use super::{check_batch, pack_gate_up_rows, pack_qkv_rows, DecodeDims, KvLayout};
 use crate::chain::{Chain, Graph, KernelArg};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{CudaCall, Error, Result};
 use crate::kernels::decode_gemm::{launch_shape, DecodeConfig, DecodeLaunchShape};
 use crate::kernels::tc_gemm::GemmShape;
 use crate::launch::LaunchConfig;
@@ -126,10 +126,11 @@ pub struct StepConfig {
     /// KV splits of the attention (`None`: enough CTAs for two per SM, at most one split per
     /// page of the block table). With one split there is no combine kernel.
     pub splits: Option<u32>,
-    /// Warps per decode-GEMM CTA (4, 8 or 16).
-    pub gemm_warps: u32,
-    /// Warps splitting K in the decode GEMMs (`None`: `kernels::decode_gemm::default_ksplit`).
-    pub gemm_ksplit: Option<u32>,
+    /// The decode GEMMs' configuration (issue 20's tunables). Epilogue entries exist for
+    /// unroll 4 (one row tile, no A prefetch), unroll 2 with the A prefetch (one row tile), and
+    /// unroll 2 with the A prefetch and two row tiles (up to 32 sequences); `l2_prefetch` is the
+    /// `.L2::256B` hint of the weight loads.
+    pub gemm: DecodeConfig,
     /// Bytes of each GEMM's weights that variant (c)/(e) prefetches into L2 before
     /// `griddepcontrol.wait`, beyond the first k-block every warp loads into registers, in whole
     /// k-blocks per warp (`(N K 2) / iterations` bytes each; rounded down, so a budget below
@@ -153,8 +154,14 @@ impl StepConfig {
             },
             max_pos: pages * dims.page_size,
             splits: None,
-            gemm_warps: 8,
-            gemm_ksplit: None,
+            gemm: DecodeConfig {
+                warps: 8,
+                ksplit: None,
+                unroll: gc::EPI_UNROLL as u32,
+                l2_prefetch: true,
+                row_tiles: 1,
+                prefetch_a: false,
+            },
             prefetch_bytes: 4 << 20,
             stamps: false,
         }
@@ -405,7 +412,7 @@ pub fn attention_splits(dims: &DecodeDims, cfg: &StepConfig, sms: u32) -> Result
 
 /// k-blocks per warp to prefetch into L2 for `bytes` of a GEMM's weights (0 to 255).
 fn pf_iters(ls: &DecodeLaunchShape, shape: GemmShape, bytes: usize) -> u32 {
-    let kb = gc::K_STEP * gc::EPI_UNROLL;
+    let kb = gc::K_STEP * ls.unroll as usize;
     let nblk = shape.k.div_ceil(kb);
     let iters = nblk.div_ceil(ls.ksplit as usize).max(1);
     let per_iter = (shape.n * shape.k * 2).div_ceil(iters).max(1);
@@ -468,14 +475,7 @@ impl<'d> DecodeStep<'d> {
         }
         let sms = dev.capabilities().sm_count;
         let (splits, pps) = attention_splits(&dims, &cfg, sms)?;
-        let gemm_cfg = DecodeConfig {
-            warps: cfg.gemm_warps,
-            ksplit: cfg.gemm_ksplit,
-            unroll: gc::EPI_UNROLL as u32,
-            l2_prefetch: true,
-            row_tiles: 1,
-            prefetch_a: false,
-        };
+        let gemm_cfg = cfg.gemm;
         let b = cfg.batch;
         let shape = |n, k| GemmShape { m: b, n, k };
         let s_qkv = shape(dims.qkv_rows(), dims.hidden);
@@ -484,6 +484,32 @@ impl<'d> DecodeStep<'d> {
         let s_down = shape(dims.hidden, dims.intermediate);
         let ls = |s| launch_shape(s, true, &gemm_cfg, sms);
         let (ls_qkv, ls_o, ls_gu, ls_down) = (ls(s_qkv)?, ls(s_o)?, ls(s_gu)?, ls(s_down)?);
+        let epi_kernel = |ls: &DecodeLaunchShape, epi: u32| -> Result<&'static str> {
+            gc::EPI_VARIANTS
+                .iter()
+                .find(|v| {
+                    v.token_tiles == ls.token_tiles
+                        && v.unroll == ls.unroll as usize
+                        && v.row_tiles == ls.row_tiles as usize
+                        && v.prefetch_a == ls.prefetch_a
+                        && v.epilogue == epi
+                })
+                .map(|v| v.kernel)
+                .ok_or_else(|| Error::BadShape {
+                    what: "decode step GEMM configuration",
+                    detail: format!(
+                        "{} for {} sequences has no epilogue entry; allowed: unroll 4 (one row tile, no A prefetch), unroll 2 + A prefetch (one row tile), unroll 2 + A prefetch + two row tiles (up to 32 sequences)",
+                        gemm_cfg.label(),
+                        b
+                    ),
+                })
+        };
+        let epi_kernels = [
+            epi_kernel(&ls_qkv, gc::EPI_QKV)?,
+            epi_kernel(&ls_o, gc::EPI_STORE)?,
+            epi_kernel(&ls_gu, gc::EPI_SWIGLU)?,
+            epi_kernel(&ls_down, gc::EPI_STORE)?,
+        ];
         let attn_variant = sc::ATTN_VARIANTS
             .iter()
             .find(|v| v.head_dim == dims.head_dim && v.group == dims.group())
@@ -621,6 +647,7 @@ impl<'d> DecodeStep<'d> {
             let (kernels, launches) = step.push_all(
                 &mut chain,
                 early,
+                &epi_kernels,
                 &gemms,
                 &shapes,
                 attn_variant,
@@ -642,6 +669,7 @@ impl<'d> DecodeStep<'d> {
         &self,
         chain: &mut Chain<'d>,
         early: bool,
+        epi_kernels: &[&'static str; 4],
         gemms: &[DecodeLaunchShape; 4],
         shapes: &[GemmShape; 4],
         attn_variant: &sc::AttnVariant,
@@ -677,6 +705,21 @@ impl<'d> DecodeStep<'d> {
                             args: &[KernelArg],
                             bytes: u64|
              -> Result<()> {
+                // Registers limit the CTA size per entry (e.g. 245 registers: at most 256
+                // threads): refuse before anything is queued.
+                let max_threads = self
+                    .dev
+                    .kernel(kernel)?
+                    .func
+                    .max_threads_per_block()
+                    .call("cuFuncGetAttribute")?;
+                if cfg.block[0] as i64 > max_threads as i64 {
+                    return Err(Error::TooLarge {
+                        what: "decode step threads per CTA (the entry's register-limited maximum; use fewer GEMM warps)",
+                        value: cfg.block[0] as u64,
+                        max: max_threads.max(0) as u64,
+                    });
+                }
                 // SAFETY: every argument list below matches its entry's parameters (checked
                 // against the PTX by the tests, `check_step_entries`); every pointer is a buffer
                 // of this step (owned by it, so alive as long as the chain, which is dropped
@@ -740,14 +783,15 @@ impl<'d> DecodeStep<'d> {
                 norm_bytes,
             )?;
             slot += 1;
-            let gemm = |i: usize, epi: u32, slot: u32| -> (LaunchConfig, &'static str, u32) {
+            let gemm = |i: usize, slot: u32| -> (LaunchConfig, &'static str, u32) {
                 let ls = &gemms[i];
-                let kernel = gc::EPI_VARIANTS
-                    .iter()
-                    .find(|v| v.token_tiles == ls.token_tiles && v.epilogue == epi)
-                    .expect("an epilogue entry for every token-tile count")
-                    .kernel;
-                let mut flags = gc::FLAG_L2_PREFETCH_256 | (slot << gc::STAMP_SLOT_SHIFT);
+                let kernel = epi_kernels[i];
+                let mut flags = (slot << gc::STAMP_SLOT_SHIFT)
+                    | if self.cfg.gemm.l2_prefetch {
+                        gc::FLAG_L2_PREFETCH_256
+                    } else {
+                        0
+                    };
                 if early {
                     let pf = pf_iters(ls, shapes[i], self.cfg.prefetch_bytes);
                     flags |= gc::FLAG_WEIGHTS_EARLY;
@@ -791,7 +835,7 @@ impl<'d> DecodeStep<'d> {
                 ]
             };
             // 2. QKV + RoPE + cache append.
-            let (cfg, kernel, flags) = gemm(0, gc::EPI_QKV, slot);
+            let (cfg, kernel, flags) = gemm(0, slot);
             push(
                 chain,
                 "qkv",
@@ -866,7 +910,7 @@ impl<'d> DecodeStep<'d> {
                 slot += 1;
             }
             // 5. O projection + residual (in place into h).
-            let (cfg, kernel, flags) = gemm(1, gc::EPI_STORE, slot);
+            let (cfg, kernel, flags) = gemm(1, slot);
             push(
                 chain,
                 "o_proj",
@@ -907,7 +951,7 @@ impl<'d> DecodeStep<'d> {
             )?;
             slot += 1;
             // 7. gate/up + SiLU(gate) * up.
-            let (cfg, kernel, flags) = gemm(2, gc::EPI_SWIGLU, slot);
+            let (cfg, kernel, flags) = gemm(2, slot);
             push(
                 chain,
                 "gate_up",
@@ -928,7 +972,7 @@ impl<'d> DecodeStep<'d> {
             )?;
             slot += 1;
             // 8. down + residual.
-            let (cfg, kernel, flags) = gemm(3, gc::EPI_STORE, slot);
+            let (cfg, kernel, flags) = gemm(3, slot);
             push(
                 chain,
                 "down",
