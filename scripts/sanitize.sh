@@ -10,8 +10,8 @@
 # "ordering device_side", "ordering u32_signal", "ordering two_waits", "ordering message_exchange"
 # (the GPU ordering tests, one run each), fence, soundness_ordering, soundness_host, modules,
 # soundness_graphs, issue19_lifetimes (those two: memcheck, racecheck and synccheck only),
-# "tc_gemm <variant>", decode_gemm, fp8_gemm, issue22_device, issue22_interop, "gemm <kernel>",
-# "pipeline CLI", ordering-demo, saxpy, cudarc_interop, softmax, fuzz
+# "tc_gemm <variant>", decode_gemm, decode_step, fp8_gemm, issue22_device, issue22_interop,
+# "gemm <kernel>", "pipeline CLI", ordering-demo, saxpy, cudarc_interop, softmax, fuzz
 # (memcheck only: `warpline fuzz` over FUZZ_SEEDS seeds, default 200, x 200 ops on 3 threads;
 # SKIP_FUZZ=1 leaves it out).
 # LIST=1 prints the "tool label" of every run that TOOLS and ONLY select and runs nothing (no GPU
@@ -24,7 +24,7 @@
 #   1. TOOLS="memcheck racecheck synccheck" SKIP_FUZZ=1
 #   2. TOOLS=initcheck ONLY='^(vector_add|pipeline|pdl|fence|soundness_ordering|soundness_host|modules)$'
 #   3. TOOLS=initcheck ONLY='^ordering '
-#   4. TOOLS=initcheck ONLY='^(tc_gemm |decode_gemm$|fp8_gemm$|issue22_|gemm |pipeline CLI$|ordering-demo$|saxpy$|cudarc_interop$|softmax$)'
+#   4. TOOLS=initcheck ONLY='^(tc_gemm |decode_gemm$|decode_step$|fp8_gemm$|issue22_|gemm |pipeline CLI$|ordering-demo$|saxpy$|cudarc_interop$|softmax$)'
 #   5. TOOLS=memcheck ONLY='^fuzz$' (split by seeds with FUZZ_START/FUZZ_SEEDS if it does not fit)
 # If one still does not fit, split it the same way (e.g. call 1 per tool, or call 3 as
 # ONLY='^ordering (device_side|u32_signal)$' and ONLY='^ordering (two_waits|message_exchange)$').
@@ -107,6 +107,7 @@ for tool in $TOOLS; do
   # inputs), the rank-3..5 TMA copies (plain and multicast), the math kernel; cudarc interop.
   run $tool issue22_device     $B/tests/issue22_device --test-threads=1
   run $tool issue22_interop    $B/tests/issue22_interop --test-threads=1
+  run $tool decode_step        $B/tests/decode_step --test-threads=1
   # Kernels through the CLI at small sizes.
   for k in "cluster --cluster 2" "cluster --cluster 4" "cluster --cluster 8" "plain"; do
     run $tool "gemm $k" $B/warpline --seed 1 gemm --tiles 600 --kernel $k --once

@@ -388,5 +388,65 @@ fn issue22_setmaxnreg_entries_start_with_entry_registers_and_do_not_spill() {
             spill.contains(" 0 bytes spill stores") && spill.contains(" 0 bytes spill loads"),
             "{kernel} spills: {spill}"
         );
+// Issue 21: the decode step's kernels touch what the previous kernel writes only after
+// `griddepcontrol.wait`, and write nothing before it (stamps use `red`, not `st`).
+// ------------------------------------------------------------------------------------------------
+
+#[test]
+fn issue21_decode_step_kernels_read_dependent_inputs_after_the_wait() {
+    use warpline_gpu::contract::{decode_gemm as gc, decode_step as sc};
+    // (kernel, parameters the previous kernel may write, parameters read only by prefetch
+    // before the wait)
+    let mut cases: Vec<(&str, Vec<&str>, Vec<&str>)> = vec![
+        (sc::RMSNORM_KERNEL, vec!["param_0"], vec![]),
+        (sc::COMBINE_KERNEL, vec!["param_0", "param_1"], vec![]),
+    ];
+    for v in gc::EPI_VARIANTS {
+        // A, C and the epilogue block (whose K/V caches the attention reads).
+        cases.push((v.kernel, vec!["param_0", "param_2", "param_15"], vec![]));
+    }
+    for v in sc::ATTN_VARIANTS {
+        // q; the caches only through cp.async.bulk.prefetch.L2 before the wait.
+        cases.push((v.kernel, vec!["param_0"], vec!["param_1", "param_2"]));
+    }
+    for (kernel, dependent, prefetched) in cases {
+        let body = entry_body(kernel);
+        let wait = body
+            .find("griddepcontrol.wait")
+            .unwrap_or_else(|| panic!("{kernel}: no griddepcontrol.wait"));
+        assert!(
+            body.contains("griddepcontrol.launch_dependents"),
+            "{kernel}: no launch_dependents"
+        );
+        assert!(
+            !body[..wait].contains("st.global"),
+            "{kernel} stores to global memory before the wait"
+        );
+        for p in dependent {
+            let param = format!("{kernel}_{p}");
+            let early = param_loads_before(body, &param, "griddepcontrol.wait");
+            assert!(
+                early.is_empty(),
+                "{kernel} reads {param} before the wait: {early:?}"
+            );
+        }
+        if kernel.starts_with("decode_gemm") {
+            let b = format!("{kernel}_param_1");
+            assert!(
+                !param_loads_before(body, &b, "griddepcontrol.wait").is_empty(),
+                "{kernel}: no weight loads before the wait (the checker saw none)"
+            );
+        }
+        for p in prefetched {
+            let param = format!("{kernel}_{p}");
+            let early = param_loads_before(body, &param, "griddepcontrol.wait");
+            assert!(!early.is_empty(), "{kernel}: no prefetch of {param} seen");
+            for inst in early {
+                assert!(
+                    inst.starts_with("cp.async.bulk.prefetch.L2"),
+                    "{kernel} reads {param} before the wait other than by an L2 prefetch: {inst}"
+                );
+            }
+        }
     }
 }

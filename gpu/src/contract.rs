@@ -755,6 +755,179 @@ pub mod decode_gemm {
     /// or 4 x 2): 64 KiB.
     pub const MAX_SMEM_BYTES: usize = smem_bytes(16, 8);
 
+    /// `flags` bit (issue 21): before `griddepcontrol.wait`, prefetch the weights of the next
+    /// `(flags >> PF_ITERS_SHIFT) & 0xff` k-blocks of every warp into L2
+    /// (`cp.async.bulk.prefetch.L2`), beyond the first k-block loaded into registers.
+    pub const FLAG_PREFETCH_L2_BULK: u32 = 4;
+    /// Shift of the prefetched k-blocks per warp in `flags` (8 bits).
+    pub const PF_ITERS_SHIFT: u32 = 8;
+    /// Shift of the stamp slot in `flags` (16 bits; see `decode_step::STAMP_WORDS`).
+    pub const STAMP_SLOT_SHIFT: u32 = 16;
+    /// Epilogue (issue 21) `C = alpha * acc + beta * C` (the plain entries' epilogue; with
+    /// `beta = 1` and C the residual stream it is the residual add of the O and down
+    /// projections).
+    pub const EPI_STORE: u32 = 0;
+    /// Epilogue: weights of `2 I` rows with gate and up interleaved by 8 (row tile `p` = gate
+    /// rows `8p..8p+8`, then up rows `8p..8p+8`); writes `C[tok][8p + g] = silu(alpha * gate) *
+    /// (alpha * up)` to a C of `I` columns, in the input type.
+    pub const EPI_SWIGLU: u32 = 1;
+    /// Epilogue: fused QKV weight with the rows of each head packed so that row tile `p` of the
+    /// head holds dims `8p..8p+8` and `d/2 + 8p..`; applies RoPE to Q and K (cos/sin table),
+    /// writes Q to C (`B x H d`) and K, V into the paged caches (arguments in [`QKV_ARGS`]).
+    pub const EPI_QKV: u32 = 2;
+    /// Unroll of the default epilogue entries (`_u4_`).
+    pub const EPI_UNROLL: usize = 4;
+    /// Words (u64) of the QKV epilogue's argument block in device memory: `[0]` positions (u32
+    /// per token), `[1]` block table (u32), `[2]` K cache, `[3]` V cache (bf16, layout
+    /// `[page][kv head][page row][d]`), `[4]` RoPE table (`[pos][d/2][cos, sin]` f32), `[5]`
+    /// `heads | kv_heads << 32`, `[6]` `head_dim | page_size << 32`, `[7]` `bt_stride |
+    /// num_pages << 32`, `[8]` `max_pos`.
+    pub const QKV_ARGS: usize = 9;
+
+    /// One epilogue entry (bf16; the forms of the plain entries `_u4`, `_u2_pa` and `_u2_r2_pa`).
+    /// Parameter list: the plain entries' 14, then `stamps: u64` (0: none) and `epi: u64` (the
+    /// QKV argument block; 0 for the others).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct EpiVariant {
+        /// Entry point in the sm_90 module.
+        pub kernel: &'static str,
+        /// Token tiles of 8.
+        pub token_tiles: usize,
+        /// k-steps per k-block.
+        pub unroll: usize,
+        /// Row tiles per warp.
+        pub row_tiles: usize,
+        /// Token fragments loaded one k-block ahead.
+        pub prefetch_a: bool,
+        /// [`EPI_STORE`], [`EPI_SWIGLU`] or [`EPI_QKV`].
+        pub epilogue: u32,
+    }
+
+    const fn e(
+        kernel: &'static str,
+        token_tiles: usize,
+        unroll: usize,
+        row_tiles: usize,
+        prefetch_a: bool,
+        epilogue: u32,
+    ) -> EpiVariant {
+        EpiVariant {
+            kernel,
+            token_tiles,
+            unroll,
+            row_tiles,
+            prefetch_a,
+            epilogue,
+        }
+    }
+
+    /// Every epilogue entry, in the order the kernel file instantiates them.
+    pub const EPI_VARIANTS: [EpiVariant; 33] = [
+        e("decode_gemm_bf16_t1_u4_store", 1, 4, 1, false, EPI_STORE),
+        e("decode_gemm_bf16_t2_u4_store", 2, 4, 1, false, EPI_STORE),
+        e("decode_gemm_bf16_t4_u4_store", 4, 4, 1, false, EPI_STORE),
+        e("decode_gemm_bf16_t8_u4_store", 8, 4, 1, false, EPI_STORE),
+        e("decode_gemm_bf16_t1_u4_swiglu", 1, 4, 1, false, EPI_SWIGLU),
+        e("decode_gemm_bf16_t2_u4_swiglu", 2, 4, 1, false, EPI_SWIGLU),
+        e("decode_gemm_bf16_t4_u4_swiglu", 4, 4, 1, false, EPI_SWIGLU),
+        e("decode_gemm_bf16_t8_u4_swiglu", 8, 4, 1, false, EPI_SWIGLU),
+        e("decode_gemm_bf16_t1_u4_qkv", 1, 4, 1, false, EPI_QKV),
+        e("decode_gemm_bf16_t2_u4_qkv", 2, 4, 1, false, EPI_QKV),
+        e("decode_gemm_bf16_t4_u4_qkv", 4, 4, 1, false, EPI_QKV),
+        e("decode_gemm_bf16_t8_u4_qkv", 8, 4, 1, false, EPI_QKV),
+        e("decode_gemm_bf16_t1_u2_pa_store", 1, 2, 1, true, EPI_STORE),
+        e("decode_gemm_bf16_t2_u2_pa_store", 2, 2, 1, true, EPI_STORE),
+        e("decode_gemm_bf16_t4_u2_pa_store", 4, 2, 1, true, EPI_STORE),
+        e("decode_gemm_bf16_t8_u2_pa_store", 8, 2, 1, true, EPI_STORE),
+        e(
+            "decode_gemm_bf16_t1_u2_pa_swiglu",
+            1,
+            2,
+            1,
+            true,
+            EPI_SWIGLU,
+        ),
+        e(
+            "decode_gemm_bf16_t2_u2_pa_swiglu",
+            2,
+            2,
+            1,
+            true,
+            EPI_SWIGLU,
+        ),
+        e(
+            "decode_gemm_bf16_t4_u2_pa_swiglu",
+            4,
+            2,
+            1,
+            true,
+            EPI_SWIGLU,
+        ),
+        e(
+            "decode_gemm_bf16_t8_u2_pa_swiglu",
+            8,
+            2,
+            1,
+            true,
+            EPI_SWIGLU,
+        ),
+        e("decode_gemm_bf16_t1_u2_pa_qkv", 1, 2, 1, true, EPI_QKV),
+        e("decode_gemm_bf16_t2_u2_pa_qkv", 2, 2, 1, true, EPI_QKV),
+        e("decode_gemm_bf16_t4_u2_pa_qkv", 4, 2, 1, true, EPI_QKV),
+        e("decode_gemm_bf16_t8_u2_pa_qkv", 8, 2, 1, true, EPI_QKV),
+        e(
+            "decode_gemm_bf16_t1_u2_r2_pa_store",
+            1,
+            2,
+            2,
+            true,
+            EPI_STORE,
+        ),
+        e(
+            "decode_gemm_bf16_t2_u2_r2_pa_store",
+            2,
+            2,
+            2,
+            true,
+            EPI_STORE,
+        ),
+        e(
+            "decode_gemm_bf16_t4_u2_r2_pa_store",
+            4,
+            2,
+            2,
+            true,
+            EPI_STORE,
+        ),
+        e(
+            "decode_gemm_bf16_t1_u2_r2_pa_swiglu",
+            1,
+            2,
+            2,
+            true,
+            EPI_SWIGLU,
+        ),
+        e(
+            "decode_gemm_bf16_t2_u2_r2_pa_swiglu",
+            2,
+            2,
+            2,
+            true,
+            EPI_SWIGLU,
+        ),
+        e(
+            "decode_gemm_bf16_t4_u2_r2_pa_swiglu",
+            4,
+            2,
+            2,
+            true,
+            EPI_SWIGLU,
+        ),
+        e("decode_gemm_bf16_t1_u2_r2_pa_qkv", 1, 2, 2, true, EPI_QKV),
+        e("decode_gemm_bf16_t2_u2_r2_pa_qkv", 2, 2, 2, true, EPI_QKV),
+        e("decode_gemm_bf16_t4_u2_r2_pa_qkv", 4, 2, 2, true, EPI_QKV),
+    ];
+
     const _: () = {
         assert!(MAX_M == 8 * TOKENS_PER_TILE);
         assert!(K_STEP == 4 * 8);
@@ -932,4 +1105,89 @@ pub mod device_check {
         }
         Some(p)
     }
+}
+/// The other kernels of one LLM decode step (issue 21; `gpu/src/kernels/decode_step.rs`): RMSNorm,
+/// paged GQA decode attention (split-KV) and its combine step. Every entry takes `stamps: u64`
+/// (0: none) and stamps `%globaltimer` into `[slot][STAMP_WORDS]`.
+pub mod decode_step {
+    /// Words per stamp slot: `[0]` first CTA start (atomic min), `[1]` first CTA past
+    /// `griddepcontrol.wait` (min), `[2]` last CTA past it (max), `[3]` last CTA end (max), in
+    /// `%globaltimer` ns. The host fills a slot with `u64::MAX, u64::MAX, 0, 0` before a run.
+    pub const STAMP_WORDS: usize = 4;
+    /// `flags` bit: read what does not depend on the previous kernel before `griddepcontrol.wait`
+    /// (RMSNorm: its weight; attention: `cp.async.bulk.prefetch.L2` of its first KV pages).
+    pub const FLAG_EARLY: u32 = 1;
+    /// Shift of the stamp slot in `flags` (16 bits).
+    pub const STAMP_SLOT_SHIFT: u32 = 16;
+
+    /// `decode_rmsnorm_bf16(x, w, out, resid, rows, n, eps, stamps, flags)`: one CTA per row,
+    /// `out = bf16(x / sqrt(mean(x^2) + eps) * w)`, and `resid = x` when `resid != 0`.
+    pub const RMSNORM_KERNEL: &str = "decode_rmsnorm_bf16";
+    /// Threads per RMSNorm CTA.
+    pub const RMSNORM_THREADS: u32 = 256;
+    /// 8-element vectors per RMSNorm thread: `n <= 8 * RMSNORM_THREADS * RMSNORM_VECS`.
+    pub const RMSNORM_VECS: usize = 4;
+    /// Largest row of the RMSNorm kernel.
+    pub const RMSNORM_MAX_N: usize = 8 * RMSNORM_THREADS as usize * RMSNORM_VECS;
+
+    /// Warps per attention CTA.
+    pub const ATTN_WARPS: u32 = 4;
+    /// Tokens one attention warp processes at once (8 lanes per token).
+    pub const ATTN_TOKENS_PER_WARP: u32 = 4;
+    /// KV pages an attention CTA prefetches into L2 before `griddepcontrol.wait` (with
+    /// [`FLAG_EARLY`]), K and V each.
+    pub const ATTN_PREFETCH_PAGES: u32 = 4;
+    /// Most KV splits per sequence.
+    pub const MAX_SPLITS: u32 = 256;
+    /// The score scale's initial running maximum (finite, so empty states combine without NaN).
+    pub const M_INIT: f32 = -1.0e30;
+
+    /// One attention entry: head dim and query heads per KV head. Parameter list: `q, k_cache,
+    /// v_cache, block_table, positions, out, part_o, part_ml: u64`, `n_kv, page_size, bt_stride,
+    /// num_pages, splits_pps: u32` (`splits | pages_per_split << 16`), `scale_log2: f32`, `stamps: u64`, `flags: u32`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct AttnVariant {
+        /// Entry point.
+        pub kernel: &'static str,
+        /// Head dimension.
+        pub head_dim: usize,
+        /// Query heads per KV head.
+        pub group: usize,
+    }
+
+    const fn a(kernel: &'static str, head_dim: usize, group: usize) -> AttnVariant {
+        AttnVariant {
+            kernel,
+            head_dim,
+            group,
+        }
+    }
+
+    /// Every attention entry.
+    pub const ATTN_VARIANTS: [AttnVariant; 7] = [
+        a("decode_attn_bf16_d64_g1", 64, 1),
+        a("decode_attn_bf16_d64_g2", 64, 2),
+        a("decode_attn_bf16_d64_g4", 64, 4),
+        a("decode_attn_bf16_d64_g8", 64, 8),
+        a("decode_attn_bf16_d128_g1", 128, 1),
+        a("decode_attn_bf16_d128_g2", 128, 2),
+        a("decode_attn_bf16_d128_g4", 128, 4),
+    ];
+
+    /// Dynamic shared memory of an attention CTA: per state (warp x token slot), per head,
+    /// `head_dim` accumulators plus the running max and sum, f32.
+    pub const fn attn_smem_bytes(head_dim: usize, group: usize) -> usize {
+        (ATTN_WARPS * ATTN_TOKENS_PER_WARP) as usize * group * (head_dim + 2) * 4
+    }
+
+    /// `decode_attn_combine_bf16(part_o, part_ml, out, heads, head_dim, splits, stamps,
+    /// flags)`: one CTA per (sequence, query head), merges the splits' partial outputs.
+    pub const COMBINE_KERNEL: &str = "decode_attn_combine_bf16";
+    /// Threads per combine CTA.
+    pub const COMBINE_THREADS: u32 = 128;
+
+    const _: () = {
+        assert!(attn_smem_bytes(128, 4) <= 48 * 1024);
+        assert!(attn_smem_bytes(64, 8) <= 48 * 1024);
+    };
 }

@@ -324,6 +324,10 @@ pub enum Error {
     /// be column-major, stored `N x K` row-major ("TN", as cuBLASLt FP8 also requires).
     #[error("{what}: B is {layout}; FP8 GEMM needs B column-major (K-major: stored N x K, row pitch >= K), as FP8 wgmma reads only K-major operands (PTX ISA 9.7.15.5.2) and cuBLASLt FP8 needs \"TN\"; store B transposed (a weight: once, when it is quantized)")]
     Fp8Layout { what: &'static str, layout: String },
+    /// A decode step's block table is unusable (issue 21): an entry a sequence uses points
+    /// outside the KV cache, or two sequences of the batch write or read the same cache slot.
+    #[error("decode block table, sequence {seq}: {detail}; allowed: entries below the cache's page count, and no cache slot written by one sequence and used by another")]
+    BlockTable { seq: usize, detail: String },
 }
 
 /// Attaches the name of the CUDA call to a driver error. Sticky errors (see [`is_sticky`]) become

@@ -13,6 +13,7 @@
 pub mod bandwidth;
 pub mod chain;
 mod contract_check;
+pub mod decode;
 pub mod device;
 pub(crate) mod driver;
 pub mod error;

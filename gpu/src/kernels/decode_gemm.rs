@@ -75,6 +75,13 @@ struct Params {
     ksplit: u32,
     weights_early: bool,
     l2_prefetch: bool,
+    /// Issue 21: k-blocks per warp prefetched into L2 before `griddepcontrol.wait` (0: none).
+    pf_iters: u32,
+    /// Issue 21: `%globaltimer` stamps (null: none) and this launch's slot.
+    stamps: *mut u64,
+    stamp_slot: u32,
+    /// Issue 21: the QKV epilogue's argument block (`contract::decode_gemm::QKV_ARGS` words).
+    epi: *const u64,
 }
 
 /// 8 elements of row `row` of a row-major matrix (`base`, pitch `ld` elements) from column
@@ -310,9 +317,12 @@ unsafe fn decode<
     const U: usize,
     const R: usize,
     const PA: bool,
+    const EPI: u32,
 >(
     p: Params,
 ) {
+    // SAFETY: stamps is null or the launch's stamp buffer (launch contract).
+    unsafe { stamp(p.stamps, p.stamp_slot, 0) };
     const { assert!(T >= 1 && T <= 8 && U >= 1 && U <= 4 && R >= 1 && R <= MAX_ROW_TILES) };
     const { assert!(T * R <= 8) };
     let tid = thread_idx_x();
@@ -357,7 +367,17 @@ unsafe fn decode<
         // preceding kernel, so it may be read before griddepcontrol.wait.
         cur = unsafe { load_blocks::<U, R>(&p, b, &rows, &ok, t) };
     }
+    if p.pf_iters > 0 && p.weights_early {
+        // SAFETY: the launch contract; as the early loads above (B is not written by the
+        // preceding kernel), and a prefetch never faults or changes memory.
+        unsafe { prefetch_blocks::<U, R>(&p, b, nblk, &rows, &ok, t) };
+    }
     pdl::wait();
+    // SAFETY: as above.
+    unsafe {
+        stamp(p.stamps, p.stamp_slot, 1);
+        stamp(p.stamps, p.stamp_slot, 2);
+    }
     if !p.weights_early && b < nblk {
         // SAFETY: the launch contract.
         cur = unsafe { load_blocks::<U, R>(&p, b, &rows, &ok, t) };
@@ -433,7 +453,34 @@ unsafe fn decode<
         s += 1;
     }
 
-    // Epilogue: C[token][row] = alpha * acc + beta * C.
+    if EPI == EPI_SWIGLU {
+        // SAFETY: the launch contract of the swiglu entries (C holds m rows of pitch ldc >= n / 2
+        // bf16).
+        unsafe { epilogue_swiglu::<T, R>(&p, &acc, &r0, t) };
+    } else if EPI == EPI_QKV {
+        // SAFETY: the launch contract of the qkv entries.
+        unsafe { epilogue_qkv::<T, R>(&p, &acc, &r0, t) };
+    } else {
+        // SAFETY: the launch contract.
+        unsafe { epilogue_store::<BF16, T, R>(&p, &acc, &r0, t) };
+    }
+    if tid == 0 {
+        // SAFETY: as above.
+        unsafe { stamp(p.stamps, p.stamp_slot, 3) };
+    }
+}
+
+/// Epilogue [`EPI_STORE`]: `C[token][row] = alpha * acc + beta * C`.
+///
+/// # Safety
+/// The launch contract; called by the `ks == 0` warps after the split-K reduction.
+#[inline(always)]
+unsafe fn epilogue_store<const BF16: bool, const T: usize, const R: usize>(
+    p: &Params,
+    acc: &[[[f32; 4]; 8]; MAX_ROW_TILES],
+    r0: &[u64; MAX_ROW_TILES],
+    t: u32,
+) {
     unroll!(RT in [0, 1] {
     unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
         unroll!(I in [0, 1, 2, 3] {
@@ -475,6 +522,235 @@ unsafe fn decode<
             }
         });
     });
+    });
+}
+
+/// Stamps `%globaltimer` into word `word` of slot `slot` (`contract::decode_step::STAMP_WORDS`
+/// words per slot): words 0 and 1 take the minimum over CTAs, 2 and 3 the maximum. Thread 0 of
+/// the CTA only; nothing when `stamps` is null.
+///
+/// # Safety
+/// `stamps` is null or points to at least `(slot + 1) * STAMP_WORDS` u64 that only stamps touch
+/// during the kernel.
+#[inline(always)]
+pub(crate) unsafe fn stamp(stamps: *mut u64, slot: u32, word: u32) {
+    if stamps.is_null() || thread_idx_x() != 0 {
+        return;
+    }
+    let now = crate::device::clock::global_timer_ns();
+    let a = stamps
+        .wrapping_add(slot as usize * crate::contract::decode_step::STAMP_WORDS + word as usize);
+    // SAFETY: the caller's contract (a u64 of the stamp buffer); atomics, so CTAs don't race.
+    unsafe {
+        if word < 2 {
+            core::arch::asm!("red.relaxed.gpu.global.min.u64 [{a}], {v};", a = in(reg64) a,
+                v = in(reg64) now, options(nostack));
+        } else {
+            core::arch::asm!("red.relaxed.gpu.global.max.u64 [{a}], {v};", a = in(reg64) a,
+                v = in(reg64) now, options(nostack));
+        }
+    }
+}
+
+/// `cp.async.bulk.prefetch.L2.global [p], bytes` (PTX ISA 8.0, sm_90): a hint to bring `bytes`
+/// (a multiple of 16, `p` 16-byte aligned) into L2; never faults, changes nothing.
+///
+/// # Safety
+/// `p` is 16-byte aligned and `[p, p + bytes)` lies in one allocation.
+#[inline(always)]
+pub(crate) unsafe fn prefetch_l2(p: *const u8, bytes: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        core::arch::asm!("cp.async.bulk.prefetch.L2.global [{p}], {n};", p = in(reg64) p,
+            n = in(reg32) bytes, options(nostack, readonly))
+    };
+}
+
+/// Prefetches into L2 the weights of the warp's k-blocks `first + i * ksplit`, `i = 1 ..=
+/// pf_iters` (whole blocks within K only): lanes with `t == 0` prefetch their rows' `U * 64`
+/// bytes each.
+///
+/// # Safety
+/// The launch contract (B readable for rows `< n`, columns `< k`).
+#[inline(always)]
+unsafe fn prefetch_blocks<const U: usize, const R: usize>(
+    p: &Params,
+    first: u32,
+    nblk: u32,
+    rows: &[[u32; 2]; MAX_ROW_TILES],
+    ok: &[[bool; 2]; MAX_ROW_TILES],
+    t: u32,
+) {
+    if t != 0 {
+        return;
+    }
+    let kb = (U * K_STEP) as u32;
+    let mut i = 1;
+    while i <= p.pf_iters {
+        let blk = first + i * p.ksplit;
+        if blk >= nblk || (blk + 1) * kb > p.k {
+            break;
+        }
+        unroll!(RT in [0, 1] {
+            unroll!(H in [0, 1] {
+                if RT < R && ok[RT][H] {
+                    let e = rows[RT][H] as usize * p.ldb as usize + (blk * kb) as usize;
+                    // SAFETY: row < n, columns [blk * kb, (blk + 1) * kb) <= k: inside B;
+                    // 16-byte aligned (ldb and kb multiples of 8 elements).
+                    unsafe { prefetch_l2(p.b.wrapping_add(e) as *const u8, kb * 2) };
+                }
+            });
+        });
+        i += 1;
+    }
+}
+
+/// Epilogue [`EPI_SWIGLU`]: lane `(g, t)` holds gate (`d[0], d[1]`, row `g`) and up (`d[2],
+/// d[3]`, row `g + 8`) of output column `8 p + g` (`p` the row tile) for tokens `2t, 2t + 1`.
+///
+/// # Safety
+/// The launch contract: C holds `m` rows of pitch `ldc >= n / 2` bf16, `n` a multiple of 16.
+#[inline(always)]
+unsafe fn epilogue_swiglu<const T: usize, const R: usize>(
+    p: &Params,
+    acc: &[[[f32; 4]; 8]; MAX_ROW_TILES],
+    r0: &[u64; MAX_ROW_TILES],
+    t: u32,
+) {
+    unroll!(RT in [0, 1] {
+        unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
+            unroll!(I in [0, 1] {
+                let tok = (Q * TOKENS_PER_TILE) as u32 + 2 * t + I as u32;
+                // r0 = 16 p + g: both rows g and g + 8 of the tile are < n (n % 16 == 0).
+                if RT < R && Q < T && r0[RT] < p.n as u64 && tok < p.m {
+                    let col = (r0[RT] / 16) * 8 + r0[RT] % 16;
+                    let gate = p.alpha * acc[RT][Q][I];
+                    let up = p.alpha * acc[RT][Q][2 + I];
+                    let v = gate / (1.0 + crate::device::math::exp_approx(-gate)) * up;
+                    let idx = tok as usize * p.ldc as usize + col as usize;
+                    // SAFETY: tok < m, col < n / 2 <= ldc (launch contract); one writer.
+                    unsafe {
+                        (p.c as *mut u16).add(idx).write_volatile(pack_bf16x2(v, 0.0) as u16)
+                    };
+                }
+            });
+        });
+    });
+}
+
+/// Reads word `i` of the QKV argument block.
+///
+/// # Safety
+/// `epi` points to `QKV_ARGS` readable u64.
+#[inline(always)]
+unsafe fn arg(epi: *const u64, i: usize) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { epi.add(i).read() }
+}
+
+/// Epilogue [`EPI_QKV`]: RoPE on the Q and K heads (rotate half: the lane holds dim `j = 8 p' +
+/// g` in `d[0..2]` and `j + d/2` in `d[2..4]`, `p'` the row tile within the head), Q to C, K and
+/// V into the paged caches at each token's position.
+///
+/// # Safety
+/// The launch contract of the qkv entries: the argument block (`QKV_ARGS` words) describes a
+/// positions array of `m` u32, a block table of `m` rows of `bt_stride` u32, K and V caches of
+/// `num_pages * kv_heads * page_size * head_dim` bf16, a RoPE table of `max_pos * head_dim`
+/// f32; C holds `m` rows of pitch `ldc >= heads * head_dim` bf16; `n = (heads + 2 kv_heads) *
+/// head_dim`, `head_dim` a multiple of 16. A position `>= max_pos`, a page `>= num_pages` or a
+/// position beyond the block table traps.
+#[inline(always)]
+unsafe fn epilogue_qkv<const T: usize, const R: usize>(
+    p: &Params,
+    acc: &[[[f32; 4]; 8]; MAX_ROW_TILES],
+    r0: &[u64; MAX_ROW_TILES],
+    t: u32,
+) {
+    let e = p.epi;
+    // SAFETY: the launch contract (QKV_ARGS readable words).
+    let (positions, bt, kc, vc, rope, w5, w6, w7, max_pos) = unsafe {
+        (
+            arg(e, 0) as *const u32,
+            arg(e, 1) as *const u32,
+            arg(e, 2) as *mut u16,
+            arg(e, 3) as *mut u16,
+            arg(e, 4) as *const f32,
+            arg(e, 5),
+            arg(e, 6),
+            arg(e, 7),
+            arg(e, 8),
+        )
+    };
+    let (heads, kv_heads) = (w5 as u32 as u64, w5 >> 32);
+    let (d, page) = (w6 as u32 as u64, w6 >> 32);
+    let (bt_stride, num_pages) = (w7 as u32 as u64, w7 >> 32);
+    if d == 0 || page == 0 {
+        trap();
+    }
+    unroll!(RT in [0, 1] {
+        unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
+            unroll!(I in [0, 1] {
+                let tok = (Q * TOKENS_PER_TILE) as u32 + 2 * t + I as u32;
+                if RT < R && Q < T && r0[RT] < p.n as u64 && tok < p.m {
+                    let base = r0[RT] - r0[RT] % 16; // first row of the tile
+                    let g = r0[RT] % 16;
+                    let head = base / d;
+                    let j = (base % d) / 2 + g; // 8 p' + g
+                    let half = d / 2;
+                    // SAFETY: tok < m (launch contract: positions has m entries).
+                    let pos = unsafe { positions.add(tok as usize).read() } as u64;
+                    let x0 = p.alpha * acc[RT][Q][I];
+                    let x1 = p.alpha * acc[RT][Q][2 + I];
+                    let (y0, y1) = if head < heads + kv_heads {
+                        if pos >= max_pos {
+                            trap();
+                        }
+                        // SAFETY: pos < max_pos, j < d / 2: inside the table.
+                        let (c, s) = unsafe {
+                            let q = rope.add(((pos * half + j) * 2) as usize);
+                            (q.read(), q.add(1).read())
+                        };
+                        (x0 * c - x1 * s, x1 * c + x0 * s)
+                    } else {
+                        (x0, x1)
+                    };
+                    let (b0, b1) = (pack_bf16x2(y0, 0.0) as u16, pack_bf16x2(y1, 0.0) as u16);
+                    if head < heads {
+                        let idx = tok as usize * p.ldc as usize + (head * d + j) as usize;
+                        // SAFETY: C holds m rows of pitch ldc >= heads * d (launch contract).
+                        unsafe {
+                            let cp = (p.c as *mut u16).add(idx);
+                            cp.write_volatile(b0);
+                            cp.add(half as usize).write_volatile(b1);
+                        }
+                    } else {
+                        let (cache, kvh) = if head < heads + kv_heads {
+                            (kc, head - heads)
+                        } else {
+                            (vc, head - heads - kv_heads)
+                        };
+                        let blk = pos / page;
+                        if blk >= bt_stride {
+                            trap();
+                        }
+                        // SAFETY: tok < m rows of bt_stride entries, blk < bt_stride.
+                        let pg = unsafe { bt.add((tok as u64 * bt_stride + blk) as usize).read() }
+                            as u64;
+                        if pg >= num_pages {
+                            trap();
+                        }
+                        let off = ((pg * kv_heads + kvh) * page + pos % page) * d + j;
+                        // SAFETY: pg < num_pages, kvh < kv_heads, pos % page < page, j + d/2 < d:
+                        // inside the cache (launch contract); one writer per element.
+                        unsafe {
+                            let cp = cache.add(off as usize);
+                            cp.write_volatile(b0);
+                            cp.add(half as usize).write_volatile(b1);
+                        }
+                    }
+                }
+            });
+        });
     });
 }
 
@@ -529,9 +805,13 @@ macro_rules! entry {
                 ksplit,
                 weights_early: flags & FLAG_WEIGHTS_EARLY != 0,
                 l2_prefetch: flags & FLAG_L2_PREFETCH_256 != 0,
+                pf_iters: 0,
+                stamps: core::ptr::null_mut(),
+                stamp_slot: 0,
+                epi: core::ptr::null(),
             };
             // SAFETY: the caller's launch contract.
-            unsafe { decode::<$bf16, $t, $u, $r, $pa>(p) }
+            unsafe { decode::<$bf16, $t, $u, $r, $pa, EPI_STORE>(p) }
         }
     };
 }
@@ -578,3 +858,129 @@ entry!(decode_gemm_f16_t8_u2_pa, false, 8, 2, 1, true);
 entry!(decode_gemm_f16_t1_u2_r2_pa, false, 1, 2, 2, true);
 entry!(decode_gemm_f16_t2_u2_r2_pa, false, 2, 2, 2, true);
 entry!(decode_gemm_f16_t4_u2_r2_pa, false, 4, 2, 2, true);
+
+macro_rules! epi_entry {
+    ($name:ident, $t:literal, $epi:expr) => {
+        epi_entry!($name, $t, 4, 1, false, $epi);
+    };
+    ($name:ident, $t:literal, $u:literal, $r:literal, $pa:literal, $epi:expr) => {
+        /// Epilogue entry of [`crate::contract::decode_gemm`] (issue 21; `EPI_VARIANTS`): bf16,
+        /// unroll, row tiles, A prefetch and the epilogue in the name.
+        ///
+        /// # Safety
+        /// The launch contract of the plain entries (C of bf16), plus: `stamps` is 0 or a stamp
+        /// buffer of `(slot + 1) * STAMP_WORDS` u64 (slot = `flags >> STAMP_SLOT_SHIFT`); for
+        /// `_swiglu`, `n` is a multiple of 16 and C has `n / 2` columns; for `_qkv`, `epi` is
+        /// the argument block of `EPI_QKV` (see `epilogue_qkv`); with `FLAG_PREFETCH_L2_BULK`
+        /// also `FLAG_WEIGHTS_EARLY`'s promise.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            a: *const u16,
+            b: *const u16,
+            c: *mut u8,
+            m: u32,
+            n: u32,
+            k: u32,
+            lda: u32,
+            ldb: u32,
+            ldc: u32,
+            alpha: f32,
+            beta: f32,
+            out_f32: u32,
+            ksplit: u32,
+            flags: u32,
+            stamps: *mut u64,
+            epi: *const u64,
+        ) {
+            if m as usize > $t * TOKENS_PER_TILE || out_f32 != 0 {
+                trap();
+            }
+            if $epi == EPI_QKV && epi.is_null() {
+                trap();
+            }
+            let p = Params {
+                a,
+                b,
+                c,
+                m,
+                n,
+                k,
+                lda,
+                ldb,
+                ldc,
+                alpha,
+                beta,
+                out_f32: false,
+                ksplit,
+                weights_early: flags & FLAG_WEIGHTS_EARLY != 0,
+                l2_prefetch: flags & FLAG_L2_PREFETCH_256 != 0,
+                pf_iters: if flags & FLAG_PREFETCH_L2_BULK != 0 {
+                    (flags >> PF_ITERS_SHIFT) & 0xff
+                } else {
+                    0
+                },
+                stamps,
+                stamp_slot: flags >> STAMP_SLOT_SHIFT,
+                epi,
+            };
+            // SAFETY: the caller's launch contract.
+            unsafe { decode::<true, $t, $u, $r, $pa, { $epi }>(p) }
+        }
+    };
+}
+
+epi_entry!(decode_gemm_bf16_t1_u4_store, 1, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t2_u4_store, 2, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t4_u4_store, 4, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t8_u4_store, 8, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t1_u4_swiglu, 1, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t2_u4_swiglu, 2, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t4_u4_swiglu, 4, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t8_u4_swiglu, 8, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t1_u4_qkv, 1, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t2_u4_qkv, 2, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t4_u4_qkv, 4, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t8_u4_qkv, 8, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t1_u2_pa_store, 1, 2, 1, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t2_u2_pa_store, 2, 2, 1, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t4_u2_pa_store, 4, 2, 1, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t8_u2_pa_store, 8, 2, 1, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t1_u2_pa_swiglu, 1, 2, 1, true, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t2_u2_pa_swiglu, 2, 2, 1, true, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t4_u2_pa_swiglu, 4, 2, 1, true, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t8_u2_pa_swiglu, 8, 2, 1, true, EPI_SWIGLU);
+epi_entry!(decode_gemm_bf16_t1_u2_pa_qkv, 1, 2, 1, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t2_u2_pa_qkv, 2, 2, 1, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t4_u2_pa_qkv, 4, 2, 1, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t8_u2_pa_qkv, 8, 2, 1, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t1_u2_r2_pa_store, 1, 2, 2, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t2_u2_r2_pa_store, 2, 2, 2, true, EPI_STORE);
+epi_entry!(decode_gemm_bf16_t4_u2_r2_pa_store, 4, 2, 2, true, EPI_STORE);
+epi_entry!(
+    decode_gemm_bf16_t1_u2_r2_pa_swiglu,
+    1,
+    2,
+    2,
+    true,
+    EPI_SWIGLU
+);
+epi_entry!(
+    decode_gemm_bf16_t2_u2_r2_pa_swiglu,
+    2,
+    2,
+    2,
+    true,
+    EPI_SWIGLU
+);
+epi_entry!(
+    decode_gemm_bf16_t4_u2_r2_pa_swiglu,
+    4,
+    2,
+    2,
+    true,
+    EPI_SWIGLU
+);
+epi_entry!(decode_gemm_bf16_t1_u2_r2_pa_qkv, 1, 2, 2, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t2_u2_r2_pa_qkv, 2, 2, 2, true, EPI_QKV);
+epi_entry!(decode_gemm_bf16_t4_u2_r2_pa_qkv, 4, 2, 2, true, EPI_QKV);

@@ -13,6 +13,8 @@ mod decode_gemm;
 #[cfg(feature = "sm90a")]
 mod device_check;
 #[cfg(not(feature = "sm90a"))]
+mod decode_step;
+#[cfg(not(feature = "sm90a"))]
 mod gemm;
 #[cfg(not(feature = "sm90a"))]
 mod pdl;

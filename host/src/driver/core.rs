@@ -125,6 +125,22 @@ pub(crate) unsafe fn occupancy_max_active_clusters(
     Ok(n)
 }
 
+/// `cuOccupancyMaxActiveBlocksPerMultiprocessor`: CTAs of `block` threads with `smem` bytes of
+/// dynamic shared memory that fit on one SM at once.
+///
+/// # Safety
+/// `f` is a live function handle of the current context.
+pub(crate) unsafe fn occupancy_max_blocks_per_sm(
+    f: sys::CUfunction,
+    block: u32,
+    smem: usize,
+) -> Result<i32> {
+    let mut n: c_int = 0;
+    sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, block as c_int, smem)
+        .call("cuOccupancyMaxActiveBlocksPerMultiprocessor")?;
+    Ok(n)
+}
+
 /// `cuStreamSynchronize`.
 pub(crate) fn stream_synchronize(s: sys::CUstream) -> Result<()> {
     // SAFETY: `s` is a live stream handle held by the caller.

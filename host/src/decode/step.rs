@@ -1,0 +1,1565 @@
+//! The GPU decode step (issue 21): [`DecodeStep`] runs `NL` Llama-shaped layers (see
+//! [`super`]) for a batch of `B` sequences from warpline's kernels, as one chain of launches on
+//! one stream, in the five variants of [`Variant`].
+//!
+//! Per layer (kernels of the sm_90 module; `gpu/src/kernels/decode_step.rs` and the epilogue
+//! entries of `gpu/src/kernels/decode_gemm.rs`):
+//!
+//! ```text
+//!  rmsnorm(x or h) -> normed            [layer 0 also copies x into h, the residual stream]
+//!  decode_gemm _qkv    normed x Wqkv^T -> RoPE -> q, K/V rows into the paged caches
+//!  decode_attn         q, caches, block table -> attn (or split partials)
+//!  decode_attn_combine (only with more than one KV split)
+//!  decode_gemm _store  attn x Wo^T + h -> h           (beta = 1: the residual add, in place)
+//!  rmsnorm(h) -> normed
+//!  decode_gemm _swiglu normed x Wgu^T -> silu(gate) * up -> act
+//!  decode_gemm _store  act x Wdown^T + h -> h
+//! ```
+//!
+//! The output of the step is `h` (`[B][hidden]`, bf16) after the last layer.
+//!
+//! PDL contract of the chain: every kernel reads the previous kernel's outputs, and writes
+//! anything, only after `griddepcontrol.wait`; before it, with the prefetch flags, a kernel
+//! reads only its weights (never written by the step), the block table and positions (written
+//! only by the host between runs, stream-ordered), and warms L2 with KV pages.
+//!
+//! Errors are typed and raised before anything is queued (see [`DecodeStep::new`] and
+//! [`DecodeStep::set_inputs`]).
+
+use std::sync::Mutex;
+
+use half::bf16;
+use warpline_gpu::contract::decode_gemm as gc;
+use warpline_gpu::contract::decode_step as sc;
+
+use super::reference::{normal_bf16, LayerWeights};
+use super::{check_batch, pack_gate_up_rows, pack_qkv_rows, DecodeDims, KvLayout};
+use crate::chain::{Chain, Graph, KernelArg};
+use crate::device::Device;
+use crate::error::{CudaCall, Error, Result};
+use crate::kernels::decode_gemm::{launch_shape, DecodeConfig, DecodeLaunchShape};
+use crate::kernels::tc_gemm::GemmShape;
+use crate::launch::LaunchConfig;
+use crate::memory::{DeviceBuffer, MemPool};
+use crate::stream::Stream;
+
+/// How the step's kernels are launched (the issue's variants a to e).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// (a) plain stream launches.
+    Plain,
+    /// (b) PDL launches; each kernel waits before any load.
+    Pdl,
+    /// (c) PDL launches; weights (registers and an L2 prefetch), KV pages (L2) and norm weights
+    /// are loaded before `griddepcontrol.wait`.
+    PdlPrefetch,
+    /// (d) the plain launches captured into one CUDA graph.
+    Graph,
+    /// (e) the PDL + prefetch launches captured into one CUDA graph (programmatic edges).
+    GraphPdlPrefetch,
+}
+
+impl Variant {
+    /// All five, in the issue's order.
+    pub const ALL: [Variant; 5] = [
+        Variant::Plain,
+        Variant::Pdl,
+        Variant::PdlPrefetch,
+        Variant::Graph,
+        Variant::GraphPdlPrefetch,
+    ];
+
+    /// `a`..`e` and a name, for tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Variant::Plain => "a plain",
+            Variant::Pdl => "b pdl",
+            Variant::PdlPrefetch => "c pdl+prefetch",
+            Variant::Graph => "d graph",
+            Variant::GraphPdlPrefetch => "e graph+pdl+prefetch",
+        }
+    }
+
+    /// Parses `a`..`e`. Errors: [`Error::BadShape`] naming the allowed letters.
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s {
+            "a" => Variant::Plain,
+            "b" => Variant::Pdl,
+            "c" => Variant::PdlPrefetch,
+            "d" => Variant::Graph,
+            "e" => Variant::GraphPdlPrefetch,
+            other => {
+                return Err(Error::BadShape {
+                    what: "decode variant",
+                    detail: format!("{other:?}; allowed: a, b, c, d, e"),
+                })
+            }
+        })
+    }
+
+    /// Whether the variant replays a captured graph.
+    pub fn graph(self) -> bool {
+        matches!(self, Variant::Graph | Variant::GraphPdlPrefetch)
+    }
+
+    /// The chain the variant launches (or captures): 0 plain, 1 PDL, 2 PDL + prefetch.
+    fn chain(self) -> usize {
+        match self {
+            Variant::Plain | Variant::Graph => 0,
+            Variant::Pdl => 1,
+            Variant::PdlPrefetch | Variant::GraphPdlPrefetch => 2,
+        }
+    }
+}
+
+/// The step's options.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepConfig {
+    /// Sequences `B`, 1 to 64 (the decode GEMM's M).
+    pub batch: usize,
+    /// Layers `NL` (each with its own weights and caches), at least 1.
+    pub layers: usize,
+    /// The paged caches and block tables.
+    pub layout: KvLayout,
+    /// Positions the RoPE table covers (every `position + 1` must be at most this).
+    pub max_pos: usize,
+    /// KV splits of the attention (`None`: enough CTAs for two per SM, at most one split per
+    /// page of the block table). With one split there is no combine kernel.
+    pub splits: Option<u32>,
+    /// The decode GEMMs' configuration (issue 20's tunables). Epilogue entries exist for
+    /// unroll 4 (one row tile, no A prefetch), unroll 2 with the A prefetch (one row tile), and
+    /// unroll 2 with the A prefetch and two row tiles (up to 32 sequences); `l2_prefetch` is the
+    /// `.L2::256B` hint of the weight loads.
+    pub gemm: DecodeConfig,
+    /// Bytes of each GEMM's weights that variant (c)/(e) prefetches into L2 before
+    /// `griddepcontrol.wait`, beyond the first k-block every warp loads into registers, in whole
+    /// k-blocks per warp (`(N K 2) / iterations` bytes each; rounded down, so a budget below
+    /// one block prefetches nothing).
+    pub prefetch_bytes: usize,
+    /// Stamp `%globaltimer` per kernel ([`DecodeStep::stamps`]); costs a few atomics per CTA.
+    pub stamps: bool,
+}
+
+impl StepConfig {
+    /// `batch` sequences of up to `max_len` tokens each, `layers` layers: one block-table row
+    /// of `ceil(max_len / page)` pages per sequence and a cache of exactly `batch` such rows.
+    pub fn new(dims: &DecodeDims, batch: usize, layers: usize, max_len: usize) -> Self {
+        let pages = max_len.div_ceil(dims.page_size).max(1);
+        Self {
+            batch,
+            layers,
+            layout: KvLayout {
+                num_pages: batch * pages,
+                max_pages_per_seq: pages,
+            },
+            max_pos: pages * dims.page_size,
+            splits: None,
+            gemm: DecodeConfig {
+                warps: 8,
+                ksplit: None,
+                unroll: gc::EPI_UNROLL as u32,
+                l2_prefetch: true,
+                row_tiles: 1,
+                prefetch_a: false,
+            },
+            prefetch_bytes: 4 << 20,
+            stamps: false,
+        }
+    }
+}
+
+/// One layer's weights on the host in bf16, logical layouts of [`super`].
+#[derive(Clone, Debug)]
+pub struct HostLayer {
+    /// `[hidden]`.
+    pub attn_norm: Vec<bf16>,
+    /// `[(H + 2 Hkv) d][hidden]`.
+    pub wqkv: Vec<bf16>,
+    /// `[hidden][H d]`.
+    pub wo: Vec<bf16>,
+    /// `[hidden]`.
+    pub ffn_norm: Vec<bf16>,
+    /// `[inter][hidden]`.
+    pub w_gate: Vec<bf16>,
+    /// `[inter][hidden]`.
+    pub w_up: Vec<bf16>,
+    /// `[hidden][inter]`.
+    pub w_down: Vec<bf16>,
+}
+
+fn to_bf16(v: &[f32]) -> Vec<bf16> {
+    v.iter().map(|&x| bf16::from_f32(x)).collect()
+}
+
+impl HostLayer {
+    /// The reference's weights in bf16 (exact: they are bf16 values).
+    pub fn from_reference(w: &LayerWeights) -> Self {
+        Self {
+            attn_norm: to_bf16(&w.attn_norm),
+            wqkv: to_bf16(&w.wqkv),
+            wo: to_bf16(&w.wo),
+            ffn_norm: to_bf16(&w.ffn_norm),
+            w_gate: to_bf16(&w.w_gate),
+            w_up: to_bf16(&w.w_up),
+            w_down: to_bf16(&w.w_down),
+        }
+    }
+
+    /// Random weights of the same distribution as [`LayerWeights::random`] (not the same
+    /// values), generated in chunks of 4 Mi elements on all cores (full-size layers are
+    /// 218 M parameters).
+    pub fn random(dims: &DecodeDims, seed: u64) -> Self {
+        let (h, q, i) = (dims.hidden, dims.q_width(), dims.intermediate);
+        let s = |fan_in: usize| 1.0 / (fan_in as f64).sqrt();
+        let norm = |seed: u64| -> Vec<bf16> {
+            normal_bf16(seed, h, 0.1)
+                .into_iter()
+                .map(|v| bf16::from_f32(1.0 + v))
+                .collect()
+        };
+        let mat = |seed: u64, n: usize, sc: f64| -> Vec<bf16> {
+            const CHUNK: usize = 1 << 22;
+            let mut out = vec![bf16::ZERO; n];
+            let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+            let chunks: Vec<(usize, &mut [bf16])> = out.chunks_mut(CHUNK).enumerate().collect();
+            let per = chunks.len().div_ceil(threads).max(1);
+            let mut groups: Vec<Vec<(usize, &mut [bf16])>> = Vec::new();
+            let mut it = chunks.into_iter().peekable();
+            while it.peek().is_some() {
+                groups.push(it.by_ref().take(per).collect());
+            }
+            std::thread::scope(|s| {
+                for g in groups {
+                    s.spawn(move || {
+                        for (i, c) in g {
+                            let seed = seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
+                            let vals = normal_bf16(seed, c.len(), sc);
+                            for (d, v) in c.iter_mut().zip(vals) {
+                                *d = bf16::from_f32(v);
+                            }
+                        }
+                    });
+                }
+            });
+            out
+        };
+        let k = seed.wrapping_mul(7);
+        Self {
+            attn_norm: norm(k + 1),
+            wqkv: mat(k + 2, dims.qkv_rows() * h, s(h)),
+            wo: mat(k + 3, h * q, s(q)),
+            ffn_norm: norm(k + 4),
+            w_gate: mat(k + 5, i * h, s(h)),
+            w_up: mat(k + 6, i * h, s(h)),
+            w_down: mat(k + 7, h * i, s(i)),
+        }
+    }
+
+    fn check(&self, dims: &DecodeDims, layer: usize) -> Result<()> {
+        let (h, q, i) = (dims.hidden, dims.q_width(), dims.intermediate);
+        for (name, len, want) in [
+            ("attn_norm", self.attn_norm.len(), h),
+            ("wqkv", self.wqkv.len(), dims.qkv_rows() * h),
+            ("wo", self.wo.len(), h * q),
+            ("ffn_norm", self.ffn_norm.len(), h),
+            ("w_gate", self.w_gate.len(), i * h),
+            ("w_up", self.w_up.len(), i * h),
+            ("w_down", self.w_down.len(), h * i),
+        ] {
+            if len != want {
+                return Err(Error::LengthMismatch {
+                    what: "decode layer weights",
+                    detail: format!("layer {layer} {name}: {len} elements; the dims need {want}"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One launch of a chain: entry, configuration, arguments.
+type Launch = (&'static str, LaunchConfig, Vec<KernelArg>);
+
+/// One layer on the device.
+struct DeviceLayer {
+    attn_norm: DeviceBuffer<bf16>,
+    wqkv: DeviceBuffer<bf16>,
+    wo: DeviceBuffer<bf16>,
+    ffn_norm: DeviceBuffer<bf16>,
+    wgu: DeviceBuffer<bf16>,
+    w_down: DeviceBuffer<bf16>,
+    k_cache: DeviceBuffer<bf16>,
+    v_cache: DeviceBuffer<bf16>,
+    qkv_args: DeviceBuffer<u64>,
+}
+
+/// The inputs the host updates between runs.
+struct Inputs {
+    x: DeviceBuffer<bf16>,
+    positions: DeviceBuffer<u32>,
+    block_table: DeviceBuffer<u32>,
+    host_positions: Vec<u32>,
+    host_block_table: Vec<u32>,
+}
+
+/// One kernel of the step, for stamps and reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepKernel {
+    /// Layer.
+    pub layer: usize,
+    /// Role (`rmsnorm1`, `qkv`, `attn`, `combine`, `o_proj`, `rmsnorm2`, `gate_up`, `down`).
+    pub role: &'static str,
+    /// Entry name.
+    pub kernel: &'static str,
+    /// CTAs.
+    pub grid: u32,
+    /// Threads per CTA.
+    pub block: u32,
+    /// Bytes of weights (or, for the attention, KV cache at full capacity) the kernel reads.
+    pub bytes: u64,
+    /// CTAs of this launch that fit on one SM at once (registers, shared memory, threads;
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor`). With `grid < ctas_per_sm * SMs` the
+    /// kernel leaves room on the SMs for its successor's CTAs (PDL overlap).
+    pub ctas_per_sm: u32,
+}
+
+/// `%globaltimer` stamps of one kernel of a run (ns).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct KernelStamps {
+    /// Layer.
+    pub layer: usize,
+    /// Role.
+    pub role: &'static str,
+    /// First CTA start.
+    pub start: u64,
+    /// First CTA past `griddepcontrol.wait`.
+    pub wait_first: u64,
+    /// Last CTA past it.
+    pub wait_last: u64,
+    /// Last CTA end (thread 0 of the CTA; the `decode_gemm` CTAs stamp after their epilogue).
+    pub end: u64,
+}
+
+/// A validated, allocated decode step (see the module docs).
+pub struct DecodeStep<'d> {
+    // Declared first: dropped before the buffers their launches point into.
+    chains: Vec<Chain<'d>>,
+    /// The launches of each chain (entry, configuration, arguments), for
+    /// [`DecodeStep::run_kernels`].
+    launches: Vec<Vec<Launch>>,
+    dev: &'d Device,
+    stream: Stream,
+    dims: DecodeDims,
+    cfg: StepConfig,
+    kernels: Vec<StepKernel>,
+    splits: u32,
+    layers: Vec<DeviceLayer>,
+    inputs: Mutex<Inputs>,
+    h: DeviceBuffer<bf16>,
+    normed: DeviceBuffer<bf16>,
+    q: DeviceBuffer<bf16>,
+    attn: DeviceBuffer<bf16>,
+    act: DeviceBuffer<bf16>,
+    part_o: DeviceBuffer<f32>,
+    part_ml: DeviceBuffer<f32>,
+    rope: DeviceBuffer<f32>,
+    stamps: DeviceBuffer<u64>,
+    // Last: the pool outlives the buffers allocated from it.
+    _pool: MemPool,
+}
+
+impl std::fmt::Debug for DecodeStep<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodeStep")
+            .field("dims", &self.dims)
+            .field("cfg", &self.cfg)
+            .field("splits", &self.splits)
+            .field("kernels", &self.kernels.len())
+            .finish()
+    }
+}
+
+/// The attention's KV splits for `cfg` on `sms` SMs (see [`StepConfig::splits`]): returns
+/// `(splits, pages_per_split)`, every split non-empty at full capacity.
+pub fn attention_splits(dims: &DecodeDims, cfg: &StepConfig, sms: u32) -> Result<(u32, u32)> {
+    let pages = cfg.layout.max_pages_per_seq as u32;
+    let want = match cfg.splits {
+        Some(s) => {
+            if s == 0 || s > sc::MAX_SPLITS {
+                return Err(Error::BadShape {
+                    what: "decode attention splits",
+                    detail: format!("{s}; allowed: 1 to {}", sc::MAX_SPLITS),
+                });
+            }
+            s
+        }
+        None => {
+            let ctas = (cfg.batch * dims.kv_heads).max(1) as u32;
+            (2 * sms.max(1)).div_ceil(ctas).clamp(1, sc::MAX_SPLITS)
+        }
+    };
+    let want = want.min(pages.max(1));
+    let pps = pages.div_ceil(want).max(1);
+    if pps > 0xffff {
+        return Err(Error::TooLarge {
+            what: "decode attention pages per split",
+            value: pps as u64,
+            max: 0xffff,
+        });
+    }
+    Ok((pages.div_ceil(pps).max(1), pps))
+}
+
+/// k-blocks per warp to prefetch into L2 for `bytes` of a GEMM's weights (0 to 255).
+fn pf_iters(ls: &DecodeLaunchShape, shape: GemmShape, bytes: usize) -> u32 {
+    let kb = gc::K_STEP * ls.unroll as usize;
+    let nblk = shape.k.div_ceil(kb);
+    let iters = nblk.div_ceil(ls.ksplit as usize).max(1);
+    let per_iter = (shape.n * shape.k * 2).div_ceil(iters).max(1);
+    ((bytes / per_iter).min(iters - 1)).min(255) as u32
+}
+
+impl<'d> DecodeStep<'d> {
+    /// Validates everything, uploads the weights (QKV and gate/up rows packed for the
+    /// epilogues), allocates the caches (zeroed), activations and inputs once from a memory pool
+    /// of the device, and builds the three launch chains. Inputs start as zeros at position 0
+    /// with block-table entry `i` of the table (row-major) equal to `i % num_pages` (checked
+    /// with [`check_batch`] like any input); set them with [`DecodeStep::set_inputs`].
+    ///
+    /// Errors, before anything is queued: [`Error::BadShape`] (dims, see
+    /// [`DecodeDims::validate`]; batch outside 1..=64; no layers; an empty layout; splits;
+    /// GEMM warps), [`Error::LengthMismatch`] (weights for another shape or another layer
+    /// count), [`Error::TooLarge`]; then allocation and launch-configuration errors.
+    pub fn new(
+        dev: &'d Device,
+        stream: &Stream,
+        dims: DecodeDims,
+        cfg: StepConfig,
+        weights: &[HostLayer],
+    ) -> Result<Self> {
+        dims.validate()?;
+        if cfg.batch == 0 || cfg.batch > gc::MAX_M {
+            return Err(Error::BadShape {
+                what: "decode batch",
+                detail: format!("{} sequences; allowed: 1 to {}", cfg.batch, gc::MAX_M),
+            });
+        }
+        if cfg.layers == 0 || weights.len() != cfg.layers {
+            return Err(Error::LengthMismatch {
+                what: "decode layers",
+                detail: format!(
+                    "{} layers configured, weights for {}; allowed: equal and at least 1",
+                    cfg.layers,
+                    weights.len()
+                ),
+            });
+        }
+        if cfg.layout.num_pages == 0 || cfg.layout.max_pages_per_seq == 0 || cfg.max_pos == 0 {
+            return Err(Error::BadShape {
+                what: "decode KV layout",
+                detail: format!(
+                    "{:?}, max_pos {}; allowed: at least one page, one block-table column and one position",
+                    cfg.layout, cfg.max_pos
+                ),
+            });
+        }
+        if cfg.layout.num_pages > u32::MAX as usize || cfg.max_pos > u32::MAX as usize {
+            return Err(Error::TooLarge {
+                what: "decode KV pages or positions",
+                value: cfg.layout.num_pages.max(cfg.max_pos) as u64,
+                max: u32::MAX as u64,
+            });
+        }
+        for (l, w) in weights.iter().enumerate() {
+            w.check(&dims, l)?;
+        }
+        let sms = dev.capabilities().sm_count;
+        let (splits, pps) = attention_splits(&dims, &cfg, sms)?;
+        let gemm_cfg = cfg.gemm;
+        let b = cfg.batch;
+        let shape = |n, k| GemmShape { m: b, n, k };
+        let s_qkv = shape(dims.qkv_rows(), dims.hidden);
+        let s_o = shape(dims.hidden, dims.q_width());
+        let s_gu = shape(2 * dims.intermediate, dims.hidden);
+        let s_down = shape(dims.hidden, dims.intermediate);
+        let ls = |s| launch_shape(s, true, &gemm_cfg, sms);
+        let (ls_qkv, ls_o, ls_gu, ls_down) = (ls(s_qkv)?, ls(s_o)?, ls(s_gu)?, ls(s_down)?);
+        let epi_kernel = |ls: &DecodeLaunchShape, epi: u32| -> Result<&'static str> {
+            gc::EPI_VARIANTS
+                .iter()
+                .find(|v| {
+                    v.token_tiles == ls.token_tiles
+                        && v.unroll == ls.unroll as usize
+                        && v.row_tiles == ls.row_tiles as usize
+                        && v.prefetch_a == ls.prefetch_a
+                        && v.epilogue == epi
+                })
+                .map(|v| v.kernel)
+                .ok_or_else(|| Error::BadShape {
+                    what: "decode step GEMM configuration",
+                    detail: format!(
+                        "{} for {} sequences has no epilogue entry; allowed: unroll 4 (one row tile, no A prefetch), unroll 2 + A prefetch (one row tile), unroll 2 + A prefetch + two row tiles (up to 32 sequences)",
+                        gemm_cfg.label(),
+                        b
+                    ),
+                })
+        };
+        let epi_kernels = [
+            epi_kernel(&ls_qkv, gc::EPI_QKV)?,
+            epi_kernel(&ls_o, gc::EPI_STORE)?,
+            epi_kernel(&ls_gu, gc::EPI_SWIGLU)?,
+            epi_kernel(&ls_down, gc::EPI_STORE)?,
+        ];
+        let attn_variant = sc::ATTN_VARIANTS
+            .iter()
+            .find(|v| v.head_dim == dims.head_dim && v.group == dims.group())
+            .ok_or_else(|| Error::BadShape {
+                what: "decode attention entry",
+                detail: format!(
+                    "head dim {} with {} query heads per KV head; allowed: {:?}",
+                    dims.head_dim,
+                    dims.group(),
+                    sc::ATTN_VARIANTS
+                        .iter()
+                        .map(|v| (v.head_dim, v.group))
+                        .collect::<Vec<_>>()
+                ),
+            })?;
+
+        // 16-warp CTAs with 8 token tiles need 64 KiB for the split-K exchange.
+        for v in gc::EPI_VARIANTS {
+            dev.kernel(v.kernel)?
+                .raise_max_dynamic_shared_memory(gc::MAX_SMEM_BYTES)?;
+        }
+        let pool = MemPool::new(dev, u64::MAX)?;
+        let alloc_bf16 = |n: usize| pool.alloc_async::<bf16>(stream, n);
+        let upload = |v: &[bf16]| -> Result<DeviceBuffer<bf16>> {
+            let mut d = pool.alloc_async::<bf16>(stream, v.len())?;
+            d.copy_from_host(v)?;
+            Ok(d)
+        };
+        let mut rope = pool.alloc_async::<f32>(stream, cfg.max_pos * dims.head_dim)?;
+        rope.copy_from_host(&dims.rope_table(cfg.max_pos))?;
+        let bt_cols = cfg.layout.max_pages_per_seq;
+        let host_block_table: Vec<u32> = (0..b * bt_cols)
+            .map(|i| (i % cfg.layout.num_pages) as u32)
+            .collect();
+        let host_positions = vec![0u32; b];
+        check_batch(
+            &dims,
+            &cfg.layout,
+            cfg.max_pos,
+            &host_positions,
+            &host_block_table,
+        )?;
+        let mut positions = pool.alloc_async::<u32>(stream, b)?;
+        positions.copy_from_host(&host_positions)?;
+        let mut block_table = pool.alloc_async::<u32>(stream, b * bt_cols)?;
+        block_table.copy_from_host(&host_block_table)?;
+        let mut x = alloc_bf16(b * dims.hidden)?;
+        x.fill_async(bf16::ZERO)?;
+        let cache_elems = cfg.layout.cache_elems(&dims);
+        let mut layers = Vec::with_capacity(cfg.layers);
+        for w in weights {
+            let mut k_cache = alloc_bf16(cache_elems)?;
+            let mut v_cache = alloc_bf16(cache_elems)?;
+            k_cache.fill_async(bf16::ZERO)?;
+            v_cache.fill_async(bf16::ZERO)?;
+            let mut qkv_args = pool.alloc_async::<u64>(stream, gc::QKV_ARGS)?;
+            let args: [u64; gc::QKV_ARGS] = [
+                positions.device_ptr(),
+                block_table.device_ptr(),
+                k_cache.device_ptr(),
+                v_cache.device_ptr(),
+                rope.device_ptr(),
+                dims.heads as u64 | (dims.kv_heads as u64) << 32,
+                dims.head_dim as u64 | (dims.page_size as u64) << 32,
+                bt_cols as u64 | (cfg.layout.num_pages as u64) << 32,
+                cfg.max_pos as u64,
+            ];
+            qkv_args.copy_from_host(&args)?;
+            layers.push(DeviceLayer {
+                attn_norm: upload(&w.attn_norm)?,
+                wqkv: upload(&pack_qkv_rows(&dims, &w.wqkv))?,
+                wo: upload(&w.wo)?,
+                ffn_norm: upload(&w.ffn_norm)?,
+                wgu: upload(&pack_gate_up_rows(&dims, &w.w_gate, &w.w_up))?,
+                w_down: upload(&w.w_down)?,
+                k_cache,
+                v_cache,
+                qkv_args,
+            });
+        }
+        let h = alloc_bf16(b * dims.hidden)?;
+        let normed = alloc_bf16(b * dims.hidden)?;
+        let q = alloc_bf16(b * dims.q_width())?;
+        let attn = alloc_bf16(b * dims.q_width())?;
+        let act = alloc_bf16(b * dims.intermediate)?;
+        let part_len = b * dims.heads * splits as usize * dims.head_dim;
+        let part_o = pool.alloc_async::<f32>(stream, part_len.max(1))?;
+        let part_ml = pool.alloc_async::<f32>(stream, (2 * part_len / dims.head_dim).max(1))?;
+        let per_layer = if splits > 1 { 8 } else { 7 };
+        let mut stamps = pool.alloc_async::<u64>(stream, cfg.layers * 8 * sc::STAMP_WORDS)?;
+        // (u64 elements: no memset pattern; an H2D copy of the reset values.)
+        let n_slots = stamps.len() / sc::STAMP_WORDS;
+        stamps.copy_from_host(
+            &(0..n_slots)
+                .flat_map(|_| [u64::MAX, u64::MAX, 0, 0])
+                .collect::<Vec<u64>>(),
+        )?;
+        stream.synchronize()?;
+
+        let mut step = Self {
+            chains: Vec::new(),
+            launches: Vec::new(),
+            dev,
+            stream: stream.clone(),
+            dims,
+            cfg,
+            kernels: Vec::new(),
+            splits,
+            _pool: pool,
+            layers,
+            inputs: Mutex::new(Inputs {
+                x,
+                positions,
+                block_table,
+                host_positions,
+                host_block_table,
+            }),
+            h,
+            normed,
+            q,
+            attn,
+            act,
+            part_o,
+            part_ml,
+            rope,
+            stamps,
+        };
+        let gemms = [ls_qkv, ls_o, ls_gu, ls_down];
+        let shapes = [s_qkv, s_o, s_gu, s_down];
+        for (ci, (pdl, early)) in [(false, false), (true, false), (true, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut chain = Chain::new(dev, stream, pdl)?;
+            let (kernels, launches) = step.push_all(
+                &mut chain,
+                early,
+                &epi_kernels,
+                &gemms,
+                &shapes,
+                attn_variant,
+                pps,
+                per_layer,
+            )?;
+            if ci == 0 {
+                step.kernels = kernels;
+            }
+            step.launches.push(launches);
+            step.chains.push(chain);
+        }
+        Ok(step)
+    }
+
+    /// Appends every launch of the step to `chain`; returns the kernel list.
+    #[allow(clippy::too_many_arguments)]
+    fn push_all(
+        &self,
+        chain: &mut Chain<'d>,
+        early: bool,
+        epi_kernels: &[&'static str; 4],
+        gemms: &[DecodeLaunchShape; 4],
+        shapes: &[GemmShape; 4],
+        attn_variant: &sc::AttnVariant,
+        pps: u32,
+        per_layer: usize,
+    ) -> Result<(Vec<StepKernel>, Vec<Launch>)> {
+        let d = &self.dims;
+        let b = self.cfg.batch as u32;
+        let stamps = if self.cfg.stamps {
+            self.stamps.device_ptr()
+        } else {
+            0
+        };
+        let inputs = self.inputs.lock().expect("decode inputs lock");
+        let (x_ptr, pos_ptr, bt_ptr) = (
+            inputs.x.device_ptr(),
+            inputs.positions.device_ptr(),
+            inputs.block_table.device_ptr(),
+        );
+        drop(inputs);
+        let mut kernels = Vec::new();
+        let mut launches = Vec::new();
+        let u32a = KernelArg::U32;
+        let u64a = KernelArg::U64;
+        let f32a = |v: f32| KernelArg::U32(v.to_bits());
+        for (l, layer) in self.layers.iter().enumerate() {
+            let base_slot = (l * 8) as u32;
+            let mut slot = base_slot;
+            let mut push = |chain: &mut Chain<'d>,
+                            role: &'static str,
+                            kernel: &'static str,
+                            cfg: LaunchConfig,
+                            args: &[KernelArg],
+                            bytes: u64|
+             -> Result<()> {
+                // Registers limit the CTA size per entry (e.g. 245 registers: at most 256
+                // threads): refuse before anything is queued.
+                let max_threads = self
+                    .dev
+                    .kernel(kernel)?
+                    .func
+                    .max_threads_per_block()
+                    .call("cuFuncGetAttribute")?;
+                if cfg.block[0] as i64 > max_threads as i64 {
+                    return Err(Error::TooLarge {
+                        what: "decode step threads per CTA (the entry's register-limited maximum; use fewer GEMM warps)",
+                        value: cfg.block[0] as u64,
+                        max: max_threads.max(0) as u64,
+                    });
+                }
+                // SAFETY: every argument list below matches its entry's parameters (checked
+                // against the PTX by the tests, `check_step_entries`); every pointer is a buffer
+                // of this step (owned by it, so alive as long as the chain, which is dropped
+                // first) sized by the validated dims and config as the launch contracts ask
+                // (gpu/src/contract.rs `decode_gemm`, `decode_step`); the kernels touch the
+                // previous kernel's data only after griddepcontrol.wait, and before it read
+                // only weights (never written by the step), positions and block tables (written
+                // only by the host, stream-ordered) and prefetch KV pages into L2; the block
+                // table is validated on every host update (set_inputs) and the kernels trap on
+                // an entry outside the cache rather than access it.
+                unsafe { chain.push_raw(kernel, cfg, args) }?;
+                launches.push((kernel, cfg, args.to_vec()));
+                self.dev.bind()?;
+                // SAFETY: a function of the device's module; its context was bound just above.
+                let ctas_per_sm = unsafe {
+                    crate::driver::core::occupancy_max_blocks_per_sm(
+                        self.dev.kernel(kernel)?.cu_function(),
+                        cfg.block[0],
+                        cfg.shared_mem_bytes as usize,
+                    )
+                }?;
+                kernels.push(StepKernel {
+                    layer: l,
+                    role,
+                    kernel,
+                    grid: cfg.grid[0],
+                    block: cfg.block[0],
+                    bytes,
+                    ctas_per_sm: ctas_per_sm.max(0) as u32,
+                });
+                Ok(())
+            };
+            let flags_s = |slot: u32| -> u32 {
+                (slot << sc::STAMP_SLOT_SHIFT) | if early { sc::FLAG_EARLY } else { 0 }
+            };
+            let hidden = d.hidden as u32;
+            let norm_cfg = LaunchConfig::linear(b, sc::RMSNORM_THREADS, 128);
+            let norm_bytes = 2 * d.hidden as u64;
+            // 1. RMSNorm of x (layer 0, also copying x into h) or h.
+            let (src, resid) = if l == 0 {
+                (x_ptr, self.h.device_ptr())
+            } else {
+                (self.h.device_ptr(), 0)
+            };
+            push(
+                chain,
+                "rmsnorm1",
+                sc::RMSNORM_KERNEL,
+                norm_cfg,
+                &[
+                    u64a(src),
+                    u64a(layer.attn_norm.device_ptr()),
+                    u64a(self.normed.device_ptr()),
+                    u64a(resid),
+                    u32a(b),
+                    u32a(hidden),
+                    f32a(d.eps as f32),
+                    u64a(stamps),
+                    u32a(flags_s(slot)),
+                ],
+                norm_bytes,
+            )?;
+            slot += 1;
+            let gemm = |i: usize, slot: u32| -> (LaunchConfig, &'static str, u32) {
+                let ls = &gemms[i];
+                let kernel = epi_kernels[i];
+                let mut flags = (slot << gc::STAMP_SLOT_SHIFT)
+                    | if self.cfg.gemm.l2_prefetch {
+                        gc::FLAG_L2_PREFETCH_256
+                    } else {
+                        0
+                    };
+                if early {
+                    let pf = pf_iters(ls, shapes[i], self.cfg.prefetch_bytes);
+                    flags |= gc::FLAG_WEIGHTS_EARLY;
+                    if pf > 0 {
+                        flags |= gc::FLAG_PREFETCH_L2_BULK | (pf << gc::PF_ITERS_SHIFT);
+                    }
+                }
+                (
+                    LaunchConfig::linear(ls.grid, ls.warps * 32, ls.smem_bytes),
+                    kernel,
+                    flags,
+                )
+            };
+            let gemm_args = |a: u64,
+                             w: u64,
+                             c: u64,
+                             s: GemmShape,
+                             ldc: usize,
+                             beta: f32,
+                             ksplit: u32,
+                             flags: u32,
+                             epi: u64|
+             -> Vec<KernelArg> {
+                vec![
+                    u64a(a),
+                    u64a(w),
+                    u64a(c),
+                    u32a(s.m as u32),
+                    u32a(s.n as u32),
+                    u32a(s.k as u32),
+                    u32a(s.k as u32),
+                    u32a(s.k as u32),
+                    u32a(ldc as u32),
+                    f32a(1.0),
+                    f32a(beta),
+                    u32a(0),
+                    u32a(ksplit),
+                    u32a(flags),
+                    u64a(stamps),
+                    u64a(epi),
+                ]
+            };
+            // 2. QKV + RoPE + cache append.
+            let (cfg, kernel, flags) = gemm(0, slot);
+            push(
+                chain,
+                "qkv",
+                kernel,
+                cfg,
+                &gemm_args(
+                    self.normed.device_ptr(),
+                    layer.wqkv.device_ptr(),
+                    self.q.device_ptr(),
+                    shapes[0],
+                    d.q_width(),
+                    0.0,
+                    gemms[0].ksplit,
+                    flags,
+                    layer.qkv_args.device_ptr(),
+                ),
+                (shapes[0].n * shapes[0].k * 2) as u64,
+            )?;
+            slot += 1;
+            // 3. Attention (+ 4. combine).
+            let kv_bytes = 2
+                * (self.cfg.batch * self.cfg.layout.max_pages_per_seq * d.page_size) as u64
+                * (d.kv_heads * d.head_dim * 2) as u64;
+            let scale_log2 = (std::f64::consts::LOG2_E / (d.head_dim as f64).sqrt()) as f32;
+            push(
+                chain,
+                "attn",
+                attn_variant.kernel,
+                LaunchConfig::linear(
+                    b * d.kv_heads as u32 * self.splits,
+                    sc::ATTN_WARPS * 32,
+                    sc::attn_smem_bytes(d.head_dim, d.group()) as u32,
+                ),
+                &[
+                    u64a(self.q.device_ptr()),
+                    u64a(layer.k_cache.device_ptr()),
+                    u64a(layer.v_cache.device_ptr()),
+                    u64a(bt_ptr),
+                    u64a(pos_ptr),
+                    u64a(self.attn.device_ptr()),
+                    u64a(self.part_o.device_ptr()),
+                    u64a(self.part_ml.device_ptr()),
+                    u32a(d.kv_heads as u32),
+                    u32a(d.page_size as u32),
+                    u32a(self.cfg.layout.max_pages_per_seq as u32),
+                    u32a(self.cfg.layout.num_pages as u32),
+                    u32a(self.splits | pps << 16),
+                    f32a(scale_log2),
+                    u64a(stamps),
+                    u32a(flags_s(slot)),
+                ],
+                kv_bytes,
+            )?;
+            slot += 1;
+            if per_layer == 8 {
+                push(
+                    chain,
+                    "combine",
+                    sc::COMBINE_KERNEL,
+                    LaunchConfig::linear(b * d.heads as u32, sc::COMBINE_THREADS, 0),
+                    &[
+                        u64a(self.part_o.device_ptr()),
+                        u64a(self.part_ml.device_ptr()),
+                        u64a(self.attn.device_ptr()),
+                        u32a(d.head_dim as u32),
+                        u32a(self.splits),
+                        u64a(stamps),
+                        u32a(flags_s(slot)),
+                    ],
+                    0,
+                )?;
+                slot += 1;
+            }
+            // 5. O projection + residual (in place into h).
+            let (cfg, kernel, flags) = gemm(1, slot);
+            push(
+                chain,
+                "o_proj",
+                kernel,
+                cfg,
+                &gemm_args(
+                    self.attn.device_ptr(),
+                    layer.wo.device_ptr(),
+                    self.h.device_ptr(),
+                    shapes[1],
+                    d.hidden,
+                    1.0,
+                    gemms[1].ksplit,
+                    flags,
+                    0,
+                ),
+                (shapes[1].n * shapes[1].k * 2) as u64,
+            )?;
+            slot += 1;
+            // 6. RMSNorm of h.
+            push(
+                chain,
+                "rmsnorm2",
+                sc::RMSNORM_KERNEL,
+                norm_cfg,
+                &[
+                    u64a(self.h.device_ptr()),
+                    u64a(layer.ffn_norm.device_ptr()),
+                    u64a(self.normed.device_ptr()),
+                    u64a(0),
+                    u32a(b),
+                    u32a(hidden),
+                    f32a(d.eps as f32),
+                    u64a(stamps),
+                    u32a(flags_s(slot)),
+                ],
+                norm_bytes,
+            )?;
+            slot += 1;
+            // 7. gate/up + SiLU(gate) * up.
+            let (cfg, kernel, flags) = gemm(2, slot);
+            push(
+                chain,
+                "gate_up",
+                kernel,
+                cfg,
+                &gemm_args(
+                    self.normed.device_ptr(),
+                    layer.wgu.device_ptr(),
+                    self.act.device_ptr(),
+                    shapes[2],
+                    d.intermediate,
+                    0.0,
+                    gemms[2].ksplit,
+                    flags,
+                    0,
+                ),
+                (shapes[2].n * shapes[2].k * 2) as u64,
+            )?;
+            slot += 1;
+            // 8. down + residual.
+            let (cfg, kernel, flags) = gemm(3, slot);
+            push(
+                chain,
+                "down",
+                kernel,
+                cfg,
+                &gemm_args(
+                    self.act.device_ptr(),
+                    layer.w_down.device_ptr(),
+                    self.h.device_ptr(),
+                    shapes[3],
+                    d.hidden,
+                    1.0,
+                    gemms[3].ksplit,
+                    flags,
+                    0,
+                ),
+                (shapes[3].n * shapes[3].k * 2) as u64,
+            )?;
+            debug_assert!(slot < base_slot + 8);
+        }
+        Ok((kernels, launches))
+    }
+
+    /// Queues only the launches `range` of [`DecodeStep::kernels`] (in order, with
+    /// `variant`'s launch flags; a graph variant runs its chain's launches eagerly): for testing
+    /// a kernel alone on inputs written with [`DecodeStep::write_activation`]. Errors:
+    /// [`Error::BadShape`] for a range outside the kernel list; launch errors.
+    pub fn run_kernels(&self, variant: Variant, range: std::ops::Range<usize>) -> Result<()> {
+        let all = &self.launches[variant.chain()];
+        if range.start > range.end || range.end > all.len() {
+            return Err(Error::BadShape {
+                what: "DecodeStep::run_kernels range",
+                detail: format!("{range:?}; the step has kernels 0..{}", all.len()),
+            });
+        }
+        let mut chain = Chain::new(self.dev, &self.stream, self.chains[variant.chain()].pdl())?;
+        for (kernel, cfg, args) in &all[range] {
+            // SAFETY: the same launches as the step's own chain (see push_all): arguments
+            // checked against the entries, buffers owned by the step, which outlives the
+            // queued work's use of them (buffers are freed stream-ordered on drop).
+            unsafe { chain.push_raw(kernel, *cfg, args) }?;
+        }
+        chain.run()
+    }
+
+    /// Overwrites one activation buffer (stream-ordered, waits): for testing a kernel alone.
+    /// Errors: [`Error::LengthMismatch`] (the buffer's size: `h`, `normed` `B x hidden`; `q`,
+    /// `attn` `B x H d`; `act` `B x inter`).
+    pub fn write_activation(&mut self, which: Activation, data: &[bf16]) -> Result<()> {
+        let buf = match which {
+            Activation::H => &mut self.h,
+            Activation::Normed => &mut self.normed,
+            Activation::Q => &mut self.q,
+            Activation::Attn => &mut self.attn,
+            Activation::Act => &mut self.act,
+        };
+        buf.copy_from_host(data)
+    }
+
+    /// The model shape.
+    pub fn dims(&self) -> &DecodeDims {
+        &self.dims
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StepConfig {
+        &self.cfg
+    }
+
+    /// The attention's KV splits.
+    pub fn splits(&self) -> u32 {
+        self.splits
+    }
+
+    /// Every kernel of one step, in launch order.
+    pub fn kernels(&self) -> &[StepKernel] {
+        &self.kernels
+    }
+
+    /// Bytes one step must read at least: every layer's weights, plus the KV cache rows of
+    /// every sequence at the current positions (`positions[b] + 1` tokens, K and V).
+    pub fn floor_bytes(&self) -> u64 {
+        let d = &self.dims;
+        let inputs = self.inputs.lock().expect("decode inputs lock");
+        let tokens: u64 = inputs.host_positions.iter().map(|&p| p as u64 + 1).sum();
+        let kv = tokens * (2 * d.kv_heads * d.head_dim * 2) as u64;
+        self.cfg.layers as u64 * (d.layer_weight_elems() as u64 * 2 + kv)
+    }
+
+    /// Sets the next run's inputs in place (stream-ordered H2D copies into the buffers the
+    /// chains and graphs read): `x` (`[B][hidden]` bf16), `positions` (`[B]`), `block_table`
+    /// (`[B][max_pages_per_seq]`). Waits for the copies.
+    ///
+    /// Errors, before anything is copied: [`Error::LengthMismatch`] (sizes), those of
+    /// [`check_batch`] (entry outside the cache, length over capacity or over `max_pos`, a
+    /// cache slot written by two sequences or written by one and read by another).
+    pub fn set_inputs(&self, x: &[bf16], positions: &[u32], block_table: &[u32]) -> Result<()> {
+        if x.len() != self.cfg.batch * self.dims.hidden || positions.len() != self.cfg.batch {
+            return Err(Error::LengthMismatch {
+                what: "decode step inputs",
+                detail: format!(
+                    "x has {} elements and positions {}; the step needs {} x {} and {}",
+                    x.len(),
+                    positions.len(),
+                    self.cfg.batch,
+                    self.dims.hidden,
+                    self.cfg.batch
+                ),
+            });
+        }
+        check_batch(
+            &self.dims,
+            &self.cfg.layout,
+            self.cfg.max_pos,
+            positions,
+            block_table,
+        )?;
+        let mut inp = self.inputs.lock().expect("decode inputs lock");
+        inp.x.copy_from_host(x)?;
+        inp.positions.copy_from_host(positions)?;
+        inp.block_table.copy_from_host(block_table)?;
+        inp.host_positions = positions.to_vec();
+        inp.host_block_table = block_table.to_vec();
+        Ok(())
+    }
+
+    /// Uploads layer `layer`'s K and V caches (`KvLayout::cache_elems` bf16 each). Errors:
+    /// [`Error::BadShape`] (no such layer), [`Error::LengthMismatch`].
+    pub fn upload_cache(&mut self, layer: usize, k: &[bf16], v: &[bf16]) -> Result<()> {
+        let n = self.layers.len();
+        let l = self.layers.get_mut(layer).ok_or_else(|| Error::BadShape {
+            what: "decode cache layer",
+            detail: format!("layer {layer}; allowed: 0 to {}", n - 1),
+        })?;
+        l.k_cache.copy_from_host(k)?;
+        l.v_cache.copy_from_host(v)
+    }
+
+    /// Fills every layer's caches with `value` (the bench's cache contents).
+    pub fn fill_caches(&mut self, value: bf16) -> Result<()> {
+        for l in &mut self.layers {
+            l.k_cache.fill_async(value)?;
+            l.v_cache.fill_async(value)?;
+        }
+        self.stream.synchronize()
+    }
+
+    /// Layer `layer`'s K and V caches. Errors: [`Error::BadShape`] (no such layer).
+    pub fn read_cache(&self, layer: usize) -> Result<(Vec<bf16>, Vec<bf16>)> {
+        let l = self.layers.get(layer).ok_or_else(|| Error::BadShape {
+            what: "decode cache layer",
+            detail: format!("layer {layer}; allowed: 0 to {}", self.layers.len() - 1),
+        })?;
+        let mut k = vec![bf16::ZERO; l.k_cache.len()];
+        let mut v = vec![bf16::ZERO; l.v_cache.len()];
+        l.k_cache.copy_to_host(&mut k)?;
+        l.v_cache.copy_to_host(&mut v)?;
+        Ok((k, v))
+    }
+
+    /// Fills every activation buffer (h, normed, q, attn, act, split partials) with NaN, so a
+    /// value a kernel fails to write shows.
+    pub fn poison(&mut self) -> Result<()> {
+        let nan = bf16::NAN;
+        self.h.fill_async(nan)?;
+        self.normed.fill_async(nan)?;
+        self.q.fill_async(nan)?;
+        self.attn.fill_async(nan)?;
+        self.act.fill_async(nan)?;
+        self.part_o.fill_async(f32::NAN)?;
+        self.part_ml.fill_async(f32::NAN)?;
+        self.stream.synchronize()
+    }
+
+    /// Queues one step with `variant`'s chain (the graph variants: use [`DecodeStep::capture`]
+    /// and [`Graph::launch`]). Errors: [`Error::BadShape`] for a graph variant; launch errors.
+    pub fn run(&self, variant: Variant) -> Result<()> {
+        if variant.graph() {
+            return Err(Error::BadShape {
+                what: "DecodeStep::run variant",
+                detail: format!(
+                    "{variant:?} is a graph variant; capture it with DecodeStep::capture"
+                ),
+            });
+        }
+        self.chains[variant.chain()].run()
+    }
+
+    /// Captures `variant`'s chain (plain for [`Variant::Graph`], PDL + prefetch for
+    /// [`Variant::GraphPdlPrefetch`]; the others are captured as they are) into a CUDA graph
+    /// whose replays read the step's inputs in place. Errors: those of [`Chain::capture`].
+    pub fn capture(&self, variant: Variant) -> Result<Graph<'_>> {
+        self.chains[variant.chain()].capture()
+    }
+
+    /// The step's stream.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The output `h` (`[B][hidden]` bf16) after the last run (waits for the stream).
+    pub fn output(&self) -> Result<Vec<bf16>> {
+        read(&self.h)
+    }
+
+    /// The intermediates of the last layer of the last run, for per-kernel checks: the second
+    /// RMSNorm's output (`normed`), Q after RoPE (`q`), the attention output (`attn`) and
+    /// SiLU(gate) * up (`act`).
+    pub fn intermediates(&self) -> Result<Intermediates> {
+        Ok(Intermediates {
+            normed: read(&self.normed)?,
+            q: read(&self.q)?,
+            attn: read(&self.attn)?,
+            act: read(&self.act)?,
+        })
+    }
+
+    /// Resets the stamp slots (min words to `u64::MAX`, max words to 0), stream-ordered.
+    pub fn reset_stamps(&mut self) -> Result<()> {
+        let n = self.stamps.len() / sc::STAMP_WORDS;
+        let init: Vec<u64> = (0..n).flat_map(|_| [u64::MAX, u64::MAX, 0, 0]).collect();
+        self.stamps.copy_from_host(&init)
+    }
+
+    /// The stamps of the last run's kernels (with [`StepConfig::stamps`]), in launch order.
+    pub fn stamps(&self) -> Result<Vec<KernelStamps>> {
+        let mut raw = vec![0u64; self.stamps.len()];
+        self.stamps.copy_to_host(&mut raw)?;
+        let mut out = Vec::new();
+        let mut last_layer = usize::MAX;
+        let mut slot = 0;
+        for k in &self.kernels {
+            if k.layer != last_layer {
+                slot = k.layer * 8;
+                last_layer = k.layer;
+            }
+            let w = &raw[slot * sc::STAMP_WORDS..][..sc::STAMP_WORDS];
+            out.push(KernelStamps {
+                layer: k.layer,
+                role: k.role,
+                start: w[0],
+                wait_first: w[1],
+                wait_last: w[2],
+                end: w[3],
+            });
+            slot += 1;
+        }
+        Ok(out)
+    }
+
+    /// The device.
+    pub fn device(&self) -> &'d Device {
+        self.dev
+    }
+
+    /// The RoPE table buffer's length (`max_pos * head_dim` f32).
+    pub fn rope_len(&self) -> usize {
+        self.rope.len()
+    }
+}
+
+/// The activation buffers of a step ([`DecodeStep::write_activation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// The residual stream and output, `[B][hidden]`.
+    H,
+    /// RMSNorm output, `[B][hidden]`.
+    Normed,
+    /// Q after RoPE, `[B][H d]`.
+    Q,
+    /// Attention output, `[B][H d]`.
+    Attn,
+    /// SiLU(gate) * up, `[B][inter]`.
+    Act,
+}
+
+/// See [`DecodeStep::intermediates`].
+#[derive(Clone, Debug)]
+pub struct Intermediates {
+    /// `[B][hidden]`.
+    pub normed: Vec<bf16>,
+    /// `[B][H d]`.
+    pub q: Vec<bf16>,
+    /// `[B][H d]`.
+    pub attn: Vec<bf16>,
+    /// `[B][inter]`.
+    pub act: Vec<bf16>,
+}
+
+fn read(b: &DeviceBuffer<bf16>) -> Result<Vec<bf16>> {
+    let mut v = vec![bf16::ZERO; b.len()];
+    b.copy_to_host(&mut v)?;
+    Ok(v)
+}
+
+/// Checks that `ptx` has every entry the step launches with the parameter counts and sizes
+/// the host passes (without a device). Errors: [`Error::MissingKernel`],
+/// [`Error::KernelSignatureMismatch`].
+pub fn check_step_entries(ptx: &str) -> Result<()> {
+    use crate::module::{check_signature, RustParam, RustParamKind};
+    let entries = crate::module::ptx_signatures(ptx);
+    let p = |t: &str, size, kind| RustParam {
+        rust_type: t.to_string(),
+        size,
+        kind,
+    };
+    use RustParamKind::{Address, Float, Int};
+    let ptr = |n: &str| p(&format!("{n}: u64"), 8, Address);
+    let int = |n: &str| p(&format!("{n}: u32"), 4, Int);
+    let flt = |n: &str| p(&format!("{n}: f32"), 4, Float);
+    let gemm: Vec<RustParam> = vec![
+        ptr("a"),
+        ptr("b"),
+        ptr("c"),
+        int("m"),
+        int("n"),
+        int("k"),
+        int("lda"),
+        int("ldb"),
+        int("ldc"),
+        flt("alpha"),
+        flt("beta"),
+        int("out_f32"),
+        int("ksplit"),
+        int("flags"),
+        ptr("stamps"),
+        ptr("epi"),
+    ];
+    let norm = vec![
+        ptr("x"),
+        ptr("w"),
+        ptr("out"),
+        ptr("resid"),
+        int("rows"),
+        int("n"),
+        flt("eps"),
+        ptr("stamps"),
+        int("flags"),
+    ];
+    let attn = vec![
+        ptr("q"),
+        ptr("k_cache"),
+        ptr("v_cache"),
+        ptr("block_table"),
+        ptr("positions"),
+        ptr("out"),
+        ptr("part_o"),
+        ptr("part_ml"),
+        int("n_kv"),
+        int("page_size"),
+        int("bt_stride"),
+        int("num_pages"),
+        int("splits_pps"),
+        flt("scale_log2"),
+        ptr("stamps"),
+        int("flags"),
+    ];
+    let combine = vec![
+        ptr("part_o"),
+        ptr("part_ml"),
+        ptr("out"),
+        int("head_dim"),
+        int("splits"),
+        ptr("stamps"),
+        int("flags"),
+    ];
+    let mut want: Vec<(&str, &Vec<RustParam>)> =
+        vec![(sc::RMSNORM_KERNEL, &norm), (sc::COMBINE_KERNEL, &combine)];
+    for v in gc::EPI_VARIANTS {
+        want.push((v.kernel, &gemm));
+    }
+    for v in sc::ATTN_VARIANTS {
+        want.push((v.kernel, &attn));
+    }
+    for (name, params) in want {
+        let e = entries
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| Error::MissingKernel {
+                kernel: name.to_string(),
+                entries: entries
+                    .iter()
+                    .map(|e| e.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        check_signature(e, params)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue21_step_entries_in_embedded_ptx() {
+        check_step_entries(crate::PTX).unwrap();
+        assert!(matches!(
+            check_step_entries(".version 8.0\n.target sm_90\n"),
+            Err(Error::MissingKernel { .. })
+        ));
+    }
+
+    #[test]
+    fn issue21_attention_splits() {
+        let d = DecodeDims::llama3_8b();
+        let mut cfg = StepConfig::new(&d, 1, 1, 1024);
+        // 1 x 8 CTAs per split: 264 / 8 = 33 splits of 64 pages -> 2 pages each... capped by
+        // pages (64).
+        let (s, pps) = attention_splits(&d, &cfg, 132).unwrap();
+        assert_eq!(pps, 2);
+        assert_eq!(s, 32);
+        cfg.batch = 64;
+        assert_eq!(attention_splits(&d, &cfg, 132).unwrap(), (1, 64));
+        cfg.splits = Some(3);
+        let (s, pps) = attention_splits(&d, &cfg, 132).unwrap();
+        assert_eq!((s, pps), (3, 22));
+        cfg.splits = Some(0);
+        assert!(matches!(
+            attention_splits(&d, &cfg, 132),
+            Err(Error::BadShape { .. })
+        ));
+        // Every split non-empty, covering all pages.
+        for pages in 1..70u32 {
+            for want in 1..80u32 {
+                let c = StepConfig {
+                    splits: Some(want),
+                    layout: KvLayout {
+                        num_pages: pages as usize,
+                        max_pages_per_seq: pages as usize,
+                    },
+                    ..cfg
+                };
+                let (s, pps) = attention_splits(&d, &c, 132).unwrap();
+                assert!(s * pps >= pages && (s - 1) * pps < pages, "{pages} {want}");
+            }
+        }
+    }
+
+    /// A CPU model of the attention kernel's algorithm (gpu/src/kernels/decode_step.rs, f32 as
+    /// the kernel): token `t` of split `s` goes to state `(t - t_begin) % 16` (warp x token
+    /// slot), each state keeps a base-2 online softmax from `M_INIT`, the CTA merges its 16
+    /// states, and with several splits the combine step merges the normalised partials with
+    /// their (m, l); empty states and empty splits included. Matches the f64 reference.
+    #[test]
+    fn issue21_attention_kernel_model_matches_reference() {
+        use crate::decode::reference::{attention_paged, normal_bf16, RefCache};
+        let d = DecodeDims::small();
+        let layout = KvLayout {
+            num_pages: 4,
+            max_pages_per_seq: 4,
+        };
+        let n = layout.cache_elems(&d);
+        let cache = RefCache::from_f32(&normal_bf16(1, n, 1.0), &normal_bf16(2, n, 1.0));
+        let row = [2u32, 0, 3, 1];
+        let hd = d.head_dim;
+        let scale = (std::f64::consts::LOG2_E / (hd as f64).sqrt()) as f32;
+        let states = (sc::ATTN_WARPS * sc::ATTN_TOKENS_PER_WARP) as usize;
+        for len in [1usize, 15, 16, 17, 40, 64] {
+            let q: Vec<f64> = normal_bf16(3, d.q_width(), 1.0)
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            let want = attention_paged(&d, &layout, &cache, &q, &row, len);
+            for want_splits in [1u32, 2, 3, 4] {
+                let cfg = StepConfig {
+                    splits: Some(want_splits),
+                    layout,
+                    ..StepConfig::new(&d, 1, 1, 64)
+                };
+                let (splits, pps) = attention_splits(&d, &cfg, 132).unwrap();
+                let span = (pps as usize) * d.page_size;
+                for h in 0..d.heads {
+                    let kvh = h / d.group();
+                    // Per split: (o normalised, m, l).
+                    let mut parts = vec![];
+                    for s in 0..splits as usize {
+                        let (tb, te) = (s * span, ((s + 1) * span).min(len));
+                        let mut st = vec![(sc::M_INIT, 0.0f32, vec![0.0f32; hd]); states];
+                        for t in tb..te.max(tb) {
+                            let (m, l, acc) = &mut st[(t - tb) % states];
+                            let o = layout.offset(
+                                &d,
+                                row[t / d.page_size] as usize,
+                                kvh,
+                                t % d.page_size,
+                            );
+                            let sc2: f32 = (0..hd)
+                                .map(|e| q[h * hd + e] as f32 * scale * cache.k[o + e] as f32)
+                                .sum();
+                            let mn = sc2.max(*m);
+                            let corr = (*m - mn).exp2();
+                            let p = (sc2 - mn).exp2();
+                            *l = *l * corr + p;
+                            for (a, v) in acc.iter_mut().zip(&cache.v[o..o + hd]) {
+                                *a = *a * corr + p * *v as f32;
+                            }
+                            *m = mn;
+                        }
+                        let mm = st.iter().map(|x| x.0).fold(sc::M_INIT, f32::max);
+                        let l: f32 = st.iter().map(|x| x.1 * (x.0 - mm).exp2()).sum();
+                        let o: Vec<f32> = (0..hd)
+                            .map(|e| {
+                                let a: f32 = st.iter().map(|x| x.2[e] * (x.0 - mm).exp2()).sum();
+                                if l > 0.0 {
+                                    a / l
+                                } else {
+                                    0.0
+                                }
+                            })
+                            .collect();
+                        parts.push((o, mm, l));
+                    }
+                    let mm = parts
+                        .iter()
+                        .filter(|p| p.2 > 0.0)
+                        .map(|p| p.1)
+                        .fold(sc::M_INIT, f32::max);
+                    for e in 0..hd {
+                        let (mut num, mut den) = (0.0f32, 0.0f32);
+                        for p in parts.iter().filter(|p| p.2 > 0.0) {
+                            let w = p.2 * (p.1 - mm).exp2();
+                            num += w * p.0[e];
+                            den += w;
+                        }
+                        let got = (num / den) as f64;
+                        let w = want[h * hd + e];
+                        assert!(
+                            (got - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                            "len {len} splits {splits} head {h} e {e}: {got} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The L2 prefetch depth: whole k-blocks per warp within the budget, never the last.
+    #[test]
+    fn issue21_prefetch_iters() {
+        let d = DecodeDims::small();
+        let cfg = DecodeConfig {
+            warps: 8,
+            ksplit: Some(1),
+            unroll: 4,
+            l2_prefetch: true,
+            row_tiles: 1,
+            prefetch_a: false,
+        };
+        let sh = |n, k| GemmShape { m: 5, n, k };
+        for (s, want) in [
+            (sh(d.qkv_rows(), d.hidden), 1),
+            (sh(d.hidden, d.intermediate), 3),
+        ] {
+            let ls = launch_shape(s, true, &cfg, 132).unwrap();
+            assert_eq!(pf_iters(&ls, s, 1 << 20), want, "{s:?}");
+            assert_eq!(pf_iters(&ls, s, 0), 0);
+        }
+        // Llama-8B QKV with the default k-split: 4 iterations of 12 MiB per warp.
+        let l = DecodeDims::llama3_8b();
+        let s = GemmShape {
+            m: 8,
+            n: l.qkv_rows(),
+            k: l.hidden,
+        };
+        let ls = launch_shape(
+            s,
+            true,
+            &DecodeConfig {
+                ksplit: None,
+                ..cfg
+            },
+            132,
+        )
+        .unwrap();
+        assert_eq!(pf_iters(&ls, s, 4 << 20), 0);
+        assert_eq!(pf_iters(&ls, s, 24 << 20), 2);
+        assert_eq!(pf_iters(&ls, s, 1 << 30), 3);
+    }
+
+    #[test]
+    fn issue21_variants_parse() {
+        for (v, l) in Variant::ALL.iter().zip(["a", "b", "c", "d", "e"]) {
+            assert_eq!(Variant::parse(l).unwrap(), *v);
+            assert!(v.label().starts_with(l));
+        }
+        assert!(Variant::parse("f").is_err());
+    }
+}
