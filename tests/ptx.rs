@@ -388,6 +388,10 @@ fn issue22_setmaxnreg_entries_start_with_entry_registers_and_do_not_spill() {
             spill.contains(" 0 bytes spill stores") && spill.contains(" 0 bytes spill loads"),
             "{kernel} spills: {spill}"
         );
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
 // Issue 21: the decode step's kernels touch what the previous kernel writes only after
 // `griddepcontrol.wait`, and write nothing before it (stamps use `red`, not `st`).
 // ------------------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ const LAYERS: &[&str] = &[
     "launch",
     "module",
     "tensor_map",
+    "fp8",
     "kernels",
     "trace",
     "ordering",
@@ -44,6 +45,8 @@ const LAYERS: &[&str] = &[
     // What is built from all of them.
     "pipeline",
     "chain",
+    "interop",
+    "decode",
     "bandwidth",
     "fuzz",
 ];
