@@ -51,9 +51,14 @@ fn issue22_item10_warpline_kernel_on_cudarc_slices() {
     }
     let got: Vec<f32> = cs.clone_dtoh(&y_dev).unwrap();
     for i in 0..n {
-        // The module's saxpy is `mul` then `add` (no FMA), as here.
-        let want = a * x[i] + y[i];
-        assert_eq!(got[i], want, "y[{i}]");
+        // The module's saxpy is `mul.f32` then `add.f32`, which ptxas may contract into one
+        // FMA (the H100 run showed a 1-ulp difference): either rounding is exact.
+        let (separate, fused) = (a * x[i] + y[i], a.mul_add(x[i], y[i]));
+        assert!(
+            got[i] == separate || got[i] == fused,
+            "y[{i}] = {}, expected {separate} (mul, add) or {fused} (fma)",
+            got[i]
+        );
     }
 }
 

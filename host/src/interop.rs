@@ -78,6 +78,14 @@ impl Stream {
             });
         }
         crate::device::bind_context(stream.context(), "cuStreamGetFlags")?;
+        // Capture first: cuStreamGetFlags itself fails on a capturing stream (seen on the H100).
+        // SAFETY: a live stream handle of the bound context (the Arc keeps it).
+        if unsafe { crate::driver::graph::stream_is_capturing(stream.cu_stream()) }? {
+            return Err(Error::CudarcInterop {
+                what: "Stream::from_cudarc",
+                detail: "the stream is capturing a graph; allowed: a stream that is not capturing (end the capture first)".into(),
+            });
+        }
         let flags = drv::stream_get_flags(stream.cu_stream())?;
         if flags & cudarc::driver::sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32 == 0 {
             return Err(Error::CudarcInterop {
@@ -85,13 +93,6 @@ impl Stream {
                 detail: format!(
                     "the stream was created blocking (flags {flags:#x}: it synchronises with the legacy default stream); allowed: CU_STREAM_NON_BLOCKING streams (CudaContext::new_stream)"
                 ),
-            });
-        }
-        // SAFETY: a live stream handle of the bound context (the Arc keeps it).
-        if unsafe { crate::driver::graph::stream_is_capturing(stream.cu_stream()) }? {
-            return Err(Error::CudarcInterop {
-                what: "Stream::from_cudarc",
-                detail: "the stream is capturing a graph; allowed: a stream that is not capturing (end the capture first)".into(),
             });
         }
         Ok(Stream::new(stream))

@@ -237,6 +237,18 @@ pub(crate) struct StreamStock {
     spare: Mutex<Vec<Stream>>,
 }
 
+impl Drop for StreamStock {
+    fn drop(&mut self) {
+        // cuStreamDestroy can block (on the H100, a device drop behind a held host callback
+        // did): the stock's streams are destroyed on the reaper thread, never the caller's.
+        let mut streams = std::mem::take(self.rescue.get_mut().unwrap_or_else(|e| e.into_inner()));
+        streams.append(self.spare.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if !streams.is_empty() {
+            crate::memory::reaper::defer_after(Vec::<Event>::new(), false, move || drop(streams));
+        }
+    }
+}
+
 /// Rescue streams made when a context's first device opens.
 pub(crate) const RESCUE_STREAMS: usize = 4;
 /// Spare streams made when a context's first device opens; at most [`SPARE_KEPT`] are kept.

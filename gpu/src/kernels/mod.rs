@@ -10,10 +10,10 @@
 mod batched_gemm;
 #[cfg(not(feature = "sm90a"))]
 mod decode_gemm;
-#[cfg(feature = "sm90a")]
-mod device_check;
 #[cfg(not(feature = "sm90a"))]
 mod decode_step;
+#[cfg(feature = "sm90a")]
+mod device_check;
 #[cfg(not(feature = "sm90a"))]
 mod gemm;
 #[cfg(not(feature = "sm90a"))]
