@@ -89,6 +89,17 @@ impl<T: Pod> PinnedBuffer<T> {
     }
 }
 
+impl<T: Pod> PinnedBuffer<T> {
+    /// Gives up the memory without `cuMemFreeHost` (it stays allocated until its context is
+    /// destroyed) but releases the context handle, so the context can still be destroyed.
+    pub(crate) fn leak_to_context(self) {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped or used again; the context Arc is read out once and
+        // dropped, the memory is left allocated on purpose.
+        drop(unsafe { std::ptr::read(&me.ctx) });
+    }
+}
+
 impl<T: Pod> Drop for PinnedBuffer<T> {
     fn drop(&mut self) {
         // cuMemFreeHost synchronises with the device and blocks behind pending on-stream waits,

@@ -16,8 +16,10 @@
 //!
 //! Staging buffers ([`STAGING_BYTES`], two halves so that one piece is copied on the host while
 //! the next moves on the bus) are cached per context in its `ContextState`, at most
-//! [`IDLE_KEPT`] idle ones; concurrent copies take a fresh one. A buffer whose copies could not
-//! be seen complete (a poisoned context) is leaked, never reused or freed under the GPU.
+//! [`IDLE_KEPT`] idle ones; concurrent copies take a fresh one. They are never freed with
+//! `cuMemFreeHost` (it waits for the whole device, also behind a user's blocking host callback):
+//! they stay allocated until the context is destroyed. A buffer whose copies could not be seen
+//! complete (a poisoned context) is likewise never reused.
 
 use std::sync::{Arc, Mutex};
 
@@ -46,6 +48,18 @@ impl std::fmt::Debug for StagingCache {
     }
 }
 
+impl Drop for StagingCache {
+    fn drop(&mut self) {
+        // Never freed explicitly: `cuMemFreeHost` waits for the whole device, and behind a host
+        // callback that blocks its stream (a user's closure) it held the driver lock until the
+        // callback returned; on the H100 a `Device` drop then stalled in `cuEventCreate` behind
+        // the reaper's free. The buffers (at most `IDLE_KEPT` of 4 MiB) go with the context.
+        for b in std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner())) {
+            b.leak_to_context();
+        }
+    }
+}
+
 impl StagingCache {
     fn take(&self, ctx: &Arc<CudaContext>) -> Result<PinnedBuffer<u8>> {
         let cached = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
@@ -59,8 +73,10 @@ impl StagingCache {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < IDLE_KEPT {
             idle.push(b);
+        } else {
+            // Not freed (see the Drop impl): left to the context's teardown.
+            b.leak_to_context();
         }
-        // else: dropped, freed on the reaper thread.
     }
 }
 
@@ -162,7 +178,7 @@ impl Drop for Staged<'_> {
         } else {
             // A copy may still be in flight: leak the staging memory rather than free or reuse
             // it under the GPU.
-            std::mem::forget(b);
+            b.leak_to_context();
         }
     }
 }
