@@ -53,16 +53,22 @@ struct Ranks;
 macro_rules! rank {
     ($r:literal, $load:ident, $mc:ident, $store:ident, $pf:ident) => {
         impl Rank<$r> for Ranks {
+            /// # Safety
+            /// As [`Rank::load`] (forwarded).
             #[inline(always)]
             unsafe fn load(m: TensorMap, dst: u32, c: [i32; $r], bar: Mbarrier) {
                 // SAFETY: forwarded to the caller.
                 unsafe { m.$load(dst, c, bar) }
             }
+            /// # Safety
+            /// As [`Rank::load_mc`] (forwarded).
             #[inline(always)]
             unsafe fn load_mc(m: TensorMap, dst: u32, c: [i32; $r], bar: Mbarrier, mask: u16) {
                 // SAFETY: forwarded to the caller.
                 unsafe { m.$mc(dst, c, bar, mask) }
             }
+            /// # Safety
+            /// As [`Rank::store`] (forwarded).
             #[inline(always)]
             unsafe fn store(m: TensorMap, src: u32, c: [i32; $r]) {
                 // SAFETY: forwarded to the caller.
