@@ -1786,51 +1786,25 @@ fn tc_gemm_cmd<T: warpline::kernels::tc_gemm::TcInput>(
             pitch: ldb,
             layout,
         };
-        let pick = |len: usize| -> Vec<usize> {
-            let mut v: Vec<usize> = (0..len).step_by(len.div_ceil(6).max(1)).collect();
-            v.push(len - 1);
-            v
-        };
-        let mut checked = 0usize;
-        let mut worst = 0f64;
-        let mut check = |i: usize, j: usize| -> Result<()> {
+        let (checked, worst) = verify_sampled_rows_and_columns(m, n, |i, j| {
             let (want, abs) =
                 reference_entry(&aw, lda, &b, k, i, j).ok_or_else(|| Error::LengthMismatch {
                     what: "tc_gemm --verify reference",
                     detail: format!("C[{i}][{j}] needs elements outside the host copies of A or B"),
                 })?;
-            let got = c[i * ldc + j] as f64;
-            let tol = tolerance(want, abs, 1.0, 0.0, 0.0);
-            worst = worst.max((got - want).abs() / tol);
-            checked += 1;
-            if (got - want).abs() > tol || got.is_nan() {
-                return Err(Error::Verification {
-                    detail: format!("C[{i}][{j}] = {got}, want {want} (tolerance {tol:.3e})"),
-                });
-            }
-            Ok(())
-        };
-        for i in pick(m) {
-            for j in 0..n {
-                check(i, j)?;
-            }
-        }
-        for j in pick(n) {
-            for i in 0..m {
-                check(i, j)?;
-            }
-        }
+            Ok((
+                c[i * ldc + j] as f64,
+                want,
+                tolerance(want, abs, 1.0, 0.0, 0.0),
+            ))
+        })?;
         say!(
             "verified tc_gemm: {checked} elements of sampled rows and columns against the f64 reference; worst error {worst:.3} of the bound (1e-3 x sum |a b| + 1e-6)"
         );
         verified = serde_json::json!({ "elements": checked, "worst_of_bound": worst });
     }
     if let Some(path) = &args.out {
-        let packed: Vec<f32> = (0..m)
-            .flat_map(|i| c[i * ldc..i * ldc + n].to_vec())
-            .collect();
-        npy::write_f32(path, &[m as u64, n as u64], &packed)?;
-        say!("wrote {}", path.display());
+        write_c_npy(path, &c, m, n, ldc)?;
     }
     let tflops = |ms: f64| flop / ms / 1e9;
     Ok(serde_json::json!({
@@ -2044,53 +2018,24 @@ fn fp8_gemm_cmd(ctx: &Ctx, args: &GemmArgs) -> CliResult<Value> {
             pitch: ldb,
             layout: BLayout::ColMajor,
         };
-        let pick = |len: usize| -> Vec<usize> {
-            let mut v: Vec<usize> = (0..len).step_by(len.div_ceil(6).max(1)).collect();
-            v.push(len - 1);
-            v
-        };
         let alpha_s = sa as f64 * sb as f64;
-        let mut checked = 0usize;
-        let mut worst = 0f64;
-        let mut check = |i: usize, j: usize| -> Result<()> {
+        let (checked, worst) = verify_sampled_rows_and_columns(m, n, |i, j| {
             let (s, abs) =
                 reference_entry(&aw, lda, &hb, k, i, j).ok_or_else(|| Error::LengthMismatch {
                     what: "fp8 gemm --verify reference",
                     detail: format!("C[{i}][{j}] needs elements outside the host copies of A or B"),
                 })?;
             let want = alpha_s * s;
-            let got = c[i * ldc + j] as f64;
             let tol = fp8_tolerance(want, abs, k, alpha_s, 0.0, 1.0 / (1u64 << 24) as f64);
-            worst = worst.max((got - want).abs() / tol);
-            checked += 1;
-            if (got - want).abs() > tol || got.is_nan() {
-                return Err(Error::Verification {
-                    detail: format!("C[{i}][{j}] = {got}, want {want} (tolerance {tol:.3e})"),
-                });
-            }
-            Ok(())
-        };
-        for i in pick(m) {
-            for j in 0..n {
-                check(i, j)?;
-            }
-        }
-        for j in pick(n) {
-            for i in 0..m {
-                check(i, j)?;
-            }
-        }
+            Ok((c[i * ldc + j] as f64, want, tol))
+        })?;
         say!(
             "verified tc_gemm fp8: {checked} elements of sampled rows and columns against the f64 reference on the decoded E4M3 values; worst error {worst:.3} of the bound (ceil(K/32) x 2^-12 x scales x sum |a b|)"
         );
         verified = serde_json::json!({ "elements": checked, "worst_of_bound": worst });
     }
     if let Some(path) = &args.out {
-        let packed: Vec<f32> = (0..m)
-            .flat_map(|i| c[i * ldc..i * ldc + n].to_vec())
-            .collect();
-        npy::write_f32(path, &[m as u64, n as u64], &packed)?;
-        say!("wrote {}", path.display());
+        write_c_npy(path, &c, m, n, ldc)?;
     }
     let tflops = |ms: f64| flop / ms / 1e9;
     Ok(serde_json::json!({
@@ -2105,6 +2050,55 @@ fn fp8_gemm_cmd(ctx: &Ctx, args: &GemmArgs) -> CliResult<Value> {
         "ratio_to_cublaslt": lt_ms[0].min(lt_ms[1]) / ours_ms,
         "verified": verified,
     }))
+}
+
+/// Checks C at every element of about six sampled rows and six sampled columns (always the last
+/// of each): `entry(i, j)` gives (got, want, tolerance). Returns (elements checked, worst error as
+/// a fraction of its tolerance), or [`Error::Verification`] naming the first element outside
+/// its tolerance (or NaN).
+fn verify_sampled_rows_and_columns(
+    m: usize,
+    n: usize,
+    mut entry: impl FnMut(usize, usize) -> Result<(f64, f64, f64)>,
+) -> Result<(usize, f64)> {
+    let pick = |len: usize| -> Vec<usize> {
+        let mut v: Vec<usize> = (0..len).step_by(len.div_ceil(6).max(1)).collect();
+        v.push(len - 1);
+        v
+    };
+    let (mut checked, mut worst) = (0usize, 0f64);
+    let mut check = |i: usize, j: usize| -> Result<()> {
+        let (got, want, tol) = entry(i, j)?;
+        worst = worst.max((got - want).abs() / tol);
+        checked += 1;
+        if (got - want).abs() > tol || got.is_nan() {
+            return Err(Error::Verification {
+                detail: format!("C[{i}][{j}] = {got}, want {want} (tolerance {tol:.3e})"),
+            });
+        }
+        Ok(())
+    };
+    for i in pick(m) {
+        for j in 0..n {
+            check(i, j)?;
+        }
+    }
+    for j in pick(n) {
+        for i in 0..m {
+            check(i, j)?;
+        }
+    }
+    Ok((checked, worst))
+}
+
+/// Writes the `m x n` result (row pitch `ldc` elements) as a packed f32 `.npy` and says so.
+fn write_c_npy(path: &std::path::Path, c: &[f32], m: usize, n: usize, ldc: usize) -> Result<()> {
+    let packed: Vec<f32> = (0..m)
+        .flat_map(|i| c[i * ldc..i * ldc + n].to_vec())
+        .collect();
+    npy::write_f32(path, &[m as u64, n as u64], &packed)?;
+    say!("wrote {}", path.display());
+    Ok(())
 }
 
 #[cfg(test)]
