@@ -97,12 +97,8 @@ impl Stream {
         // Inside a host callback the wait would never return (issue 19, item 9).
         crate::device::refuse_in_host_callback("Stream::synchronize")?;
         let bound = bind_context_unchecked(self.ctx());
-        let synced = match bound.as_ref().map(|()| self.marker_raw()) {
-            Ok(Ok(ev)) => {
-                let r = drv::event_wait_polled(ev);
-                let _ = drv::event_destroy(ev);
-                r
-            }
+        let synced = match bound.as_ref().map(|()| self.record_marker()) {
+            Ok(Ok(marker)) => drv::event_wait_polled(marker.raw),
             // cuStreamSynchronize takes the stream's own context; it is called even if binding
             // or the marker failed (on a poisoned context it returns the sticky error at once).
             _ => drv::stream_synchronize(self.raw()),
@@ -110,18 +106,6 @@ impl Stream {
         synced?;
         bound?;
         state_for(self.context_raw()).check("cuStreamSynchronize")
-    }
-
-    /// A fresh non-timing event recorded at this point of the stream (the caller destroys it).
-    fn marker_raw(&self) -> Result<sys::CUevent> {
-        let ev = drv::event_create_with(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
-        match drv::event_record(ev, self.raw()) {
-            Ok(()) => Ok(ev),
-            Err(e) => {
-                let _ = drv::event_destroy(ev);
-                Err(e)
-            }
-        }
     }
 
     /// Records a timing event at this point of the stream (`cuEventCreate` + `cuEventRecord`).
