@@ -1706,25 +1706,8 @@ fn tc_gemm_cmd<T: warpline::kernels::tc_gemm::TcInput>(
         ..Default::default()
     };
     let flop = 2.0 * m as f64 * n as f64 * k as f64;
-    let time = |launch: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-        launch()?;
-        if args.once {
-            stream.synchronize()?;
-            return Ok(f64::NAN);
-        }
-        for _ in 0..2 {
-            launch()?;
-        }
-        let mut t = Vec::new();
-        for _ in 0..args.reps {
-            let start = stream.record()?;
-            launch()?;
-            let end = stream.record()?;
-            end.synchronize()?;
-            t.push(start.elapsed_ms(&end)? as f64);
-        }
-        t.sort_by(f64::total_cmp);
-        Ok(t[t.len() / 2])
+    let time = |launch: &mut dyn FnMut() -> Result<()>| {
+        median_launch_ms(&stream, args.once, args.reps, launch)
     };
     let (ours_ms, config) = {
         let plan = tc.plan(
@@ -1926,25 +1909,8 @@ fn fp8_gemm_cmd(ctx: &Ctx, args: &GemmArgs) -> CliResult<Value> {
         ..Default::default()
     };
     let flop = 2.0 * m as f64 * n as f64 * k as f64;
-    let time = |launch: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-        launch()?;
-        if args.once {
-            stream.synchronize()?;
-            return Ok(f64::NAN);
-        }
-        for _ in 0..2 {
-            launch()?;
-        }
-        let mut t = Vec::new();
-        for _ in 0..args.reps {
-            let start = stream.record()?;
-            launch()?;
-            let end = stream.record()?;
-            end.synchronize()?;
-            t.push(start.elapsed_ms(&end)? as f64);
-        }
-        t.sort_by(f64::total_cmp);
-        Ok(t[t.len() / 2])
+    let time = |launch: &mut dyn FnMut() -> Result<()>| {
+        median_launch_ms(&stream, args.once, args.reps, launch)
     };
     let a = Matrix::new(da.as_view(), m, k, lda);
     let b = Matrix::new(db.as_view(), n, k, ldb);
@@ -2050,6 +2016,36 @@ fn fp8_gemm_cmd(ctx: &Ctx, args: &GemmArgs) -> CliResult<Value> {
         "ratio_to_cublaslt": lt_ms[0].min(lt_ms[1]) / ours_ms,
         "verified": verified,
     }))
+}
+
+/// The median of `reps` launches timed with CUDA events on `stream`, after one launch and two
+/// warm-up launches; with `once`, that one launch only (synchronised) and NaN (for `ncu`).
+/// Errors: the launch's, the events', or [`Error::Empty`] for `reps == 0`.
+fn median_launch_ms(
+    stream: &warpline::Stream,
+    once: bool,
+    reps: usize,
+    launch: &mut dyn FnMut() -> Result<()>,
+) -> Result<f64> {
+    launch()?;
+    if once {
+        stream.synchronize()?;
+        return Ok(f64::NAN);
+    }
+    for _ in 0..2 {
+        launch()?;
+    }
+    let mut t = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = stream.record()?;
+        launch()?;
+        let end = stream.record()?;
+        end.synchronize()?;
+        t.push(start.elapsed_ms(&end)? as f64);
+    }
+    warpline::bandwidth::median(&mut t).ok_or(Error::Empty {
+        what: "gemm --reps (timed launches)",
+    })
 }
 
 /// Checks C at every element of about six sampled rows and six sampled columns (always the last
