@@ -750,12 +750,27 @@ impl Device {
         Ok((v / 1000, (v % 1000) / 10))
     }
 
-    /// Waits for all work on the device (`cuCtxSynchronize`). It really waits before returning
-    /// any error, also on a poisoned context.
+    /// Waits for all work on the device (`cuCtxSynchronize`). Once it has started it really waits
+    /// before returning any error, also on a poisoned context.
+    ///
+    /// `cuCtxSynchronize` blocks inside the driver, where it may hold a lock that every other
+    /// driver call of the process needs (as `cuStreamSynchronize` and `cuStreamCreate` were seen
+    /// to on the H100); behind a pending on-stream wait whose release needs another thread's
+    /// driver call, the whole process would hang. So it runs only while no registered wait (a
+    /// fence guard, a `Signal` wait) is pending, with new waits kept out until it returns, as
+    /// stream creation does.
+    ///
+    /// Errors: [`Error::WaitPending`] when a registered wait stays pending for
+    /// [`Device::STREAM_CREATE_WAIT`]; [`Error::InHostCallback`] inside a host callback; the
+    /// context's sticky error.
     pub fn synchronize(&self) -> Result<()> {
         refuse_in_host_callback("Device::synchronize")?;
         let bound = bind_context_unchecked(&self.ctx);
-        let synced = bound.and_then(|()| drv::ctx_synchronize());
+        let synced = bound.and_then(|()| {
+            crate::memory::reaper::without_pending_waits("Device::synchronize", || {
+                drv::ctx_synchronize()
+            })
+        });
         synced?;
         self.state.check("cuCtxSynchronize")
     }

@@ -23,8 +23,9 @@
 //! host memory warpline allocated itself) runs without closing it: no job blocks on the device
 //! while it holds the gate shut.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaEvent;
@@ -65,6 +66,44 @@ struct Job {
 
 static REAPER: OnceLock<Mutex<Sender<Job>>> = OnceLock::new();
 
+/// Set at process exit ([`quiesce_at_exit`]): the reaper makes no more driver calls.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Held by the reaper thread for each pass that may call the driver (polling events, running
+/// jobs); taken for good by [`quiesce_at_exit`].
+static PASS: Mutex<()> = Mutex::new(());
+
+/// How long the exit hook waits for a running pass (a free, an unload, a context's teardown) to
+/// return before letting the exit go on.
+const EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Runs at `exit` (registered with `atexit` when the reaper thread starts, which is after
+/// `cuInit`, so it runs before the driver's own exit handlers): stops the reaper between two
+/// driver calls, so that it is never inside the driver while the driver (or compute-sanitizer's
+/// injected library) tears itself down. Without it, a test binary whose last `Device` was
+/// dropped just before `main` returned had the reaper destroying that context's streams while
+/// the driver unloaded: processes under compute-sanitizer ended with SIGSEGV after all their
+/// work passed (H100, 2026-11-25). Jobs still queued at exit never run; the process is ending
+/// and the OS takes the memory back. Never panics, never blocks for more than [`EXIT_WAIT`].
+extern "C" fn quiesce_at_exit() {
+    EXITING.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + EXIT_WAIT;
+    loop {
+        match PASS.try_lock() {
+            Ok(pass) => return std::mem::forget(pass),
+            Err(TryLockError::Poisoned(p)) => return std::mem::forget(p.into_inner()),
+            Err(TryLockError::WouldBlock) if Instant::now() >= deadline => return,
+            Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+}
+
+unsafe extern "C" {
+    /// C's `atexit` (ISO C 7.22.4.2): registers a function that `exit` calls, last registered
+    /// first.
+    fn atexit(f: extern "C" fn()) -> core::ffi::c_int;
+}
+
 fn run(job: Job) {
     if job.gated {
         let _free = Gate::close_for_free();
@@ -77,6 +116,10 @@ fn run(job: Job) {
 fn sender() -> &'static Mutex<Sender<Job>> {
     REAPER.get_or_init(|| {
         let (tx, rx) = channel::<Job>();
+        // SAFETY: `quiesce_at_exit` is a plain `extern "C" fn()` that never unwinds; registering
+        // it has no other effect. A failed registration (the C library's table is full) only
+        // loses the exit-time quiescing.
+        let _ = unsafe { atexit(quiesce_at_exit) };
         // If the thread cannot be spawned, jobs stay queued in the channel (leaked, never run on
         // the caller's thread, so never a hang).
         let _ = std::thread::Builder::new()
@@ -100,6 +143,14 @@ fn sender() -> &'static Mutex<Sender<Job>> {
                         Err(RecvTimeoutError::Timeout) => {}
                         Err(RecvTimeoutError::Disconnected) if waiting.is_empty() => return,
                         Err(RecvTimeoutError::Disconnected) => std::thread::sleep(sleep),
+                    }
+                    // Driver calls follow: none once the process is exiting.
+                    let pass = PASS.lock().unwrap_or_else(|e| e.into_inner());
+                    if EXITING.load(Ordering::SeqCst) {
+                        drop(pass);
+                        loop {
+                            std::thread::park();
+                        }
                     }
                     let mut progressed = false;
                     // Run every job whose events completed; a barrier waits for those queued
