@@ -317,8 +317,8 @@ fn box_coords(mut b: u32, boxes: &[u32; 5], box5: &[u32; 5], rank: usize) -> Vec
         .collect()
 }
 
-/// Runs the copy case `case` of `CASES` in a child process (`child`, this binary's ignored test),
-/// after checking here that an sm_90a device is there (skip without one).
+/// Runs `child` (this binary's ignored test running one copy case) in a child process killed
+/// after `CHILD_LIMIT`, after checking here that an sm_90a device is there (skip without one).
 fn tma_copy_in_child(test: &str, child: &str) {
     if sm90a_or_skip(test).is_none() {
         return;
