@@ -126,9 +126,9 @@ pub unsafe fn wait_acquire() {
 }
 
 /// Cluster-wide barrier (`cluster.sync()` of CUDA): `barrier.cluster.arrive.release` then
-/// `barrier.cluster.wait.acquire` (PTX ISA 8.0 §9.7.13.4), the forms *without* `.aligned`, as
-/// CUDA's `cooperative_groups::cluster_group::sync()` and libcu++'s `cuda::ptx::barrier_cluster_*`
-/// issue them: each thread arrives and waits for itself, so the warp need not be converged.
+/// `barrier.cluster.wait.acquire` (PTX ISA 8.0 §9.7.13.4), the forms *without* `.aligned`, the
+/// only ones libcu++'s `cuda::ptx::barrier_cluster_arrive` / `barrier_cluster_wait` expose: each
+/// thread arrives and waits for itself, so the warp need not be converged.
 ///
 /// Why not `.aligned` ([`arrive_release`] / [`wait_acquire`]): rustc's `asm!` is not
 /// `convergent`, and LLVM duplicated the aligned pair into both arms of the `if tid == 0` before
