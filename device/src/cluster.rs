@@ -140,8 +140,9 @@ pub unsafe fn wait_acquire() {
 /// # Safety
 /// Every non-exited thread of every CTA of the cluster calls it, the same number of times
 /// (a thread that skips one, or a CTA that exits while others wait, hangs the cluster). Its
-/// release/acquire orders memory at cluster scope (e.g. `mbarrier.init` + [`super::mbarrier::fence_init`]
-/// before a peer's multicast or remote arrive targets the barrier).
+/// release/acquire orders memory at cluster scope (e.g. `mbarrier.init` and
+/// [`super::mbarrier::fence_init`] before a peer's multicast or remote arrive targets the
+/// barrier).
 #[inline(always)]
 pub unsafe fn sync_cluster() {
     // SAFETY: no operands; participation is the caller's contract. The non-`.aligned` forms need
