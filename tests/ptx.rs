@@ -454,3 +454,52 @@ fn issue21_decode_step_kernels_read_dependent_inputs_after_the_wait() {
         }
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Issue 22, the H100 hang of `tma_copy_rank3_multicast`: rustc's `asm!` is not `convergent`, and
+// LLVM had copied the `.aligned` cluster barrier after the kernel's `if tid == 0 { init }` into
+// both arms of that branch (three `barrier.cluster.arrive` for two calls; lane 0 and lanes 1..31
+// at different `.aligned` barriers: undefined, and a hang). `cluster::sync_cluster` is now the
+// per-thread form, which stays correct wherever the compiler copies it.
+// ------------------------------------------------------------------------------------------------
+
+#[test]
+fn issue22_cluster_barriers_are_per_thread() {
+    for (module, ptx) in [("sm_90", warpline::PTX), ("sm_90a", warpline::SM90A_PTX)] {
+        for aligned in [
+            "barrier.cluster.arrive.aligned",
+            "barrier.cluster.arrive.release.aligned",
+            "barrier.cluster.arrive.relaxed.aligned",
+            "barrier.cluster.wait.aligned",
+            "barrier.cluster.wait.acquire.aligned",
+        ] {
+            assert!(
+                !ptx.contains(aligned),
+                "the {module} module uses `{aligned}`: an `asm!` barrier LLVM may copy into divergent branches"
+            );
+        }
+    }
+    use warpline_gpu::contract::device_check as dc;
+    for kernel in dc::COPY_MULTICAST_KERNELS {
+        let body = sm90a_entry(kernel);
+        let arrives = body.matches("barrier.cluster.arrive.release;").count();
+        let waits = body.matches("barrier.cluster.wait.acquire;").count();
+        assert!(
+            arrives >= 2 && arrives == waits,
+            "{kernel}: {arrives} cluster arrives, {waits} waits (two calls of sync_cluster)"
+        );
+        assert!(
+            body.contains(".multicast::cluster"),
+            "{kernel}: no multicast load"
+        );
+    }
+    // The tc_gemm entries (clusters of 1 or 2) keep their two cluster barriers.
+    for kernel in warpline::kernels::tc_gemm::ENTRIES {
+        let body = sm90a_entry(kernel);
+        assert!(
+            body.contains("barrier.cluster.arrive.release;")
+                && body.contains("barrier.cluster.wait.acquire;"),
+            "{kernel}: no per-thread cluster barrier"
+        );
+    }
+}

@@ -101,6 +101,12 @@ pub unsafe fn load_v4(addr: u32) -> [f32; 4] {
 /// [`super::warp::sync_warp`] first). Every non-exited thread of every CTA of the cluster arrives
 /// once per cluster phase, each followed by [`wait_acquire`] before it arrives again; otherwise
 /// the waiters hang or the behaviour is undefined.
+///
+/// Convergence in the Rust source is not enough: rustc does not mark `asm!` as `convergent`, so
+/// LLVM may copy this instruction into both arms of a preceding branch whose condition is tested
+/// again after it (`if tid == 0 { init } arrive; wait; if tid == 0 { .. }` became two copies, one
+/// per arm: the H100 hang of `tma_copy_3d_multicast`, issue 22). Check the PTX (one copy per
+/// call) or use [`sync_cluster`], whose per-thread form does not need convergence.
 #[inline(always)]
 pub unsafe fn arrive_release() {
     // SAFETY: no operands; convergence and participation are the caller's contract.
@@ -119,18 +125,35 @@ pub unsafe fn wait_acquire() {
     unsafe { asm!("barrier.cluster.wait.acquire.aligned;", options(nostack)) };
 }
 
-/// Cluster-wide barrier (`cluster.sync()` of CUDA): [`arrive_release`] then [`wait_acquire`].
+/// Cluster-wide barrier (`cluster.sync()` of CUDA): `barrier.cluster.arrive.release` then
+/// `barrier.cluster.wait.acquire` (PTX ISA 8.0 §9.7.13.4), the forms *without* `.aligned`, the
+/// only ones libcu++'s `cuda::ptx::barrier_cluster_arrive` / `barrier_cluster_wait` expose: each
+/// thread arrives and waits for itself, so the warp need not be converged.
+///
+/// Why not `.aligned` ([`arrive_release`] / [`wait_acquire`]): rustc's `asm!` is not
+/// `convergent`, and LLVM duplicated the aligned pair into both arms of the `if tid == 0` before
+/// it in `tma_copy_3d_multicast` (three `barrier.cluster.arrive` in the PTX for two calls), so
+/// lane 0 and lanes 1..31 executed different `.aligned` barrier instructions: undefined
+/// behaviour, and on the H100 the test binary hung. A per-thread barrier stays correct however
+/// the compiler places the copies; it runs once or twice per kernel, so its cost does not matter.
 ///
 /// # Safety
-/// Every non-exited thread of every CTA of the cluster calls it, each warp convergently (see
-/// [`arrive_release`]).
+/// Every non-exited thread of every CTA of the cluster calls it, the same number of times
+/// (a thread that skips one, or a CTA that exits while others wait, hangs the cluster). Its
+/// release/acquire orders memory at cluster scope (e.g. `mbarrier.init` and
+/// [`super::mbarrier::fence_init`] before a peer's multicast or remote arrive targets the
+/// barrier).
 #[inline(always)]
 pub unsafe fn sync_cluster() {
-    // SAFETY: forwarded to the caller's contract.
+    // SAFETY: no operands; participation is the caller's contract. The non-`.aligned` forms need
+    // no warp convergence.
     unsafe {
-        arrive_release();
-        wait_acquire();
-    }
+        asm!(
+            "barrier.cluster.arrive.release;",
+            "barrier.cluster.wait.acquire;",
+            options(nostack)
+        )
+    };
 }
 
 /// `mbarrier.arrive.release.cluster.shared::cluster.b64` (PTX ISA 8.0 §9.7.13.15.13): one arrival on

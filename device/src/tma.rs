@@ -11,6 +11,16 @@
 //! Coordinates are in elements, innermost dimension first, signed: a box may hang over any edge
 //! of the tensor. Loads fill the outside with zeros and stores skip it (clipping), which is how
 //! a kernel handles sizes that are not multiples of its tile without padding copies.
+//!
+//! **Stores clip dimension 0 at 16-byte granularity.** A TMA store writes each row of the box in
+//! whole 16-byte pieces: where the tensor's row ends inside a piece (`dims[0] * elem` not a
+//! multiple of 16 bytes), the piece is written whole, so the bytes from the row's end up to the
+//! next 16-byte boundary (at most 15) receive what the box holds there: zeros, for a box that a
+//! load filled. Outer dimensions are clipped exactly. Seen on the H100 (tc_gemm's ragged C
+//! chunks, and `tma_copy_rank3` of issue 22 writing zeros into its rows' padding past
+//! `dims[0] = 37` f32) and reported for Triton's descriptor stores (triton-lang/triton#11583).
+//! A kernel that must not touch those bytes stores such edge pieces with `st.global` (as
+//! tc_gemm does); the host side gives the reach as `TensorMapDesc::store_extent_bytes`.
 
 use core::arch::asm;
 
@@ -85,8 +95,13 @@ impl TensorMap {
     ///
     /// # Safety
     /// As [`Self::load_2d`] for every destination CTA: each is live, has initialised its barrier
-    /// at `bar`'s offset and published that to the cluster, and expects these bytes in its
-    /// barrier's current phase.
+    /// at `bar`'s offset and published that to the cluster (`fence_init`, then a cluster barrier
+    /// before this copy is issued), expects these bytes in its barrier's current phase (each
+    /// receiving CTA arms its own barrier with the bytes of every copy that lands in it, its own
+    /// and its peers'; the bytes may arrive before it arms), and stays resident until they have
+    /// landed (it waits on its barrier, or a cluster barrier precedes every exit). `cta_mask`
+    /// names only CTAs of this cluster (bit `i`: `%cluster_ctarank` `i`), and the kernel runs in
+    /// clusters (a launch without cluster dimensions is a cluster of one).
     #[inline(always)]
     pub unsafe fn load_2d_multicast(
         self,
@@ -106,14 +121,18 @@ impl TensorMap {
 
     /// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group`: copies the box at `src` in shared
     /// memory (laid out and swizzled as the map says) to coordinates `(c0, c1)` of the tensor;
-    /// elements outside the tensor are not written. Tracked by this thread's bulk groups: close
+    /// elements outside the tensor are not written, except that dimension 0 is clipped at
+    /// 16-byte granularity (see the module docs: up to 15 bytes past a row's end are written when
+    /// `dims[0] * elem` is not a multiple of 16). Tracked by this thread's bulk groups: close
     /// the group with [`super::bulk::commit_group`], and wait with
-    /// [`super::bulk::wait_group_read`] before overwriting `src`.
+    /// [`super::bulk::wait_group_read`] before overwriting `src` or exiting.
     ///
     /// # Safety
     /// `src` aligned as in [`Self::load_2d`], holding the box; the writes of `src` by other
     /// threads happen before (their [`super::bulk::fence_proxy_async_shared`], then a barrier);
-    /// nobody writes the box's global elements concurrently.
+    /// nobody accesses the box's global elements concurrently, nor, for a row whose end falls
+    /// inside the box, the bytes from the row's end to the next 16-byte boundary, which must be
+    /// memory the kernel may write (the row padding of a pitched tensor).
     #[inline(always)]
     pub unsafe fn store_2d(self, src: u32, c0: i32, c1: i32) {
         // SAFETY: the caller upholds this function's `# Safety` contract; the map is valid.
@@ -172,7 +191,8 @@ macro_rules! tma_rank {
 
             #[doc = concat!("`cp.async.bulk.tensor.", $dim, ".global.shared::cta.bulk_group` (PTX ISA 8.3 ",
                 "§9.7.9.25.5.1): as [`Self::store_2d`] for a rank-", $n, " map; elements of the box ",
-                "outside the tensor (in any dimension) are not written.")]
+                "outside the tensor are not written, in any dimension, except that dimension 0 is ",
+                "clipped at 16-byte granularity (see the module docs).")]
             ///
             /// # Safety
             /// As [`Self::store_2d`]; the map's rank is this function's.

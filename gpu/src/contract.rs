@@ -1049,7 +1049,10 @@ pub mod batched_gemm {
 /// (16-byte aligned, inside one allocation). Launch: [`device_check::COPY_THREADS`] threads,
 /// [`device_check::copy_smem_bytes`] of dynamic shared memory; grid = the number of boxes; the
 /// multicast entries with cluster dims `(2, 1, 1)` and an even grid (CTA `b` stores the box
-/// `b ^ 1` that its peer multicast to it).
+/// `b ^ 1` that its peer multicast to it). The stores clip dimension 0 at 16-byte granularity:
+/// each row of `dst` may be written up to the next 16-byte boundary past `dims[0]` (with the
+/// zeros the load filled there), so `dst`'s memory reaches that far (the host's
+/// `TensorMapDesc::store_extent_bytes`) and nothing else uses those bytes.
 ///
 /// `math_check(x: u64, y: u64, n: u32)`: `y[8 i + j]` = function `j` of
 /// [`device_check::MATH_FUNCS_NAMES`] at `x[i]`, for `i < n`; any 1-D launch.

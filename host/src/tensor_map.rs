@@ -343,6 +343,35 @@ impl TensorMapDesc {
         }
         end
     }
+
+    /// Bytes past the end of each row (dimension 0) that a TMA store through this map may write:
+    /// `dims[0] * elem` rounded up to a multiple of 16, minus `dims[0] * elem` (0 to 15). A TMA
+    /// store writes each row of its box in whole 16-byte pieces, so where a row ends inside a
+    /// piece the rest of the piece is written too, with what the shared-memory box holds there
+    /// (observed on the H100: tc_gemm's ragged C chunks, and issue 22's rank-3 TMA copy writing
+    /// zeros past `dims[0] = 37` f32; reported for Triton's descriptor stores,
+    /// triton-lang/triton#11583). Rows start 16-byte aligned (base and strides are multiples of
+    /// 16), so the piece ends at the next 16-byte boundary. Loads are clipped exactly.
+    pub fn store_overhang_bytes(&self) -> u64 {
+        let row = self
+            .dims
+            .first()
+            .copied()
+            .unwrap_or(0)
+            .saturating_mul(self.dtype.bytes() as u64);
+        row.next_multiple_of(GLOBAL_ALIGN) - row
+    }
+
+    /// Bytes from `address` to one past the last byte a TMA *store* through the map can write:
+    /// [`TensorMapDesc::extent_bytes`] plus [`TensorMapDesc::store_overhang_bytes`] (the last
+    /// row's 16-byte overhang). A kernel that TMA-stores boxes reaching a row's end needs its
+    /// memory to reach this far, with the rows' overhang bytes (their padding) free to be
+    /// overwritten; [`check_store_extent`] checks the first part. Call after
+    /// [`TensorMapDesc::validate`].
+    pub fn store_extent_bytes(&self) -> u64 {
+        self.extent_bytes()
+            .saturating_add(self.store_overhang_bytes())
+    }
 }
 
 /// An encoded tensor map of memory borrowed for `'a` (128 bytes, `CUtensorMap`).
@@ -373,7 +402,11 @@ impl<'a> TensorMap<'a> {
         Self::over(view.device_ptr(), view.len(), desc, T::DTYPE)
     }
 
-    /// As [`TensorMap::new`] over a mutable view (for TMA stores into it).
+    /// As [`TensorMap::new`] over a mutable view (for TMA stores into it). The view must hold
+    /// [`TensorMapDesc::extent_bytes`]; a kernel that TMA-stores through the map writes rows in
+    /// whole 16-byte pieces, up to [`TensorMapDesc::store_overhang_bytes`] past each row's end
+    /// (see there), which its launch contract must allow: check [`check_store_extent`] where
+    /// boxes reach a row's end, or store such edges with plain stores (as tc_gemm does).
     pub fn new_mut<T: TmaElement>(
         view: &DeviceViewMut<'a, T>,
         desc: TensorMapDesc,
@@ -466,6 +499,27 @@ pub fn check_extent(desc: &TensorMapDesc, len: usize) -> Result<()> {
             format!(
                 "dims {:?} with strides {:?} reach {need} bytes from the base, but the view holds {have} bytes ({len} elements); allowed: (rows - 1) * pitch + cols elements within the view",
                 desc.dims, desc.strides
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// [`Error::TensorMap`] ([`TensorMapRule::Extent`]) unless every byte a TMA store through the map
+/// of `desc` can write ([`TensorMapDesc::store_extent_bytes`]: the extent plus the last row's
+/// 16-byte overhang) lies inside a view of `len` elements starting at `desc.address`. `desc` is
+/// valid.
+pub fn check_store_extent(desc: &TensorMapDesc, len: usize) -> Result<()> {
+    let have = (len as u64).saturating_mul(desc.dtype.bytes() as u64);
+    let need = desc.store_extent_bytes();
+    if need > have {
+        return Err(tm_err(
+            TensorMapRule::Extent,
+            format!(
+                "TMA stores through dims {:?} with strides {:?} reach {need} bytes from the base (rows are written in whole 16-byte pieces: {} bytes past each row's end), but the view holds {have} bytes ({len} elements); allowed: the extent rounded up to the last row's next 16-byte boundary",
+                desc.dims,
+                desc.strides,
+                desc.store_overhang_bytes()
             ),
         ));
     }
@@ -787,6 +841,53 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn stores_reach_the_next_16_byte_boundary_of_a_row() {
+        // Issue 22's rank-3 copy: 37 f32 per row (148 bytes), pitch 44, 13 rows + 1 padding row
+        // per plane, 5 planes: a store may write 12 bytes past each row's end.
+        let d = TensorMapDesc {
+            dtype: TmaDtype::F32,
+            address: 0x7f00_0000_0000,
+            dims: vec![37, 13, 5],
+            strides: vec![44 * 4, 616 * 4],
+            box_dims: vec![8, 4, 2],
+            swizzle: TmaSwizzle::None,
+            l2_promotion: L2Promotion::B128,
+        };
+        d.validate().unwrap();
+        assert_eq!(d.store_overhang_bytes(), 12);
+        let len = 36 + 12 * 44 + 4 * 616 + 1;
+        assert_eq!(d.extent_bytes(), len as u64 * 4);
+        assert_eq!(d.store_extent_bytes(), (len as u64 + 3) * 4);
+        check_extent(&d, len).unwrap();
+        let e = check_store_extent(&d, len + 2).unwrap_err();
+        assert!(
+            matches!(&e, Error::TensorMap { rule: TensorMapRule::Extent, detail } if detail.contains("16-byte pieces") && detail.contains("allowed")),
+            "{e}"
+        );
+        check_store_extent(&d, len + 3).unwrap();
+        // Rows of whole 16-byte pieces: no overhang (bf16 x 1000 = 2000 bytes; u8 x 48).
+        assert_eq!(ok_desc().store_overhang_bytes(), 0);
+        assert_eq!(ok_desc().store_extent_bytes(), ok_desc().extent_bytes());
+        for (dtype, cols, over) in [
+            (TmaDtype::U8, 48u64, 0u64),
+            (TmaDtype::U8, 49, 15),
+            (TmaDtype::Bf16, 17, 14),
+            (TmaDtype::F32, 19, 4),
+            (TmaDtype::F32, 21, 12),
+            (TmaDtype::F64, 3, 8),
+        ] {
+            let d = TensorMapDesc {
+                dtype,
+                dims: vec![cols],
+                strides: vec![],
+                box_dims: vec![16],
+                ..ok_desc()
+            };
+            assert_eq!(d.store_overhang_bytes(), over, "{dtype:?} x {cols}");
+        }
     }
 
     #[test]

@@ -122,7 +122,10 @@ where
         fence_init();
     }
     if MULTICAST {
-        // SAFETY: every thread of the cluster, warp converged (only thread 0's branch above).
+        // Both CTAs' barriers exist (init + fence_init) before either multicasts into them.
+        // `sync_cluster` is the per-thread (non-`.aligned`) barrier: LLVM threads the two
+        // `if tid == 0` through it (the `.aligned` form, copied into both arms, hung the H100).
+        // SAFETY: every thread of the cluster calls it once here and once at the end.
         unsafe { cluster::sync_cluster() };
     } else {
         // SAFETY: every thread of the CTA, converged.
@@ -131,30 +134,37 @@ where
     if tid == 0 {
         let b = block_idx_x();
         let mine: [i32; R] = coords(b, p.boxes, p.box_);
+        // The maps' bytes (copied in before the launch) for this thread's TMA operations.
+        src.acquire();
+        dst.acquire();
         Ranks::prefetch(src, mine);
         if b == 0 && p.l2_bytes > 0 {
             // SAFETY: the contract: l2_src..+l2_bytes lies in one allocation, both aligned.
             unsafe { bulk::prefetch_l2(p.l2_src as *const u8, p.l2_bytes) };
         }
-        src.acquire();
-        dst.acquire();
         if MULTICAST {
             let rank = cluster::cta_rank();
             bar.arrive_expect_tx(2 * p.box_bytes);
             // SAFETY: slot `rank` of both CTAs is written only by this load; both barriers were
-            // initialised and published (cluster barrier above) and expect both slots' bytes.
+            // initialised and published (cluster barrier above) and each expects both slots'
+            // bytes (its own box and the peer's; the peer's may land before this arm); the peer
+            // stays resident until its barrier has counted them (its wait, then the final
+            // cluster barrier).
             unsafe { Ranks::load_mc(src, slot(rank), mine, bar, 0b11) };
             bar.wait_parity(0);
             let peer: [i32; R] = coords(b ^ 1, p.boxes, p.box_);
             // SAFETY: the peer's slot holds its box (barrier complete), written by the async
-            // proxy; only this CTA writes the peer's box of dst.
+            // proxy only (no generic-proxy writes to fence); only this CTA writes the peer's box
+            // of dst; the rows' 16-byte overhang past dims[0] lies in dst's padding (contract).
             unsafe { Ranks::store(dst, slot(1 - rank), peer) };
         } else {
             bar.arrive_expect_tx(p.box_bytes);
             // SAFETY: slot 0 is written only by this load, the barrier expects its bytes.
             unsafe { Ranks::load(src, slot(0), mine, bar) };
             bar.wait_parity(0);
-            // SAFETY: the slot holds the box; only this CTA writes box b of dst.
+            // SAFETY: the slot holds the box (async-proxy writes only); only this CTA writes
+            // box b of dst; the rows' 16-byte overhang past dims[0] lies in dst's padding
+            // (contract).
             unsafe { Ranks::store(dst, slot(0), mine) };
         }
         bulk::commit_group();
@@ -165,7 +175,7 @@ where
         // SAFETY: every lane reaches this point; full mask.
         unsafe { sync_warp() };
         // No CTA exits while its peer may still multicast into it.
-        // SAFETY: every thread of the cluster, converged by sync_warp.
+        // SAFETY: every thread of the cluster, the second of its two calls.
         unsafe { cluster::sync_cluster() };
     }
 }
