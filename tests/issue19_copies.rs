@@ -192,7 +192,36 @@ fn issue19_fuzzhang_stream_creation_waits_for_pending_waits() {
         waited >= warpline::Device::STREAM_CREATE_WAIT,
         "refused after {waited:?}"
     );
+    // `Device::synchronize` (cuCtxSynchronize, which blocks inside the driver) is gated the same
+    // way: refused after the bound while this thread's own wait is pending, instead of a hang.
+    let t0 = std::time::Instant::now();
+    let r = dev.synchronize();
+    let waited = t0.elapsed();
+    assert!(
+        matches!(r, Err(warpline::Error::WaitPending { .. })),
+        "Device::synchronize behind a pending wait: expected WaitPending, got {r:?}"
+    );
+    assert!(
+        waited >= warpline::Device::STREAM_CREATE_WAIT,
+        "Device::synchronize refused after {waited:?}"
+    );
     ticket.submit(|_, _| Ok(())).unwrap();
     synchronize_timeout(&held, Duration::from_secs(10), OnTimeout::Abandon).unwrap();
     dev.new_stream().unwrap();
+    // Released by another thread while this one waits: it synchronizes once the wait is gone.
+    let ticket = fence.guard(&held).unwrap();
+    let t0 = std::time::Instant::now();
+    let synced = std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            ticket.submit(|_, _| Ok(())).unwrap();
+        });
+        dev.synchronize()
+    });
+    let waited = t0.elapsed();
+    synced.unwrap();
+    assert!(
+        waited >= Duration::from_millis(250),
+        "Device::synchronize returned after {waited:?}, while the guard's wait was pending"
+    );
 }
