@@ -84,11 +84,6 @@ const KNOWN_UPWARD: &[(&str, &str, &str)] = &[
         "ordering",
         "the reaper gate waits for ordering::any_wait_pending",
     ),
-    (
-        "ordering",
-        "multi",
-        "ordering/multi.rs (MultiTaskGraph) takes a multi::DeviceSet",
-    ),
 ];
 
 /// An import of `to` by a file of top-level module `from`.
