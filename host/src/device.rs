@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{CudaContext, CudaFunction, DriverError};
 
+use crate::contract_check::KERNEL_SPECS;
 use crate::driver::core as drv;
 use crate::error::{CudaCall, Error, Result};
-use crate::kernels::KERNEL_SPECS;
 use crate::module::{Module, ModuleInner};
 use crate::stream::Stream;
 

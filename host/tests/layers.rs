@@ -66,11 +66,6 @@ const KNOWN_UPWARD: &[(&str, &str, &str)] = &[
     ),
     (
         "device",
-        "kernels",
-        "Device::open resolves every kernel of kernels::KERNEL_SPECS",
-    ),
-    (
-        "device",
         "ordering",
         "Device::load_module refuses while an ordering wait is pending (any_wait_pending)",
     ),
