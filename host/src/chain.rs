@@ -273,10 +273,10 @@ impl<'a> Chain<'a> {
         // chain's stream (Graph::launch).
         unsafe { self.launch_all(&private) }?;
         let graph = guard.end()?;
-        let exec = crate::memory::reaper::without_pending_waits(
-            "Chain::capture (cuGraphInstantiate)",
-            || GraphExec::instantiate(&graph),
-        )?;
+        let exec =
+            crate::reaper::without_pending_waits("Chain::capture (cuGraphInstantiate)", || {
+                GraphExec::instantiate(&graph)
+            })?;
         Ok(Graph {
             dev: self.dev,
             stream: self.stream.clone(),

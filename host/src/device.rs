@@ -673,7 +673,7 @@ impl Device {
         // Module loads may wait for the device (issue 19, item 9).
         refuse_in_host_callback("Device::load_module")?;
         check_ptx_text(ptx)?;
-        if crate::ordering::any_wait_pending() {
+        if crate::reaper::any_wait_pending() {
             return Err(Error::WaitPending {
                 what: "Device::load_module",
             });
@@ -703,7 +703,7 @@ impl Device {
 
     /// How long [`Device::new_stream`] waits for pending on-stream waits to clear before it
     /// returns [`Error::WaitPending`].
-    pub const STREAM_CREATE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+    pub const STREAM_CREATE_WAIT: std::time::Duration = crate::reaper::STREAM_CREATE_WAIT;
 
     /// A new non-blocking stream (never synchronises with the legacy default stream).
     ///

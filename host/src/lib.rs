@@ -28,6 +28,7 @@ pub mod multi;
 pub mod npy;
 pub mod ordering;
 pub mod pipeline;
+mod reaper;
 pub mod reference;
 pub mod rng;
 pub mod stream;

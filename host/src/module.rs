@@ -661,7 +661,7 @@ struct Launched {
 /// Keeps a loaded module (`CUmodule`) alive until every launch of its kernels has completed
 /// (issue 19, item 4). Every [`Kernel`] of the module holds it; when the last one (and the
 /// [`Module`]) is gone, its `Drop` records an event on each stream the module's kernels were
-/// launched on and hands the module to the reaper ([`crate::memory::reaper::defer_after`]),
+/// launched on and hands the module to the reaper ([`crate::reaper::defer_after`]),
 /// which unloads it (`cuModuleUnload`) once those events completed, with the reaper's gate
 /// closed (the unload may synchronise with the device). The dropping thread never blocks.
 pub(crate) struct ModuleKeep {
@@ -736,11 +736,9 @@ impl Drop for ModuleKeep {
                 module: Some(module),
                 launched: Mutex::new(l),
             };
-            crate::memory::reaper::defer_after(
-                Vec::<crate::stream::Event>::new(),
-                false,
-                move || drop(keep),
-            );
+            crate::reaper::defer_after(Vec::<crate::stream::Event>::new(), false, move || {
+                drop(keep)
+            });
             return;
         }
         let mut after = l.events;
@@ -748,7 +746,7 @@ impl Drop for ModuleKeep {
         // included.
         after.extend(l.streams.iter().filter_map(marker_after));
         drop(l.streams);
-        crate::memory::reaper::defer_after(after, true, move || drop(module));
+        crate::reaper::defer_after(after, true, move || drop(module));
     }
 }
 
@@ -763,7 +761,7 @@ impl ModuleInner {
     ) -> Result<Self> {
         check_ptx_text(ptx)?;
         // No on-stream wait may be enqueued while the load runs (it may need the device idle).
-        let _gate = crate::memory::reaper::close_for_load().ok_or(Error::WaitPending {
+        let _gate = crate::reaper::close_for_load().ok_or(Error::WaitPending {
             what: "module load",
         })?;
         bind_context(ctx, "cuModuleLoadData")?;

@@ -24,7 +24,7 @@ impl Drop for Stream {
         // handle of its own instead, so this one is never the last.
         if crate::device::in_host_callback() {
             let s = self.inner.clone();
-            crate::memory::reaper::defer_after(Vec::<Event>::new(), false, move || drop(s));
+            crate::reaper::defer_after(Vec::<Event>::new(), false, move || drop(s));
         }
     }
 }
@@ -154,6 +154,13 @@ pub fn live_events() -> usize {
     LIVE_EVENTS.load(Ordering::Relaxed)
 }
 
+/// The reaper polls events (never synchronises on them) before the jobs that wait for them.
+impl crate::reaper::Polled for Event {
+    fn finished(&self) -> bool {
+        !matches!(self.is_complete(), Ok(false))
+    }
+}
+
 /// A CUDA event recorded on a stream (timing enabled). Destroyed on drop.
 #[derive(Debug)]
 pub struct Event {
@@ -228,7 +235,7 @@ impl Drop for StreamStock {
         let mut streams = std::mem::take(self.rescue.get_mut().unwrap_or_else(|e| e.into_inner()));
         streams.append(self.spare.get_mut().unwrap_or_else(|e| e.into_inner()));
         if !streams.is_empty() {
-            crate::memory::reaper::defer_after(Vec::<Event>::new(), false, move || drop(streams));
+            crate::reaper::defer_after(Vec::<Event>::new(), false, move || drop(streams));
         }
     }
 }
@@ -336,7 +343,7 @@ pub(crate) fn gated_new_stream(
     what: &'static str,
 ) -> Result<Stream> {
     bind_context(ctx, "cuStreamCreate")?;
-    let _gate = crate::memory::reaper::close_for_create(what, crate::Device::STREAM_CREATE_WAIT)?;
+    let _gate = crate::reaper::close_for_create(what, crate::reaper::STREAM_CREATE_WAIT)?;
     let s = match priority {
         None => ctx.new_stream().call("cuStreamCreate")?,
         Some(p) => ctx

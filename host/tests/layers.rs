@@ -25,6 +25,9 @@ const LAYERS: &[&str] = &[
     "error",
     // Raw driver calls, one `cu*` each; imports only `error`.
     "driver",
+    // The reaper thread and its gate between blocking driver calls and on-stream waits (with the
+    // list of pending waits the gate asks); imports only `error` and `driver`.
+    "reaper",
     // Pure helpers (no CUDA).
     "contract_check",
     "reference",
@@ -63,21 +66,6 @@ const KNOWN_UPWARD: &[(&str, &str, &str)] = &[
         "device",
         "module",
         "a Device owns its embedded Module; PTX entry parsing lives in module.rs",
-    ),
-    (
-        "device",
-        "ordering",
-        "Device::load_module refuses while an ordering wait is pending (any_wait_pending)",
-    ),
-    (
-        "stream",
-        "memory",
-        "Stream's Drop inside a host callback hands the stream to memory::reaper",
-    ),
-    (
-        "memory",
-        "ordering",
-        "the reaper gate waits for ordering::any_wait_pending",
     ),
 ];
 

@@ -32,6 +32,6 @@ pub use types::Cmp;
 pub use watch::{synchronize_timeout, OnTimeout, Watched};
 
 #[allow(unused_imports)] // API for the fence (finding 7): waits the watchdog must not release.
-pub(crate) use registry::{any_wait_pending, register_stream_wait};
+pub(crate) use registry::register_stream_wait;
 #[allow(unused_imports)]
 pub(crate) use types::{Releasable, Release};

@@ -78,7 +78,7 @@ unsafe extern "C" fn run_owned(data: *mut c_void) {
         // SAFETY: `data` came from Box::into_raw in `launch_host` and is consumed exactly once.
         let call = unsafe { Box::from_raw(data as *mut HostCall) };
         call_host(&call);
-        crate::memory::reaper::defer(move || drop(call));
+        crate::reaper::defer(move || drop(call));
     }));
     if let Err(p) = r {
         std::mem::forget(p);
@@ -362,7 +362,7 @@ impl<'g> TaskGraph<'g> {
                     } else {
                         // Registered for the reaper's gate, so no blocking free runs behind it
                         // (issue 19, item 8); the run's watchdog reports it.
-                        let _entry = crate::memory::reaper::enter_wait();
+                        let _entry = crate::reaper::enter_wait();
                         s.enqueue_wait(stream, *cmp, *value)?;
                         let done = std::sync::Arc::new(stream.record_marker()?);
                         crate::ordering::registry::register_gate_wait(done);
