@@ -12,6 +12,7 @@
 
 pub mod bandwidth;
 pub mod chain;
+mod context;
 mod contract_check;
 pub mod decode;
 pub mod device;

@@ -111,7 +111,7 @@ fn private_streams(dev: &Device, streams: &[Stream]) -> Result<(Vec<SpareStream>
             Some(i) => out.push(spares[i].stream().clone()),
             None => {
                 users.push(s);
-                let p = SpareStream::take(dev)?;
+                let p = SpareStream::take_in(dev.context())?;
                 out.push(p.stream().clone());
                 spares.push(p);
             }
