@@ -3,135 +3,21 @@
 //! [`Error::ContextPoisoned`] (first error, the launches that preceded it) is `context.rs`'s,
 //! re-exported here for the layers above.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
-use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::driver::CudaContext;
 
 use crate::contract_check::KERNEL_SPECS;
 use crate::driver::core as drv;
 use crate::error::{CudaCall, Error, Result};
-use crate::module::{Module, ModuleInner};
+use crate::loaded::{Module, ModuleInner};
 use crate::stream::{Stream, StreamStock};
 
-/// What the device offers, read at open.
-#[derive(Clone, Debug)]
-pub struct Capabilities {
-    /// Device name as the driver reports it.
-    pub name: String,
-    /// Compute capability (major, minor).
-    pub compute_capability: (i32, i32),
-    /// Streaming multiprocessors.
-    pub sm_count: u32,
-    /// Largest dynamic shared memory a CTA may opt in to, bytes.
-    pub max_shared_mem_per_block_optin: usize,
-    /// Thread-block cluster launches (`CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH`).
-    pub cluster_launch: bool,
-    /// Stream-ordered memory pools (`cuMemAllocAsync`).
-    pub memory_pools: bool,
-    /// Copy engines that can run concurrently with kernels.
-    pub async_engines: u32,
-    /// 64-bit stream memory operations (`cuStreamWaitValue64`...).
-    pub stream_mem_ops_64: bool,
-    /// Device memory, bytes.
-    pub total_mem: usize,
-    /// Largest grid per dimension, CTAs (`CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X/Y/Z`).
-    pub max_grid_dim: [u32; 3],
-    /// Largest CTA per dimension, threads (`CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X/Y/Z`).
-    pub max_block_dim: [u32; 3],
-    /// Largest CTA, threads (`CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`).
-    pub max_threads_per_block: u32,
-}
-
-/// A resolved (and loaded) kernel of a module.
-#[derive(Clone, Debug)]
-pub struct Kernel {
-    pub(crate) name: String,
-    /// Declared before `keep`: dropped first, so that the module's last reference is the
-    /// keep-alive's, whose drop unloads the module only after the launches completed.
-    pub(crate) func: CudaFunction,
-    /// Keeps the module loaded until every launch of its kernels has completed (issue 19,
-    /// item 4).
-    pub(crate) keep: Arc<crate::module::ModuleKeep>,
-    pub(crate) ctx: Arc<CudaContext>,
-    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` as last set (shared by clones).
-    pub(crate) max_dyn_smem: Arc<AtomicUsize>,
-    /// Serialises automatic raises of the attribute (shared by clones), so they only grow.
-    pub(crate) raise: Arc<Mutex<()>>,
-    /// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`: static shared memory of the kernel.
-    pub(crate) static_smem: usize,
-    /// The device's opt-in limit per CTA.
-    pub(crate) optin: usize,
-}
-
-impl Kernel {
-    /// Entry name in the PTX module.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The driver handle (`CUfunction`), for launching through the driver API yourself. The
-    /// handle stays valid while this `Kernel` (or a clone, or its [`Device`]/[`Module`]) lives.
-    /// Launches made through warpline keep the module loaded until they have completed; launches
-    /// you make yourself through this handle are not tracked: keep a clone of the `Kernel`
-    /// until they have completed.
-    pub fn cu_function(&self) -> sys::CUfunction {
-        self.func.cu_function()
-    }
-
-    /// Dynamic shared memory a launch of this kernel may use, bytes
-    /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`; 48 KiB unless raised).
-    pub fn max_dynamic_shared_memory(&self) -> usize {
-        self.max_dyn_smem.load(Ordering::Relaxed)
-    }
-
-    /// Static shared memory of the kernel, bytes (`CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`).
-    pub fn static_shared_memory(&self) -> usize {
-        self.static_smem
-    }
-
-    /// Allows launches of this kernel with up to `bytes` of dynamic shared memory per CTA
-    /// (`cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)`): needed above
-    /// 48 KiB.
-    ///
-    /// Errors: [`Error::TooLarge`] unless `bytes` plus the kernel's static shared memory is at
-    /// most the device's opt-in limit (`Capabilities::max_shared_mem_per_block_optin`);
-    /// [`Error::Cuda`], [`Error::ContextPoisoned`].
-    pub fn set_max_dynamic_shared_memory(&self, bytes: usize) -> Result<()> {
-        let max = self.optin.saturating_sub(self.static_smem);
-        if bytes > max {
-            return Err(Error::TooLarge {
-                what: "dynamic shared memory per CTA (bytes; the opt-in limit minus the kernel's static shared memory)",
-                value: bytes as u64,
-                max: max as u64,
-            });
-        }
-        bind_context(&self.ctx, "cuFuncSetAttribute")?;
-        drv::func_set_attribute(
-            self.cu_function(),
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes as i32,
-        )?;
-        self.max_dyn_smem.store(bytes, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Raises the dynamic shared memory limit to at least `bytes` (never lowers it; concurrent
-    /// raises are serialised). Errors as [`Kernel::set_max_dynamic_shared_memory`].
-    pub(crate) fn raise_max_dynamic_shared_memory(&self, bytes: usize) -> Result<()> {
-        let _one = self.raise.lock().unwrap_or_else(|e| e.into_inner());
-        if bytes <= self.max_dynamic_shared_memory() {
-            return Ok(());
-        }
-        self.set_max_dynamic_shared_memory(bytes)
-    }
-
-    /// The driver handle of the kernel's context (`CUcontext`).
-    pub fn context_raw(&self) -> sys::CUcontext {
-        self.ctx.cu_ctx()
-    }
-}
+// `Capabilities` and `Kernel` live with the loaded module (`loaded.rs`, below this layer: a
+// `Kernel` keeps its module loaded); their public path is this module's.
+pub use crate::loaded::{Capabilities, Kernel};
+pub use crate::ptx::check_ptx_text;
 
 // The per-context record and the context binding live in `context.rs` (below `stream`, which
 // uses them); re-exported here, where the layers above `device` find them.
@@ -198,18 +84,10 @@ pub fn driver_present() -> bool {
 
 /// The `.entry` names of a PTX module, in order (see [`crate::module::ptx_signatures`]).
 pub fn ptx_entries(ptx: &str) -> Vec<String> {
-    crate::module::ptx_signatures(ptx)
+    crate::ptx::ptx_signatures(ptx)
         .into_iter()
         .map(|e| e.name)
         .collect()
-}
-
-/// [`Error::PtxNul`] if `ptx` holds a NUL byte (the driver takes it as a C string).
-pub fn check_ptx_text(ptx: &str) -> Result<()> {
-    match ptx.bytes().position(|b| b == 0) {
-        Some(offset) => Err(Error::PtxNul { offset }),
-        None => Ok(()),
-    }
 }
 
 impl Device {
