@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use super::enqueue::{distinct_others, record, HostCall, Mode, PanicLog};
-use super::run::{GraphRun, RunState};
+use super::enqueue::{distinct_others, record, HostCall, Mode};
+use super::run::{GraphRun, PanicLog, RunState};
 use super::{LaunchFn, Op, TaskGraph};
 use crate::device::Device;
 use crate::driver::graph::{self as dg, CaptureGuard, CudaGraph, GraphExec};

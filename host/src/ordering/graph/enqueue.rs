@@ -4,11 +4,11 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaEvent};
 
-use super::run::{GraphRun, RunState, RunTask};
+use super::run::{GraphRun, PanicLog, RunState, RunTask};
 use super::{HostTask, Op, TaskContext, TaskGraph};
 use crate::device::Device;
 use crate::driver::{graph as dg, memops};
@@ -17,9 +17,6 @@ use crate::ordering::check::{EdgeKind, Plan};
 use crate::ordering::signal::Signal;
 use crate::stream::Stream;
 use crate::trace::{self, Stage};
-
-/// Panics caught in host callbacks: (task label, message).
-pub(crate) type PanicLog = Arc<Mutex<Vec<(String, String)>>>;
 
 /// What one `cuLaunchHostFunc` hands to the driver.
 pub(crate) struct HostCall {
