@@ -5,6 +5,7 @@ pub mod batched_gemm;
 /// The memory-bound decode GEMM (sm_90; M <= 64 tokens, BF16/FP16 weights; issue 20).
 pub mod decode_gemm;
 mod gemm;
+mod operands;
 pub mod pdl;
 /// Signal kernels and ordering probes (raw device addresses; `unsafe`).
 pub mod signal;
