@@ -198,8 +198,9 @@ fn files_within_a_module_folder_import_each_other_without_a_cycle() {
 }
 
 /// The folder scanner on a hand-written tree: `super::` and `crate::` paths, groups, an item
-/// re-exported by `mod.rs`, an item of `mod.rs`, a bare child path in `mod.rs`, the facade (`mod`
-/// and `pub use`) ignored, a nested folder's file, and `#[cfg(test)]` items ignored.
+/// re-exported by `mod.rs`, an item of `mod.rs`, a glob of `mod.rs`, a bare child path in `mod.rs`,
+/// the facade (`mod` and `pub use`) ignored, a nested folder's file, and `#[cfg(test)]` items
+/// ignored.
 #[test]
 fn the_folder_scanner_sees_file_imports() {
     let m = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -233,9 +234,13 @@ fn the_folder_scanner_sees_file_imports() {
             false,
             "use super::super::a::A;".to_string(),
         ),
+        (m(&["o", "d"]), false, "use super::*;".to_string()),
     ];
     let children: BTreeMap<Vec<String>, BTreeSet<String>> = [
-        (m(&["o"]), ["a", "b", "c", "g"].map(String::from).into()),
+        (
+            m(&["o"]),
+            ["a", "b", "c", "d", "g"].map(String::from).into(),
+        ),
         (m(&["o", "g"]), ["h"].map(String::from).into()),
     ]
     .into();
@@ -247,6 +252,7 @@ fn the_folder_scanner_sees_file_imports() {
     assert_eq!(o["b"], set(&["a"]), "b.rs");
     assert_eq!(o["c"], set(&["b", "g"]), "c.rs");
     assert_eq!(o["g"], set(&["a"]), "g/h.rs");
+    assert_eq!(o["d"], set(&["mod"]), "d.rs: a glob of the module file");
     assert_eq!(
         find_cycle(o),
         Some(vec!["a".into(), "b".into(), "a".into()])
@@ -690,12 +696,18 @@ fn folder_graphs(
                 if modpath.len() < n || modpath[..n] != folder[..] {
                     continue;
                 }
-                if target.len() <= n || target[..n] != folder[..] {
+                if target.len() < n || target[..n] != folder[..] {
                     continue;
                 }
                 let kids = &children[folder];
                 let from = modpath.get(n).cloned().unwrap_or_else(|| "mod".to_string());
-                let x = &target[n];
+                // `use super::*` (the folder itself): everything of the module file.
+                let Some(x) = target.get(n) else {
+                    if from != "mod" {
+                        graph.entry(from).or_default().insert("mod".to_string());
+                    }
+                    continue;
+                };
                 let to = if kids.contains(x) {
                     x.clone()
                 } else {
