@@ -170,8 +170,8 @@ fn the_scanner_sees_imports_and_only_imports() {
 /// own module file (`mod.rs` or the `x.rs` beside the folder), named `mod`. A child imports
 /// another when its code names it (`super::x::..`, `crate::ordering::x::..`, in the module file
 /// `x::..` or `self::x::..`) or names an item that the module file re-exports from it; an item of
-/// the module file itself is an import of `mod`. The module file's `mod x;` declarations and
-/// `pub use` re-exports are its facade, not imports.
+/// the module file itself (also through `use super::*`) is an import of `mod`. The module file's
+/// `mod x;` declarations and `pub use` re-exports of its children are its facade, not imports.
 #[test]
 fn files_within_a_module_folder_import_each_other_without_a_cycle() {
     let Some(src) = host_src("files_within_a_module_folder_import_each_other_without_a_cycle")
@@ -228,7 +228,11 @@ fn the_folder_scanner_sees_file_imports() {
             false,
             "use crate::o::{Bz, g::h::H};".to_string(),
         ),
-        (m(&["o", "g"]), true, "mod h;".to_string()),
+        (
+            m(&["o", "g"]),
+            true,
+            "mod h; pub use h::H; pub use super::b::B;".to_string(),
+        ),
         (
             m(&["o", "g", "h"]),
             false,
@@ -251,7 +255,11 @@ fn the_folder_scanner_sees_file_imports() {
     assert_eq!(o["a"], set(&["b", "mod"]), "a.rs");
     assert_eq!(o["b"], set(&["a"]), "b.rs");
     assert_eq!(o["c"], set(&["b", "g"]), "c.rs");
-    assert_eq!(o["g"], set(&["a"]), "g/h.rs");
+    assert_eq!(
+        o["g"],
+        set(&["a", "b"]),
+        "g.rs re-exports b's B; g/h.rs imports a"
+    );
     assert_eq!(o["d"], set(&["mod"]), "d.rs: a glob of the module file");
     assert_eq!(
         find_cycle(o),
@@ -688,7 +696,7 @@ fn folder_graphs(
         let mut code = without_test_items(&strip(text));
         let kids = children.get(modpath).filter(|_| *is_module_file);
         if kids.is_some() {
-            code = without_facade(&code);
+            code = without_facade(&code, kids.unwrap());
         }
         for target in absolute_paths(&code, modpath, kids) {
             for (folder, graph) in graphs.iter_mut() {
@@ -777,8 +785,9 @@ fn reexport_path(stmt: &str) -> Option<&str> {
     Some(path.strip_prefix("self::").unwrap_or(path))
 }
 
-/// A module file's code without its facade: `mod x;` declarations and `pub use` re-exports.
-fn without_facade(code: &str) -> String {
+/// A module file's code without its facade: `mod x;` declarations and `pub use` re-exports of
+/// its children (`kids`); a re-export from elsewhere (`pub use super::y::Z`) is an import.
+fn without_facade(code: &str, kids: &BTreeSet<String>) -> String {
     let mut out = String::with_capacity(code.len());
     for stmt in code.split_inclusive(';') {
         let body = stmt.trim_end_matches(';');
@@ -788,7 +797,9 @@ fn without_facade(code: &str) -> String {
         let is_mod_decl = own_no_attr.starts_with("mod ")
             || own_no_attr.starts_with("pub mod ")
             || own_no_attr.starts_with("pub(crate) mod ");
-        if is_mod_decl || reexport_path(own_no_attr).is_some() {
+        let reexports_a_child =
+            reexport_path(own_no_attr).is_some_and(|p| kids.contains(&ident_at(p.trim_start())));
+        if is_mod_decl || reexports_a_child {
             out.push_str(&body[..start]);
             out.push(' ');
         } else {
