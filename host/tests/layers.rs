@@ -695,8 +695,8 @@ fn folder_graphs(
     for (modpath, is_module_file, text) in files {
         let mut code = without_test_items(&strip(text));
         let kids = children.get(modpath).filter(|_| *is_module_file);
-        if kids.is_some() {
-            code = without_facade(&code, kids.unwrap());
+        if let Some(kids) = kids {
+            code = without_facade(&code, kids);
         }
         for target in absolute_paths(&code, modpath, kids) {
             for (folder, graph) in graphs.iter_mut() {
