@@ -265,7 +265,7 @@ impl<'a> Chain<'a> {
     pub fn capture(&self) -> Result<Graph<'_>> {
         self.dev.bind()?;
         // A spare stream of the context's stock (no cuStreamCreate behind a pending wait).
-        let spare = crate::stream::SpareStream::take(self.dev)?;
+        let spare = crate::stream::SpareStream::take_in(self.dev.context())?;
         let private = spare.stream().clone();
         let guard = CaptureGuard::begin(private.cudarc(), Vec::new())?;
         // An error (or a panic) here drops `guard`, which ends the capture.
@@ -273,10 +273,10 @@ impl<'a> Chain<'a> {
         // chain's stream (Graph::launch).
         unsafe { self.launch_all(&private) }?;
         let graph = guard.end()?;
-        let exec = crate::memory::reaper::without_pending_waits(
-            "Chain::capture (cuGraphInstantiate)",
-            || GraphExec::instantiate(&graph),
-        )?;
+        let exec =
+            crate::reaper::without_pending_waits("Chain::capture (cuGraphInstantiate)", || {
+                GraphExec::instantiate(&graph)
+            })?;
         Ok(Graph {
             dev: self.dev,
             stream: self.stream.clone(),

@@ -4,8 +4,68 @@
 //! `warpline_gpu::CONTRACT_HASH` and the PTX module as the global `warpline_contract_hash`, which
 //! rustc emits as `.visible .global .align 8 .b8 warpline_contract_hash[8] = {b0, ..., b7};`
 //! (little-endian bytes). A scalar form (`.u64`/`.b64 ... = value;`) is read too.
+//!
+//! Also the table of the kernels the host launches ([`KERNEL_SPECS`], re-exported as
+//! `warpline::kernels::KERNEL_SPECS`): pure data of the contract, kept here (below `device`,
+//! whose `open` reads it) so that `device` imports nothing of `kernels`.
 
 use crate::error::Error;
+
+/// A kernel of the module that the host launches, with the dynamic shared memory it needs.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSpec {
+    /// Entry name.
+    pub name: &'static str,
+    /// Dynamic shared memory per CTA, bytes.
+    pub dyn_smem_bytes: usize,
+}
+
+/// Every kernel the host launches; `Device::open` checks each is present and fits, and sets its
+/// max dynamic shared memory attribute to `dyn_smem_bytes` (the largest launch of the kernel uses:
+/// `cluster_tile_gemm` uses less for clusters of 2 or more).
+pub const KERNEL_SPECS: &[KernelSpec] = &[
+    KernelSpec {
+        name: warpline_gpu::contract::vector_add::KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::vector_add::SMEM_BYTES,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::gemm::CLUSTER_KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::gemm::SMEM_BYTES,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::gemm::PLAIN_KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::gemm::SMEM_BYTES,
+    },
+    // PDL kernels (issue 4).
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::PRODUCER_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::EARLY_TRIGGER_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::CONSUMER_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::CONSUMER_NO_WAIT_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::CHAIN_STEP_KERNEL,
+        dyn_smem_bytes: 0,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::PRIMARY_GEMM_KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::pdl::GEMM_SMEM_BYTES,
+    },
+    KernelSpec {
+        name: warpline_gpu::contract::pdl::SECONDARY_GEMM_KERNEL,
+        dyn_smem_bytes: warpline_gpu::contract::pdl::GEMM_SMEM_BYTES,
+    },
+];
 
 /// The PTX global that holds the contract hash of the module.
 pub(crate) const CONTRACT_HASH_SYMBOL: &str = "warpline_contract_hash";

@@ -1,332 +1,49 @@
 //! `Device`: one GPU, its context, the loaded PTX module with every kernel resolved at open, and
-//! what the hardware offers; and the per-context record that turns sticky errors into
-//! [`Error::ContextPoisoned`] (first error, the launches that preceded it).
+//! what the hardware offers. The per-context record that turns sticky errors into
+//! [`Error::ContextPoisoned`] (first error, the launches that preceded it) is `context.rs`'s,
+//! re-exported here for the layers above.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
-use cudarc::driver::{CudaContext, CudaFunction, DriverError};
+use cudarc::driver::CudaContext;
 
+use crate::contract_check::KERNEL_SPECS;
 use crate::driver::core as drv;
 use crate::error::{CudaCall, Error, Result};
-use crate::kernels::KERNEL_SPECS;
-use crate::module::{Module, ModuleInner};
-use crate::stream::Stream;
+use crate::loaded::{Module, ModuleInner};
+use crate::stream::{Stream, StreamStock};
 
-/// What the device offers, read at open.
-#[derive(Clone, Debug)]
-pub struct Capabilities {
-    /// Device name as the driver reports it.
-    pub name: String,
-    /// Compute capability (major, minor).
-    pub compute_capability: (i32, i32),
-    /// Streaming multiprocessors.
-    pub sm_count: u32,
-    /// Largest dynamic shared memory a CTA may opt in to, bytes.
-    pub max_shared_mem_per_block_optin: usize,
-    /// Thread-block cluster launches (`CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH`).
-    pub cluster_launch: bool,
-    /// Stream-ordered memory pools (`cuMemAllocAsync`).
-    pub memory_pools: bool,
-    /// Copy engines that can run concurrently with kernels.
-    pub async_engines: u32,
-    /// 64-bit stream memory operations (`cuStreamWaitValue64`...).
-    pub stream_mem_ops_64: bool,
-    /// Device memory, bytes.
-    pub total_mem: usize,
-    /// Largest grid per dimension, CTAs (`CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X/Y/Z`).
-    pub max_grid_dim: [u32; 3],
-    /// Largest CTA per dimension, threads (`CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X/Y/Z`).
-    pub max_block_dim: [u32; 3],
-    /// Largest CTA, threads (`CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK`).
-    pub max_threads_per_block: u32,
-}
+// `Capabilities` and `Kernel` live with the loaded module (`loaded.rs`, below this layer: a
+// `Kernel` keeps its module loaded); their public path is this module's.
+pub use crate::loaded::{Capabilities, Kernel};
+pub use crate::ptx::check_ptx_text;
 
-/// A resolved (and loaded) kernel of a module.
-#[derive(Clone, Debug)]
-pub struct Kernel {
-    pub(crate) name: String,
-    /// Declared before `keep`: dropped first, so that the module's last reference is the
-    /// keep-alive's, whose drop unloads the module only after the launches completed.
-    pub(crate) func: CudaFunction,
-    /// Keeps the module loaded until every launch of its kernels has completed (issue 19,
-    /// item 4).
-    pub(crate) keep: Arc<crate::module::ModuleKeep>,
-    pub(crate) ctx: Arc<CudaContext>,
-    /// `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES` as last set (shared by clones).
-    pub(crate) max_dyn_smem: Arc<AtomicUsize>,
-    /// Serialises automatic raises of the attribute (shared by clones), so they only grow.
-    pub(crate) raise: Arc<Mutex<()>>,
-    /// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`: static shared memory of the kernel.
-    pub(crate) static_smem: usize,
-    /// The device's opt-in limit per CTA.
-    pub(crate) optin: usize,
-}
+// The per-context record and the context binding live in `context.rs` (below `stream`, which
+// uses them); re-exported here, where the layers above `device` find them.
+pub(crate) use crate::context::{
+    bind_context, bind_context_unchecked, defer_error, in_host_callback, refuse_in_host_callback,
+    state_for, ContextState, HostCallbackScope, LaunchRecord,
+};
 
-impl Kernel {
-    /// Entry name in the PTX module.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
+/// The modules loaded into one context through warpline (for [`Device::all_kernels_loaded`]),
+/// kept in the context's record ([`ContextState::ext`]); entries of dropped modules are pruned.
+#[derive(Default)]
+struct LoadedModules(Mutex<Vec<Weak<ModuleInner>>>);
 
-    /// The driver handle (`CUfunction`), for launching through the driver API yourself. The
-    /// handle stays valid while this `Kernel` (or a clone, or its [`Device`]/[`Module`]) lives.
-    /// Launches made through warpline keep the module loaded until they have completed; launches
-    /// you make yourself through this handle are not tracked: keep a clone of the `Kernel`
-    /// until they have completed.
-    pub fn cu_function(&self) -> sys::CUfunction {
-        self.func.cu_function()
-    }
-
-    /// Dynamic shared memory a launch of this kernel may use, bytes
-    /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`; 48 KiB unless raised).
-    pub fn max_dynamic_shared_memory(&self) -> usize {
-        self.max_dyn_smem.load(Ordering::Relaxed)
-    }
-
-    /// Static shared memory of the kernel, bytes (`CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`).
-    pub fn static_shared_memory(&self) -> usize {
-        self.static_smem
-    }
-
-    /// Allows launches of this kernel with up to `bytes` of dynamic shared memory per CTA
-    /// (`cuFuncSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)`): needed above
-    /// 48 KiB.
-    ///
-    /// Errors: [`Error::TooLarge`] unless `bytes` plus the kernel's static shared memory is at
-    /// most the device's opt-in limit (`Capabilities::max_shared_mem_per_block_optin`);
-    /// [`Error::Cuda`], [`Error::ContextPoisoned`].
-    pub fn set_max_dynamic_shared_memory(&self, bytes: usize) -> Result<()> {
-        let max = self.optin.saturating_sub(self.static_smem);
-        if bytes > max {
-            return Err(Error::TooLarge {
-                what: "dynamic shared memory per CTA (bytes; the opt-in limit minus the kernel's static shared memory)",
-                value: bytes as u64,
-                max: max as u64,
-            });
-        }
-        bind_context(&self.ctx, "cuFuncSetAttribute")?;
-        drv::func_set_attribute(
-            self.cu_function(),
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes as i32,
-        )?;
-        self.max_dyn_smem.store(bytes, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Raises the dynamic shared memory limit to at least `bytes` (never lowers it; concurrent
-    /// raises are serialised). Errors as [`Kernel::set_max_dynamic_shared_memory`].
-    pub(crate) fn raise_max_dynamic_shared_memory(&self, bytes: usize) -> Result<()> {
-        let _one = self.raise.lock().unwrap_or_else(|e| e.into_inner());
-        if bytes <= self.max_dynamic_shared_memory() {
-            return Ok(());
-        }
-        self.set_max_dynamic_shared_memory(bytes)
-    }
-
-    /// The driver handle of the kernel's context (`CUcontext`).
-    pub fn context_raw(&self) -> sys::CUcontext {
-        self.ctx.cu_ctx()
-    }
-}
-
-/// One launch as remembered for error reports.
-#[derive(Clone, Debug)]
-pub(crate) struct LaunchRecord {
-    pub(crate) kernel: String,
-    pub(crate) config: String,
-}
-
-/// How many launches each context remembers for [`Error::ContextPoisoned`].
-pub(crate) const LAUNCH_HISTORY: usize = 8;
-
-/// What warpline knows about one CUDA context: whether a sticky error poisoned it, the last
-/// launches queued on it, and errors cudarc deferred from `Drop`s.
-#[derive(Debug)]
-pub(crate) struct ContextState {
-    ctx: usize,
-    poison: Mutex<Option<(String, Vec<String>)>>,
-    launches: Mutex<VecDeque<LaunchRecord>>,
-    deferred: Mutex<Vec<String>>,
-    /// Every module loaded into the context through warpline (for
-    /// [`Device::all_kernels_loaded`]); entries of dropped modules are pruned.
-    modules: Mutex<Vec<Weak<ModuleInner>>>,
-    /// Per-context state of higher layers, one value per type (the staging buffers of
-    /// `memory::staging`): kept here, type-erased, so that this module imports none of them.
-    ext: Mutex<Vec<Arc<dyn std::any::Any + Send + Sync>>>,
-    /// Streams made when the context's first device opened (`stream::StreamStock`).
-    pub(crate) streams: crate::stream::StreamStock,
-}
-
-impl ContextState {
-    /// The context's value of type `T` (made with `T::default()` on first use).
-    pub(crate) fn ext<T: std::any::Any + Send + Sync + Default>(&self) -> Arc<T> {
-        let mut ext = self.ext.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(found) = ext.iter().find_map(|v| v.clone().downcast::<T>().ok()) {
-            return found;
-        }
-        let made = Arc::new(T::default());
-        ext.push(made.clone());
-        made
-    }
-
-    fn new(ctx: sys::CUcontext) -> Self {
-        Self {
-            ctx: ctx as usize,
-            poison: Mutex::new(None),
-            launches: Mutex::new(VecDeque::with_capacity(LAUNCH_HISTORY)),
-            deferred: Mutex::new(Vec::new()),
-            modules: Mutex::new(Vec::new()),
-            ext: Mutex::new(Vec::new()),
-            streams: Default::default(),
-        }
-    }
-
+impl LoadedModules {
     /// Remembers a module loaded into this context.
-    fn register_module(&self, m: &Arc<ModuleInner>) {
-        let mut all = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+    fn register(&self, m: &Arc<ModuleInner>) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
         all.retain(|w| w.strong_count() > 0);
         all.push(Arc::downgrade(m));
     }
 
     /// The live modules of this context.
-    fn live_modules(&self) -> Vec<Arc<ModuleInner>> {
-        let all = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+    fn live(&self) -> Vec<Arc<ModuleInner>> {
+        let all = self.0.lock().unwrap_or_else(|e| e.into_inner());
         all.iter().filter_map(Weak::upgrade).collect()
     }
-
-    /// Remembers a launch (the newest [`LAUNCH_HISTORY`] are kept).
-    pub(crate) fn record_launch(&self, rec: LaunchRecord) {
-        let mut l = self.launches.lock().unwrap_or_else(|e| e.into_inner());
-        if l.len() == LAUNCH_HISTORY {
-            l.pop_front();
-        }
-        l.push_back(rec);
-    }
-
-    /// Marks the context poisoned (the first error wins) and returns the error for `call`.
-    pub(crate) fn poison(&self, call: &'static str, source: DriverError) -> Error {
-        let mut p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
-        if p.is_none() {
-            let launches = self
-                .launches
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .map(|r| format!("`{}` {}", r.kernel, r.config))
-                .collect();
-            *p = Some((format!("{:?} reported by {call}", source.0), launches));
-        }
-        let (first, recent_launches) = p.clone().unwrap_or_default();
-        Error::ContextPoisoned {
-            call,
-            first,
-            recent_launches,
-        }
-    }
-
-    /// [`Error::ContextPoisoned`] for `call` once a sticky error was seen.
-    pub(crate) fn check(&self, call: &'static str) -> Result<()> {
-        let p = self.poison.lock().unwrap_or_else(|e| e.into_inner());
-        match &*p {
-            None => Ok(()),
-            Some((first, recent_launches)) => Err(Error::ContextPoisoned {
-                call,
-                first: first.clone(),
-                recent_launches: recent_launches.clone(),
-            }),
-        }
-    }
-
-    /// Keeps an error that could not be returned (from a `Drop`).
-    pub(crate) fn defer(&self, what: String) {
-        let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
-        if d.len() < 64 {
-            d.push(what);
-        }
-    }
-}
-
-static STATES: Mutex<Vec<Weak<ContextState>>> = Mutex::new(Vec::new());
-
-/// The record of context `ctx`, created on first use.
-pub(crate) fn state_for(ctx: sys::CUcontext) -> Arc<ContextState> {
-    // `error::classify` (below this layer) poisons records through this from now on.
-    crate::error::set_poison_current(poison_current);
-    let mut all = STATES.lock().unwrap_or_else(|e| e.into_inner());
-    all.retain(|w| w.strong_count() > 0);
-    if let Some(s) = all
-        .iter()
-        .filter_map(Weak::upgrade)
-        .find(|s| s.ctx == ctx as usize)
-    {
-        return s;
-    }
-    let s = Arc::new(ContextState::new(ctx));
-    all.push(Arc::downgrade(&s));
-    s
-}
-
-/// The record of `ctx` if one is alive (no allocation).
-fn existing_state(ctx: sys::CUcontext) -> Option<Arc<ContextState>> {
-    let all = STATES.lock().unwrap_or_else(|e| e.into_inner());
-    all.iter()
-        .filter_map(Weak::upgrade)
-        .find(|s| s.ctx == ctx as usize)
-}
-
-/// Sticky `source` seen by `call`: poisons the current context's record and returns
-/// [`Error::ContextPoisoned`].
-pub(crate) fn poison_current(call: &'static str, source: DriverError) -> Error {
-    match drv::ctx_get_current_unclassified().and_then(existing_state) {
-        Some(s) => s.poison(call, source),
-        None => crate::error::poisoned_without_record(call, source),
-    }
-}
-
-/// Drains cudarc's deferred-error slot of `ctx` (errors its `Drop`s recorded) into warpline's
-/// record, so they are neither lost nor reported later under an unrelated call's name.
-fn drain_deferred(ctx: &CudaContext, state: &ContextState) {
-    if let Err(e) = ctx.check_err() {
-        if crate::error::is_sticky(e.0) {
-            let _ = state.poison("a cudarc Drop (deferred)", e);
-        }
-        state.defer(format!("{:?} from a cudarc Drop", e.0));
-    }
-}
-
-/// Makes `ctx` current on this thread with the raw `cuCtxSetCurrent` (not cudarc's
-/// `bind_to_thread`, which returns errors left over from earlier `Drop`s instead of binding).
-/// Refuses with [`Error::ContextPoisoned`] once a sticky error was seen on the context.
-pub(crate) fn bind_context(ctx: &CudaContext, call: &'static str) -> Result<()> {
-    refuse_in_host_callback(call)?;
-    let state = state_for(ctx.cu_ctx());
-    drain_deferred(ctx, &state);
-    state.check(call)?;
-    drv::ctx_set_current(ctx.cu_ctx())
-}
-
-/// As [`bind_context`] but also on a poisoned context: for synchronisation and frees, which must
-/// still be attempted (they return at once with the sticky error).
-pub(crate) fn bind_context_unchecked(ctx: &CudaContext) -> Result<()> {
-    refuse_in_host_callback("a warpline CUDA call (synchronisation or free)")?;
-    let state = state_for(ctx.cu_ctx());
-    drain_deferred(ctx, &state);
-    drv::ctx_set_current(ctx.cu_ctx())
-}
-
-// The host-callback flag lives in the driver layer (`driver::callback`), whose graph handles'
-// drops read it; re-exported here, where the rest of the crate finds it.
-pub(crate) use crate::driver::callback::{
-    in_host_callback, refuse_in_host_callback, HostCallbackScope,
-};
-
-/// Keeps an error from a `Drop` in the record of `ctx`.
-pub(crate) fn defer_error(ctx: &CudaContext, e: &Error) {
-    state_for(ctx.cu_ctx()).defer(e.to_string());
 }
 
 /// One GPU with warpline's module loaded.
@@ -367,18 +84,10 @@ pub fn driver_present() -> bool {
 
 /// The `.entry` names of a PTX module, in order (see [`crate::module::ptx_signatures`]).
 pub fn ptx_entries(ptx: &str) -> Vec<String> {
-    crate::module::ptx_signatures(ptx)
+    crate::ptx::ptx_signatures(ptx)
         .into_iter()
         .map(|e| e.name)
         .collect()
-}
-
-/// [`Error::PtxNul`] if `ptx` holds a NUL byte (the driver takes it as a C string).
-pub fn check_ptx_text(ptx: &str) -> Result<()> {
-    match ptx.bytes().position(|b| b == 0) {
-        Some(offset) => Err(Error::PtxNul { offset }),
-        None => Ok(()),
-    }
 }
 
 impl Device {
@@ -519,7 +228,7 @@ impl Device {
             });
         }
         let inner = Arc::new(ModuleInner::load(&ctx, &state, &caps, ptx)?);
-        state.register_module(&inner);
+        state.ext::<LoadedModules>().register(&inner);
         let dev = Self {
             ctx,
             ptx: Arc::from(ptx),
@@ -528,7 +237,7 @@ impl Device {
             caps,
         };
         // warpline's own streams (release, private captures), made now, before any wait.
-        dev.state.streams.fill(|| dev.new_stream())?;
+        dev.state.ext::<StreamStock>().fill(|| dev.new_stream())?;
         let embedded = std::ptr::eq(ptx, crate::PTX) || ptx == crate::PTX;
         for spec in KERNEL_SPECS {
             let kernel = match dev.kernel(spec.name) {
@@ -627,14 +336,8 @@ impl Device {
     /// Errors that could not be returned where they happened (frees and destroys in `Drop`,
     /// errors cudarc deferred), oldest first; the list is emptied.
     pub fn take_deferred_errors(&self) -> Vec<String> {
-        drain_deferred(&self.ctx, &self.state);
-        std::mem::take(
-            &mut *self
-                .state
-                .deferred
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        )
+        crate::context::drain_deferred(&self.ctx, &self.state);
+        self.state.take_deferred()
     }
 
     /// The kernel `name` of the module the device was opened with; [`Error::MissingKernel`] if
@@ -673,13 +376,13 @@ impl Device {
         // Module loads may wait for the device (issue 19, item 9).
         refuse_in_host_callback("Device::load_module")?;
         check_ptx_text(ptx)?;
-        if crate::ordering::any_wait_pending() {
+        if crate::reaper::any_wait_pending() {
             return Err(Error::WaitPending {
                 what: "Device::load_module",
             });
         }
         let inner = Arc::new(ModuleInner::load(&self.ctx, &self.state, &self.caps, ptx)?);
-        self.state.register_module(&inner);
+        self.state.ext::<LoadedModules>().register(&inner);
         Ok(Module { inner })
     }
 
@@ -693,7 +396,7 @@ impl Device {
         if !self.module.inner.all_loaded()? {
             return Ok(false);
         }
-        for m in self.state.live_modules() {
+        for m in self.state.ext::<LoadedModules>().live() {
             if !m.all_loaded()? {
                 return Ok(false);
             }
@@ -703,7 +406,7 @@ impl Device {
 
     /// How long [`Device::new_stream`] waits for pending on-stream waits to clear before it
     /// returns [`Error::WaitPending`].
-    pub const STREAM_CREATE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+    pub const STREAM_CREATE_WAIT: std::time::Duration = crate::reaper::STREAM_CREATE_WAIT;
 
     /// A new non-blocking stream (never synchronises with the legacy default stream).
     ///
@@ -767,7 +470,7 @@ impl Device {
         refuse_in_host_callback("Device::synchronize")?;
         let bound = bind_context_unchecked(&self.ctx);
         let synced = bound.and_then(|()| {
-            crate::memory::reaper::without_pending_waits("Device::synchronize", || {
+            crate::reaper::without_pending_waits("Device::synchronize", || {
                 drv::ctx_synchronize()
             })
         });
@@ -780,82 +483,11 @@ impl Device {
 mod tests {
     use super::*;
 
-    /// Issue 19, item 9: inside a host-callback scope every context bind (the path of every
-    /// warpline CUDA call) is `InHostCallback`; the flag is per thread and restored on exit,
-    /// also when the callback panics, and nested scopes restore the outer value.
-    #[test]
-    fn issue19_item09_host_callback_scope_refuses_warpline_calls() {
-        refuse_in_host_callback("outside").unwrap();
-        {
-            let _outer = HostCallbackScope::enter();
-            match refuse_in_host_callback("Stream::synchronize") {
-                Err(Error::InHostCallback { call }) => assert_eq!(call, "Stream::synchronize"),
-                other => panic!("expected InHostCallback, got {other:?}"),
-            }
-            // Another thread is not in a callback.
-            std::thread::spawn(|| refuse_in_host_callback("other thread").unwrap())
-                .join()
-                .unwrap();
-            {
-                let _inner = HostCallbackScope::enter();
-                assert!(refuse_in_host_callback("nested").is_err());
-            }
-            assert!(refuse_in_host_callback("after nested").is_err());
-        }
-        refuse_in_host_callback("after").unwrap();
-        let r = std::panic::catch_unwind(|| {
-            let _scope = HostCallbackScope::enter();
-            panic!("callback panics");
-        });
-        assert!(r.is_err());
-        refuse_in_host_callback("after a panic").unwrap();
-        let msg = Error::InHostCallback { call: "x" }.to_string();
-        assert!(msg.contains("allowed"), "{msg}");
-    }
-
     #[test]
     fn finding_16_nul_in_ptx_is_a_typed_error() {
         assert!(check_ptx_text(crate::PTX).is_ok());
         let e = check_ptx_text(".version 8.0\n\0.target sm_90").unwrap_err();
         assert!(matches!(e, Error::PtxNul { offset: 13 }), "{e}");
-    }
-
-    #[test]
-    fn finding_19_poison_names_recent_launches_and_refuses_work() {
-        let st = ContextState::new(0x1234 as sys::CUcontext);
-        for i in 0..LAUNCH_HISTORY + 2 {
-            st.record_launch(LaunchRecord {
-                kernel: format!("k{i}"),
-                config: "grid [1, 1, 1] block [32, 1, 1]".into(),
-            });
-        }
-        assert!(st.check("x").is_ok());
-        let e = st.poison(
-            "cuStreamSynchronize",
-            DriverError(sys::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS),
-        );
-        let Error::ContextPoisoned {
-            first,
-            recent_launches,
-            ..
-        } = &e
-        else {
-            panic!("{e}")
-        };
-        assert!(first.contains("ILLEGAL_ADDRESS") && first.contains("cuStreamSynchronize"));
-        assert_eq!(recent_launches.len(), LAUNCH_HISTORY);
-        assert!(recent_launches.last().unwrap().contains("`k9`"));
-        // A later error does not replace the first; later calls are refused with it.
-        let _ = st.poison(
-            "cuLaunchKernelEx",
-            DriverError(sys::CUresult::CUDA_ERROR_LAUNCH_FAILED),
-        );
-        let e = st.check("cuMemAllocFromPoolAsync").unwrap_err();
-        let m = e.to_string();
-        assert!(
-            m.contains("ILLEGAL_ADDRESS") && m.contains("cuMemAllocFromPoolAsync"),
-            "{m}"
-        );
     }
 
     #[test]

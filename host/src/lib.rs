@@ -12,6 +12,7 @@
 
 pub mod bandwidth;
 pub mod chain;
+mod context;
 mod contract_check;
 pub mod decode;
 pub mod device;
@@ -22,12 +23,15 @@ pub mod fuzz;
 pub mod interop;
 pub mod kernels;
 pub mod launch;
+mod loaded;
 pub mod memory;
 pub mod module;
 pub mod multi;
 pub mod npy;
 pub mod ordering;
 pub mod pipeline;
+mod ptx;
+mod reaper;
 pub mod reference;
 pub mod rng;
 pub mod stream;

@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
 
-use crate::device::{bind_context, bind_context_unchecked, defer_error, state_for};
+use crate::context::{
+    bind_context, bind_context_unchecked, defer_error, in_host_callback, refuse_in_host_callback,
+    state_for, ContextState,
+};
 use crate::driver::core as drv;
 use crate::error::{CudaCall, Result};
 
@@ -22,9 +25,9 @@ impl Drop for Stream {
         // Inside a task graph host callback no CUDA call may be made (issue 19, item 9), and the
         // last handle's drop destroys the stream (`cuStreamDestroy`): the reaper thread drops a
         // handle of its own instead, so this one is never the last.
-        if crate::device::in_host_callback() {
+        if in_host_callback() {
             let s = self.inner.clone();
-            crate::memory::reaper::defer_after(Vec::<Event>::new(), false, move || drop(s));
+            crate::reaper::defer_after(Vec::<Event>::new(), false, move || drop(s));
         }
     }
 }
@@ -95,7 +98,7 @@ impl Stream {
     /// [`crate::Error::InHostCallback`] at once (the wait could never end there).
     pub fn synchronize(&self) -> Result<()> {
         // Inside a host callback the wait would never return (issue 19, item 9).
-        crate::device::refuse_in_host_callback("Stream::synchronize")?;
+        refuse_in_host_callback("Stream::synchronize")?;
         let bound = bind_context_unchecked(self.ctx());
         let synced = match bound.as_ref().map(|()| self.record_marker()) {
             Ok(Ok(marker)) => drv::event_wait_polled(marker.raw),
@@ -154,6 +157,13 @@ pub fn live_events() -> usize {
     LIVE_EVENTS.load(Ordering::Relaxed)
 }
 
+/// The reaper polls events (never synchronises on them) before the jobs that wait for them.
+impl crate::reaper::Polled for Event {
+    fn finished(&self) -> bool {
+        !matches!(self.is_complete(), Ok(false))
+    }
+}
+
 /// A CUDA event recorded on a stream (timing enabled). Destroyed on drop.
 #[derive(Debug)]
 pub struct Event {
@@ -194,7 +204,7 @@ impl Event {
     /// returning any error, as [`Stream::synchronize`] (and, like it, refuses to wait inside a
     /// task graph host callback: [`crate::Error::InHostCallback`]).
     pub fn synchronize(&self) -> Result<()> {
-        crate::device::refuse_in_host_callback("Event::synchronize")?;
+        refuse_in_host_callback("Event::synchronize")?;
         let bound = bind_context_unchecked(&self.ctx);
         drv::event_wait_polled(self.raw)?;
         bound?;
@@ -228,7 +238,7 @@ impl Drop for StreamStock {
         let mut streams = std::mem::take(self.rescue.get_mut().unwrap_or_else(|e| e.into_inner()));
         streams.append(self.spare.get_mut().unwrap_or_else(|e| e.into_inner()));
         if !streams.is_empty() {
-            crate::memory::reaper::defer_after(Vec::<Event>::new(), false, move || drop(streams));
+            crate::reaper::defer_after(Vec::<Event>::new(), false, move || drop(streams));
         }
     }
 }
@@ -282,20 +292,15 @@ impl StreamStock {
 /// back on drop if nothing else holds it and its queued work has completed; otherwise dropped.
 pub(crate) struct SpareStream {
     stream: Option<Stream>,
-    state: Arc<crate::device::ContextState>,
+    state: Arc<ContextState>,
 }
 
 impl SpareStream {
-    /// A spare stream of `dev`'s context: from the stock, else a new one (gated: see
-    /// `Device::new_stream`).
-    pub(crate) fn take(dev: &crate::Device) -> Result<Self> {
-        Self::take_in(dev.context())
-    }
-
-    /// As [`SpareStream::take`], for context `ctx`.
+    /// A spare stream of context `ctx` (a device's: `Device::context`): from the stock, else a
+    /// new one (gated: see `Device::new_stream`).
     pub(crate) fn take_in(ctx: &Arc<CudaContext>) -> Result<Self> {
         let state = state_for(ctx.cu_ctx());
-        let stream = match state.streams.take_spare() {
+        let stream = match state.ext::<StreamStock>().take_spare() {
             Some(s) => s,
             None => gated_new_stream(ctx, None, "a spare stream (cuStreamCreate)")?,
         };
@@ -315,14 +320,14 @@ impl SpareStream {
 impl Drop for SpareStream {
     fn drop(&mut self) {
         let Some(s) = self.stream.take() else { return };
-        if crate::device::in_host_callback() {
+        if in_host_callback() {
             return; // Stream's own drop defers the destroy
         }
         // Only a stream nobody else holds and with nothing queued goes back: its next user must
         // not wait for this one's work or share it with code that kept a clone.
         let alone = Arc::strong_count(&s.inner) == 1;
         if alone && drv::stream_query(s.raw()).unwrap_or(false) {
-            self.state.streams.give_back(s);
+            self.state.ext::<StreamStock>().give_back(s);
         }
     }
 }
@@ -336,7 +341,7 @@ pub(crate) fn gated_new_stream(
     what: &'static str,
 ) -> Result<Stream> {
     bind_context(ctx, "cuStreamCreate")?;
-    let _gate = crate::memory::reaper::close_for_create(what, crate::Device::STREAM_CREATE_WAIT)?;
+    let _gate = crate::reaper::close_for_create(what, crate::reaper::STREAM_CREATE_WAIT)?;
     let s = match priority {
         None => ctx.new_stream().call("cuStreamCreate")?,
         Some(p) => ctx

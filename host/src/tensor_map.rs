@@ -634,7 +634,7 @@ impl Drop for TensorMapTable<'_> {
         // The copy may still read `staged`: free it once the copy is done, off this thread. The
         // reaper polls the event and frees host memory of its own without closing the wait gate,
         // so no `Fence::guard` or `Signal::wait_until` waits meanwhile (issue 19, item 10).
-        crate::memory::reaper::defer_after(vec![copied], false, move || drop(staged));
+        crate::reaper::defer_after(vec![copied], false, move || drop(staged));
     }
 }
 

@@ -7,10 +7,9 @@
 //! re-exports) only modules below it. This test fails
 //!
 //! - when `error.rs` imports any other module of the crate, or `driver/` any module but `error`;
-//! - when any other import goes up the order and is not one of the [`KNOWN_UPWARD`] imports (the
-//!   import cycles that are left, each named with what it is for); the message says whether the
-//!   new import closes a cycle;
-//! - when a [`KNOWN_UPWARD`] import is gone (remove it from the list, so the list only shrinks);
+//! - when any other import goes up the order (there are no exceptions: host/src has no import
+//!   cycle between its modules, and none may come back; move the item down, or invert the
+//!   dependency, instead); the message says whether the new import closes a cycle;
 //! - when a top-level module is missing from [`LAYERS`], or [`LAYERS`] names one that is gone.
 //!
 //! Imports inside `#[cfg(test)]` items do not count (tests may reach any module). Comments, string
@@ -25,14 +24,23 @@ const LAYERS: &[&str] = &[
     "error",
     // Raw driver calls, one `cu*` each; imports only `error`.
     "driver",
+    // The reaper thread and its gate between blocking driver calls and on-stream waits (with the
+    // list of pending waits the gate asks); imports only `error` and `driver`.
+    "reaper",
     // Pure helpers (no CUDA).
     "contract_check",
     "reference",
     "npy",
     "rng",
+    "ptx",
+    // The per-context record (sticky errors, deferred errors, per-context state of the layers
+    // above) and the binding of a context to the thread.
+    "context",
     // The safe CUDA types.
-    "device",
     "stream",
+    // A loaded PTX module, its kernels and its keep-alive (a `Device` owns one).
+    "loaded",
+    "device",
     "memory",
     "launch",
     "module",
@@ -49,46 +57,6 @@ const LAYERS: &[&str] = &[
     "decode",
     "bandwidth",
     "fuzz",
-];
-
-/// The imports that still go up [`LAYERS`] (importer, imported, why). Each closes an import
-/// cycle; none may be added (move the item down, or invert the dependency, instead).
-const KNOWN_UPWARD: &[(&str, &str, &str)] = &[
-    (
-        "device",
-        "stream",
-        "Device::new_stream / new_stream_with_priority construct a Stream",
-    ),
-    (
-        "device",
-        "module",
-        "a Device owns its embedded Module; PTX entry parsing lives in module.rs",
-    ),
-    (
-        "device",
-        "kernels",
-        "Device::open resolves every kernel of kernels::KERNEL_SPECS",
-    ),
-    (
-        "device",
-        "ordering",
-        "Device::load_module refuses while an ordering wait is pending (any_wait_pending)",
-    ),
-    (
-        "stream",
-        "memory",
-        "Stream's Drop inside a host callback hands the stream to memory::reaper",
-    ),
-    (
-        "memory",
-        "ordering",
-        "the reaper gate waits for ordering::any_wait_pending",
-    ),
-    (
-        "ordering",
-        "multi",
-        "ordering/multi.rs (MultiTaskGraph) takes a multi::DeviceSet",
-    ),
 ];
 
 /// An import of `to` by a file of top-level module `from`.
@@ -122,25 +90,16 @@ fn host_src_modules_import_only_lower_layers() {
         gone.is_empty(),
         "LAYERS names {gone:?}, which host/src no longer has: remove them"
     );
-    for (from, to, _) in KNOWN_UPWARD {
-        assert!(
-            !matches!(*from, "error" | "driver"),
-            "{from} may not import upwards"
-        );
-        assert!(pos[from] < pos[to], "{from} -> {to} is not upward");
-    }
-
     let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for i in &imports {
         graph.entry(&i.from).or_default().insert(&i.to);
     }
-    let known: BTreeSet<(&str, &str)> = KNOWN_UPWARD.iter().map(|(a, b, _)| (*a, *b)).collect();
     let mut failures = Vec::new();
     for i in &imports {
         let (Some(&f), Some(&t)) = (pos.get(i.from.as_str()), pos.get(i.to.as_str())) else {
             continue;
         };
-        if t > f && !known.contains(&(i.from.as_str(), i.to.as_str())) {
+        if t > f {
             let cycle = if reaches(&graph, &i.to, &i.from) {
                 format!("closes an import cycle ({} imports {} again)", i.to, i.from)
             } else {
@@ -149,13 +108,6 @@ fn host_src_modules_import_only_lower_layers() {
             failures.push(format!(
                 "host/src/{} ({}) imports {}, a higher layer: {cycle}",
                 i.file, i.from, i.to
-            ));
-        }
-    }
-    for (from, to, why) in KNOWN_UPWARD {
-        if !graph.get(from).is_some_and(|s| s.contains(to)) {
-            failures.push(format!(
-                "{from} no longer imports {to} ({why}): remove it from KNOWN_UPWARD"
             ));
         }
     }
@@ -209,6 +161,114 @@ fn the_scanner_sees_imports_and_only_imports() {
         found,
         ["b", "c", "d", "e", "h"].map(String::from).into(),
         "a.rs imports"
+    );
+}
+
+/// The files of every module folder of host/src (`memory/`, `ordering/`, `ordering/graph/`,
+/// `kernels/tc_gemm/` next to `kernels/tc_gemm.rs`, ...) import each other without a cycle.
+/// Within a folder each child (a file `x.rs`, a folder `x/`) is a node, and so is the folder's
+/// own module file (`mod.rs` or the `x.rs` beside the folder), named `mod`. A child imports
+/// another when its code names it (`super::x::..`, `crate::ordering::x::..`, in the module file
+/// `x::..` or `self::x::..`) or names an item that the module file re-exports from it; an item of
+/// the module file itself (also through `use super::*`) is an import of `mod`. The module file's
+/// `mod x;` declarations and `pub use` re-exports of its children are its facade, not imports.
+#[test]
+fn files_within_a_module_folder_import_each_other_without_a_cycle() {
+    let Some(src) = host_src("files_within_a_module_folder_import_each_other_without_a_cycle")
+    else {
+        return;
+    };
+    let (files, children) = load_tree(&src);
+    let mut failures = Vec::new();
+    for (folder, graph) in folder_graphs(&files, &children) {
+        if let Some(cycle) = find_cycle(&graph) {
+            failures.push(format!(
+                "host/src/{}/: {} (each imports the next)",
+                folder.join("/"),
+                cycle.join(" -> ")
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "import cycles between the files of a module folder (move the shared item into the lower \
+         file, or split it out into a file below both):\n{}",
+        failures.join("\n")
+    );
+}
+
+/// The folder scanner on a hand-written tree: `super::` and `crate::` paths, groups, an item
+/// re-exported by `mod.rs`, an item of `mod.rs`, a glob of `mod.rs`, a bare child path in `mod.rs`,
+/// the facade (`mod` and `pub use`) ignored, a nested folder's file, and `#[cfg(test)]` items
+/// ignored.
+#[test]
+fn the_folder_scanner_sees_file_imports() {
+    let m = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let files = vec![
+        (
+            m(&["o"]),
+            true,
+            "mod a; mod b; mod c; mod g; pub use a::A; pub(crate) use b::{B, Bee as Bz};\n\
+             pub struct Top; fn f() { c::run(); }"
+                .to_string(),
+        ),
+        (
+            m(&["o", "a"]),
+            false,
+            "use super::{b::X, Top}; #[cfg(test)] mod tests { use super::super::c::Q; }"
+                .to_string(),
+        ),
+        (
+            m(&["o", "b"]),
+            false,
+            "fn f() { crate::o::A::new(); }".to_string(),
+        ),
+        (
+            m(&["o", "c"]),
+            false,
+            "use crate::o::{Bz, g::h::H};".to_string(),
+        ),
+        (
+            m(&["o", "g"]),
+            true,
+            "mod h; pub use h::H; pub use super::b::B;".to_string(),
+        ),
+        (
+            m(&["o", "g", "h"]),
+            false,
+            "use super::super::a::A;".to_string(),
+        ),
+        (m(&["o", "d"]), false, "use super::*;".to_string()),
+    ];
+    let children: BTreeMap<Vec<String>, BTreeSet<String>> = [
+        (
+            m(&["o"]),
+            ["a", "b", "c", "d", "g"].map(String::from).into(),
+        ),
+        (m(&["o", "g"]), ["h"].map(String::from).into()),
+    ]
+    .into();
+    let graphs = folder_graphs(&files, &children);
+    let o = &graphs[&m(&["o"])];
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(o["mod"], set(&["c"]), "mod.rs");
+    assert_eq!(o["a"], set(&["b", "mod"]), "a.rs");
+    assert_eq!(o["b"], set(&["a"]), "b.rs");
+    assert_eq!(o["c"], set(&["b", "g"]), "c.rs");
+    assert_eq!(
+        o["g"],
+        set(&["a", "b"]),
+        "g.rs re-exports b's B; g/h.rs imports a"
+    );
+    assert_eq!(o["d"], set(&["mod"]), "d.rs: a glob of the module file");
+    assert_eq!(
+        find_cycle(o),
+        Some(vec!["a".into(), "b".into(), "a".into()])
+    );
+    assert_eq!(
+        graphs[&m(&["o", "g"])].get("h"),
+        None,
+        "h imports nothing of g/"
     );
 }
 
@@ -573,4 +633,343 @@ fn strip(text: &str) -> String {
         }
     }
     out
+}
+
+/// A file of host/src: its module path (`ordering/graph/run.rs` -> `[ordering, graph, run]`,
+/// `memory/mod.rs` -> `[memory]`), whether it is a folder's module file (`mod.rs`, or `x.rs`
+/// beside a folder `x/`), and its code (comments, literals and `#[cfg(test)]` items removed).
+type SourceFile = (Vec<String>, bool, String);
+
+/// Every file of host/src but lib.rs, and every folder's children (its files but `mod.rs`, and
+/// its sub-folders), keyed by the folder's module path.
+fn load_tree(src: &Path) -> (Vec<SourceFile>, BTreeMap<Vec<String>, BTreeSet<String>>) {
+    let mut paths = Vec::new();
+    rust_files(src, &mut paths);
+    let mut children: BTreeMap<Vec<String>, BTreeSet<String>> = BTreeMap::new();
+    let mut files = Vec::new();
+    for path in paths {
+        let rel = path.strip_prefix(src).unwrap();
+        if rel == Path::new("lib.rs") {
+            continue;
+        }
+        let mut modpath: Vec<String> = rel
+            .with_extension("")
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let is_mod_rs = modpath.last().is_some_and(|m| m == "mod");
+        if is_mod_rs {
+            modpath.pop();
+        }
+        let is_module_file = is_mod_rs || path.with_extension("").is_dir();
+        if modpath.len() >= 2 {
+            let (leaf, parent) = modpath.split_last().unwrap();
+            children
+                .entry(parent.to_vec())
+                .or_default()
+                .insert(leaf.clone());
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        files.push((modpath, is_module_file, text));
+    }
+    (files, children)
+}
+
+/// For every folder (module path), the imports between its children, as in
+/// [`files_within_a_module_folder_import_each_other_without_a_cycle`].
+fn folder_graphs(
+    files: &[SourceFile],
+    children: &BTreeMap<Vec<String>, BTreeSet<String>>,
+) -> BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> {
+    // The names each folder's module file re-exports from its children.
+    let mut reexports: BTreeMap<Vec<String>, BTreeMap<String, String>> = BTreeMap::new();
+    for (modpath, is_module_file, text) in files {
+        if let (true, Some(kids)) = (*is_module_file, children.get(modpath)) {
+            reexports.insert(modpath.clone(), child_reexports(&strip(text), kids));
+        }
+    }
+    let mut graphs: BTreeMap<Vec<String>, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for folder in children.keys() {
+        graphs.insert(folder.clone(), BTreeMap::new());
+    }
+    for (modpath, is_module_file, text) in files {
+        let mut code = without_test_items(&strip(text));
+        let kids = children.get(modpath).filter(|_| *is_module_file);
+        if let Some(kids) = kids {
+            code = without_facade(&code, kids);
+        }
+        for target in absolute_paths(&code, modpath, kids) {
+            for (folder, graph) in graphs.iter_mut() {
+                let n = folder.len();
+                if modpath.len() < n || modpath[..n] != folder[..] {
+                    continue;
+                }
+                if target.len() < n || target[..n] != folder[..] {
+                    continue;
+                }
+                let kids = &children[folder];
+                let from = modpath.get(n).cloned().unwrap_or_else(|| "mod".to_string());
+                // `use super::*` (the folder itself): everything of the module file.
+                let Some(x) = target.get(n) else {
+                    if from != "mod" {
+                        graph.entry(from).or_default().insert("mod".to_string());
+                    }
+                    continue;
+                };
+                let to = if kids.contains(x) {
+                    x.clone()
+                } else {
+                    reexports
+                        .get(folder)
+                        .and_then(|r| r.get(x))
+                        .cloned()
+                        .unwrap_or_else(|| "mod".to_string())
+                };
+                if from != to {
+                    graph.entry(from).or_default().insert(to);
+                }
+            }
+        }
+    }
+    graphs
+}
+
+/// The names a module file re-exports from its children (`pub use a::{A, B as C};` maps `A`
+/// and `C` to `a`).
+fn child_reexports(code: &str, kids: &BTreeSet<String>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for stmt in code.split(';') {
+        let Some(path) = reexport_path(stmt) else {
+            continue;
+        };
+        for p in paths_at(path) {
+            let p: Vec<&String> = p.iter().filter(|s| *s != "self").collect();
+            if p.len() >= 2 && kids.contains(p[0].as_str()) {
+                out.insert(p[p.len() - 1].clone(), p[0].clone());
+            }
+        }
+    }
+    // `pub use a::{B as C}`: the alias is the name the others use.
+    for stmt in code.split(';') {
+        let Some(path) = reexport_path(stmt) else {
+            continue;
+        };
+        let first = ident_at(path.trim_start());
+        if !kids.contains(&first) {
+            continue;
+        }
+        for leaf in path.split(['{', '}', ',']) {
+            if let Some((_, alias)) = leaf.split_once(" as ") {
+                out.insert(alias.trim().to_string(), first.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The path of a `pub use` / `pub(crate) use` statement (without `self::`), or `None`.
+fn reexport_path(stmt: &str) -> Option<&str> {
+    let t = stmt.trim();
+    let k = t.rfind("use ")?;
+    if k > 0 && !t.as_bytes()[k - 1].is_ascii_whitespace() {
+        return None;
+    }
+    let before = t[..k].trim_end();
+    if !(before.ends_with("pub")
+        || before.ends_with("pub(crate)")
+        || before.ends_with("pub(super)"))
+    {
+        return None;
+    }
+    let path = t[k + 4..].trim();
+    Some(path.strip_prefix("self::").unwrap_or(path))
+}
+
+/// A module file's code without its facade: `mod x;` declarations and `pub use` re-exports of
+/// its children (`kids`); a re-export from elsewhere (`pub use super::y::Z`) is an import.
+fn without_facade(code: &str, kids: &BTreeSet<String>) -> String {
+    let mut out = String::with_capacity(code.len());
+    for stmt in code.split_inclusive(';') {
+        let body = stmt.trim_end_matches(';');
+        let start = statement_start(body);
+        let own = body[start..].trim();
+        let own_no_attr = own.rsplit(']').next().unwrap_or(own).trim();
+        let is_mod_decl = own_no_attr.starts_with("mod ")
+            || own_no_attr.starts_with("pub mod ")
+            || own_no_attr.starts_with("pub(crate) mod ");
+        let reexports_a_child =
+            reexport_path(own_no_attr).is_some_and(|p| kids.contains(&ident_at(p.trim_start())));
+        if is_mod_decl || reexports_a_child {
+            out.push_str(&body[..start]);
+            out.push(' ');
+        } else {
+            out.push_str(stmt);
+        }
+    }
+    out
+}
+
+/// Where the last statement of `body` (code up to a `;`) starts: after the last `{` or `}` that
+/// is not part of a `::{ .. }` group.
+fn statement_start(body: &str) -> usize {
+    let b = body.as_bytes();
+    let mut k = b.len();
+    while k > 0 {
+        k -= 1;
+        match b[k] {
+            b'{' => return k + 1,
+            b'}' => {
+                let mut depth = 0;
+                let mut j = k;
+                loop {
+                    match b[j] {
+                        b'}' => depth += 1,
+                        b'{' => depth -= 1,
+                        _ => {}
+                    }
+                    if depth == 0 || j == 0 {
+                        break;
+                    }
+                    j -= 1;
+                }
+                if body[..j].trim_end().ends_with("::") {
+                    k = j;
+                } else {
+                    return k + 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    0
+}
+
+/// Every path `code` names, as an absolute module path from the crate root: `crate::a::b`,
+/// `super::..` and `self::..` relative to `modpath` (inline `mod x { .. }` blocks accounted
+/// for), and in a folder's module file (`kids`: its children) bare paths `x::..` to a child.
+fn absolute_paths(
+    code: &str,
+    modpath: &[String],
+    kids: Option<&BTreeSet<String>>,
+) -> Vec<Vec<String>> {
+    let b = code.as_bytes();
+    let inline = inline_module_depths(code);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let boundary =
+            i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_' || b[i - 1] == b':');
+        if !boundary {
+            i += 1;
+            continue;
+        }
+        let rest = &code[i..];
+        if let Some(r) = rest.strip_prefix("crate::") {
+            out.extend(paths_at(r));
+            i += "crate::".len();
+            continue;
+        }
+        if rest.starts_with("super::") {
+            let mut ups = 0;
+            let mut j = i;
+            while code[j..].starts_with("super::") {
+                ups += 1;
+                j += "super::".len();
+            }
+            // Inside inline modules the first `super`s stay in this file.
+            if ups > inline[i] && ups - inline[i] <= modpath.len() {
+                let base = &modpath[..modpath.len() - (ups - inline[i])];
+                for p in paths_at(&code[j..]) {
+                    out.push(base.iter().cloned().chain(p).collect());
+                }
+            }
+            i = j;
+            continue;
+        }
+        if inline[i] == 0 {
+            if let Some(r) = rest.strip_prefix("self::") {
+                for p in paths_at(r) {
+                    out.push(modpath.iter().cloned().chain(p).collect());
+                }
+                i += "self::".len();
+                continue;
+            }
+            if let Some(kids) = kids {
+                let id = ident_at(rest);
+                if kids.contains(&id) && code[i + id.len()..].starts_with("::") {
+                    for p in paths_at(rest) {
+                        out.push(modpath.iter().cloned().chain(p).collect());
+                    }
+                    i += id.len();
+                    continue;
+                }
+            }
+        }
+        i += 1;
+    }
+    for p in &mut out {
+        p.retain(|s| s != "self" && !s.is_empty());
+    }
+    out
+}
+
+/// The paths at the start of `s` (`a::b::C`, `a::{b, c::D}`, `{a, b}`), as segment lists.
+fn paths_at(s: &str) -> Vec<Vec<String>> {
+    let s = s.trim_start();
+    if s.starts_with('{') {
+        let end = matching(s.as_bytes(), 0).min(s.len());
+        return split_top_level(&s[1..end])
+            .into_iter()
+            .flat_map(paths_at)
+            .collect();
+    }
+    let id = ident_at(s);
+    if id.is_empty() {
+        return vec![Vec::new()];
+    }
+    match s[id.len()..].strip_prefix("::") {
+        Some(r) => paths_at(r)
+            .into_iter()
+            .map(|mut p| {
+                p.insert(0, id.clone());
+                p
+            })
+            .collect(),
+        None => vec![vec![id]],
+    }
+}
+
+/// A cycle of `graph` (its nodes in order, the first repeated at the end), or `None`.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        done: &mut BTreeSet<String>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = stack.iter().position(|s| s == n) {
+            let mut cycle = stack[at..].to_vec();
+            cycle.push(n.to_string());
+            return Some(cycle);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        stack.push(n.to_string());
+        for next in graph.get(n).into_iter().flatten() {
+            if let Some(c) = visit(next, graph, done, stack) {
+                return Some(c);
+            }
+        }
+        stack.pop();
+        done.insert(n.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for n in graph.keys() {
+        if let Some(c) = visit(n, graph, &mut done, &mut Vec::new()) {
+            return Some(c);
+        }
+    }
+    None
 }

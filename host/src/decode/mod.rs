@@ -7,8 +7,8 @@
 //!   [`DecodeDims::small`] for tests), checked by [`DecodeDims::validate`].
 //! - [`KvLayout`] and [`check_batch`]: the paged KV cache (pages of `page_size` tokens, one block
 //!   table row per sequence, ragged lengths), validated on the host before anything is launched.
-//! - [`reference`]: the f64 CPU reference of a layer and a step.
-//! - [`bench`]: the variant table, the timeline and the .npy export for the PyTorch check.
+//! - [`reference`](mod@reference): the f64 CPU reference of a layer and a step.
+//! - [`bench`](mod@bench): the variant table, the timeline and the .npy export for the PyTorch check.
 //! - [`step`]: the GPU step ([`step::DecodeStep`]) from warpline's kernels, chained with PDL, with
 //!   weight loads before `griddepcontrol.wait`, and as one CUDA graph.
 //!

@@ -84,7 +84,7 @@ pub(crate) fn mem_alloc(bytes: usize) -> Result<u64> {
 }
 
 /// `cuMemFree_v2`. Blocks while any stream sits on a stream memory wait: call it through
-/// [`crate::memory::reaper::defer`].
+/// [`crate::reaper::defer`].
 ///
 /// # Safety
 /// `ptr` came from [`mem_alloc`] and no pending or later work uses it.

@@ -21,6 +21,7 @@
 
 pub mod exec;
 pub mod model;
+mod ops;
 pub mod program;
 
 use std::collections::BTreeMap;

@@ -11,9 +11,7 @@
 
 use crate::rng::mix64;
 
-use super::program::{
-    Elem, GraphMode, ModuleAction, Op, TicketAction, GRAPH_SLOTS, SLOTS, STREAMS,
-};
+use super::ops::{Elem, GraphMode, ModuleAction, Op, TicketAction, GRAPH_SLOTS, SLOTS, STREAMS};
 
 /// What the device offers, as far as the model needs to know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -21,7 +21,7 @@ use cudarc::cublas::sys as cublas_sys;
 use warpline_gpu::contract::decode_gemm as contract;
 
 use super::check_stream;
-use super::tc_gemm::{check_shapes, BLayout, GemmShape, Matrix, MatrixMut, TcInput, TcOutput};
+use super::operands::{check_shapes, BLayout, GemmShape, Matrix, MatrixMut, TcInput, TcOutput};
 use crate::device::{Device, Kernel};
 use crate::error::{CudaCall, Error, Result};
 use crate::launch::{launch_raw, LaunchConfig, LaunchLimits, ParamValue};
@@ -593,8 +593,8 @@ fn dims<T>(
     cols: usize,
     pitch: usize,
     elem_bytes: usize,
-) -> super::tc_gemm::MatrixDims {
-    super::tc_gemm::MatrixDims {
+) -> super::operands::MatrixDims {
+    super::operands::MatrixDims {
         rows,
         cols,
         pitch,
@@ -610,8 +610,8 @@ fn dims_mut<T>(
     cols: usize,
     pitch: usize,
     elem_bytes: usize,
-) -> super::tc_gemm::MatrixDims {
-    super::tc_gemm::MatrixDims {
+) -> super::operands::MatrixDims {
+    super::operands::MatrixDims {
         rows,
         cols,
         pitch,

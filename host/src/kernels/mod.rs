@@ -5,6 +5,7 @@ pub mod batched_gemm;
 /// The memory-bound decode GEMM (sm_90; M <= 64 tokens, BF16/FP16 weights; issue 20).
 pub mod decode_gemm;
 mod gemm;
+mod operands;
 pub mod pdl;
 /// Signal kernels and ordering probes (raw device addresses; `unsafe`).
 pub mod signal;
@@ -32,61 +33,9 @@ use crate::error::{Error, Result};
 use crate::memory::{DeviceView, DeviceViewMut};
 use crate::stream::Stream;
 
-/// A kernel of the module that the host launches, with the dynamic shared memory it needs.
-#[derive(Clone, Copy, Debug)]
-pub struct KernelSpec {
-    /// Entry name.
-    pub name: &'static str,
-    /// Dynamic shared memory per CTA, bytes.
-    pub dyn_smem_bytes: usize,
-}
-
-/// Every kernel the host launches; `Device::open` checks each is present and fits, and sets its
-/// max dynamic shared memory attribute to `dyn_smem_bytes` (the largest launch of the kernel uses:
-/// `cluster_tile_gemm` uses less for clusters of 2 or more).
-pub const KERNEL_SPECS: &[KernelSpec] = &[
-    KernelSpec {
-        name: warpline_gpu::contract::vector_add::KERNEL,
-        dyn_smem_bytes: warpline_gpu::contract::vector_add::SMEM_BYTES,
-    },
-    KernelSpec {
-        name: warpline_gpu::contract::gemm::CLUSTER_KERNEL,
-        dyn_smem_bytes: warpline_gpu::contract::gemm::SMEM_BYTES,
-    },
-    KernelSpec {
-        name: warpline_gpu::contract::gemm::PLAIN_KERNEL,
-        dyn_smem_bytes: warpline_gpu::contract::gemm::SMEM_BYTES,
-    },
-    // PDL kernels (issue 4).
-    KernelSpec {
-        name: warpline_gpu::contract::pdl::PRODUCER_KERNEL,
-        dyn_smem_bytes: 0,
-    },
-    KernelSpec {
-        name: warpline_gpu::contract::pdl::EARLY_TRIGGER_KERNEL,
-        dyn_smem_bytes: 0,
-    },
-    KernelSpec {
-        name: warpline_gpu::contract::pdl::CONSUMER_KERNEL,
-        dyn_smem_bytes: 0,
-    },
-    KernelSpec {
-        name: warpline_gpu::contract::pdl::CONSUMER_NO_WAIT_KERNEL,
-        dyn_smem_bytes: 0,
-    },
-    KernelSpec {
-        name: warpline_gpu::contract::pdl::CHAIN_STEP_KERNEL,
-        dyn_smem_bytes: 0,
-    },
-    KernelSpec {
-        name: warpline_gpu::contract::pdl::PRIMARY_GEMM_KERNEL,
-        dyn_smem_bytes: warpline_gpu::contract::pdl::GEMM_SMEM_BYTES,
-    },
-    KernelSpec {
-        name: warpline_gpu::contract::pdl::SECONDARY_GEMM_KERNEL,
-        dyn_smem_bytes: warpline_gpu::contract::pdl::GEMM_SMEM_BYTES,
-    },
-];
+// The table of the kernels the host launches is pure data of the launch contract: it lives with
+// the contract check, below `device` (whose `open` reads it), and is re-exported here.
+pub use crate::contract_check::{KernelSpec, KERNEL_SPECS};
 
 pub(crate) fn check_aligned(what: &'static str, addr: u64, align: u64) -> Result<()> {
     if !addr.is_multiple_of(align) {

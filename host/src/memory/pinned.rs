@@ -107,7 +107,7 @@ impl<T: Pod> Drop for PinnedBuffer<T> {
         // Device::take_deferred_errors.
         let ctx = self.ctx.clone();
         let ptr = self.ptr as usize;
-        super::reaper::defer(move || {
+        crate::reaper::defer(move || {
             let r = bind_context_unchecked(&ctx).and_then(|()| {
                 // SAFETY: allocated by cuMemHostAlloc in `new` and freed once; no copy can still
                 // be in flight because the async copy APIs that take pinned memory are unsafe and

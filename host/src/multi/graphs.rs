@@ -194,7 +194,7 @@ impl<'d> DpGpu<'d> {
             // An error (or a panic) here drops `guard`, which ends the capture.
             self.gemms(k)?;
             let graph = guard.end()?;
-            let exec = crate::memory::reaper::without_pending_waits(
+            let exec = crate::reaper::without_pending_waits(
                 "data-parallel graph (cuGraphInstantiate)",
                 || GraphExec::instantiate(&graph),
             )?;

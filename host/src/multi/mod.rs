@@ -21,6 +21,7 @@ mod graphs;
 pub mod nccl;
 mod pipeline;
 pub mod seeds;
+mod task_graph;
 
 pub use pipeline::{LayerPipeline, LayerPipelineConfig, LayerPipelineReport, Placement};
 

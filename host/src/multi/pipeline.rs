@@ -764,7 +764,7 @@ fn capture_stages(
             cur = run_layers(dev, stream, tiles, from, pp, w, layers, cur, false)?.0;
         }
         let graph = guard.end()?;
-        let exec = crate::memory::reaper::without_pending_waits(
+        let exec = crate::reaper::without_pending_waits(
             "LayerPipeline graph (cuGraphInstantiate)",
             || GraphExec::instantiate(&graph),
         )?;

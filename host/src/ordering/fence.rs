@@ -206,7 +206,7 @@ impl Drop for Core {
             )
         };
         let base = self.arena.base as usize;
-        crate::memory::reaper::defer(move || {
+        crate::reaper::defer(move || {
             let deadline = Instant::now() + Duration::from_secs(60);
             let all_done = waits.iter().all(|w| loop {
                 match w.is_complete() {
@@ -335,7 +335,7 @@ impl Fence {
             return Err(Error::FenceWaitsOnItself);
         }
         // Keeps the reaper's blocking frees out until this wait is registered (memory::reaper).
-        let _entry = crate::memory::reaper::enter_wait();
+        let _entry = crate::reaper::enter_wait();
         let taken = core
             .table()
             .take(|s| core.arena.word(s).load(Ordering::Acquire));

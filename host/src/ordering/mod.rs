@@ -11,8 +11,11 @@
 //! - [`synchronize_timeout`]: a bounded wait that reports pending signal waits as
 //!   [`crate::Error::Timeout`].
 //!
-//! Module graph (no cycles): `types` (shared leaf types) <- `registry` (pending stream waits),
-//! `check` (pure-CPU planning) <- `signal` <- `graph` <- `watch`; `fence` uses `signal`.
+//! Module graph (no cycles; host/tests/layers.rs checks it): `types` (shared leaf types) <-
+//! `registry` (pending stream waits), `check` (pure-CPU planning) <- `signal` <- `graph` <-
+//! `watch`, `multi`; `fence` uses `registry` and `types`. Every registered wait is also handed to
+//! the crate's reaper (below `stream`), whose gate asks it; `MultiTaskGraph::enqueue` (which
+//! takes a `multi::DeviceSet`) is defined in `multi`, the layer above.
 
 mod check;
 mod fence;
@@ -32,6 +35,6 @@ pub use types::Cmp;
 pub use watch::{synchronize_timeout, OnTimeout, Watched};
 
 #[allow(unused_imports)] // API for the fence (finding 7): waits the watchdog must not release.
-pub(crate) use registry::{any_wait_pending, register_stream_wait};
+pub(crate) use registry::register_stream_wait;
 #[allow(unused_imports)]
 pub(crate) use types::{Releasable, Release};

@@ -13,25 +13,27 @@
 //! sets or adds to a signal must have peer access to its home ([`Error::PeerAccessUnavailable`]
 //! otherwise, checked by [`MultiTaskGraph::check`] against the peer matrix).
 //!
-//! The watchdog covers every GPU: the [`GraphRun`] of [`MultiTaskGraph::enqueue`] holds an event
-//! after every task on whatever GPU it ran, so [`super::synchronize_timeout`] polls all of them
-//! and can release pending waits on any GPU.
+//! The watchdog covers every GPU: the [`GraphRun`](super::GraphRun) of
+//! [`MultiTaskGraph::enqueue`] holds an event after every task on whatever GPU it ran, so
+//! [`super::synchronize_timeout`] polls all of them and can release pending waits on any GPU.
+//! `enqueue`, which takes a [`DeviceSet`](crate::multi::DeviceSet), is defined in `multi` (the
+//! layer above), so that `ordering` imports nothing of `multi`.
 
 use super::check::{Plan, TaskId};
-use super::graph::{GraphRun, Lane, SignalRef, TaskContext, TaskGraph};
-use super::signal::Signal;
+use super::graph::{Lane, SignalRef, TaskContext, TaskGraph};
 use super::types::Cmp;
 use crate::error::{Error, Result};
-use crate::multi::DeviceSet;
-use crate::stream::Stream;
 
-/// A task graph over streams of several GPUs (positions in a [`DeviceSet`]). Build and check it
-/// without a GPU; [`MultiTaskGraph::enqueue`] binds lanes to streams and signal slots to
-/// [`Signal`]s made on their home GPU.
+/// A task graph over streams of several GPUs (positions in a
+/// [`DeviceSet`](crate::multi::DeviceSet)). Build and check it without a GPU;
+/// [`MultiTaskGraph::enqueue`] binds lanes to streams and signal slots to
+/// [`Signal`](super::Signal)s made on their home GPU.
 pub struct MultiTaskGraph {
-    graph: TaskGraph<'static>,
-    lanes: Vec<(Lane, usize)>,
-    signals: Vec<(SignalRef, usize)>,
+    pub(crate) graph: TaskGraph<'static>,
+    /// (lane, GPU of the lane), in lane order.
+    pub(crate) lanes: Vec<(Lane, usize)>,
+    /// (signal slot, home GPU), in slot order.
+    pub(crate) signals: Vec<(SignalRef, usize)>,
     /// (GPU of the lane, signal index) for every signal operation.
     touches: Vec<(usize, usize, String)>,
 }
@@ -171,8 +173,9 @@ impl MultiTaskGraph {
     }
 
     /// Pure-CPU check against a peer matrix (`peer[i][j]`: GPU i can access GPU j's memory, as
-    /// [`DeviceSet::peer_matrix`]): every signal operation's GPU can reach the signal's home,
-    /// then the cross-GPU cycle check and submission order of [`TaskGraph::check`].
+    /// [`DeviceSet::peer_matrix`](crate::multi::DeviceSet::peer_matrix)): every signal
+    /// operation's GPU can reach the signal's home, then the cross-GPU cycle check and submission
+    /// order of [`TaskGraph::check`].
     /// Errors: [`Error::BadShape`] for a GPU outside the matrix, [`Error::PeerAccessUnavailable`],
     /// [`Error::Cycle`], [`Error::UnmatchedWait`], [`Error::WaitMayNotFire`].
     pub fn check(&self, peer: &[Vec<bool>]) -> Result<Plan> {
@@ -202,52 +205,5 @@ impl MultiTaskGraph {
             }
         }
         self.graph.check()
-    }
-
-    /// Checks the graph ([`MultiTaskGraph::check`] with the set's peer matrix), then enqueues one
-    /// run: `streams[i]` is lane i (a stream of the lane's GPU), `signals[j]` slot j (a
-    /// [`Signal`] made on the slot's home GPU). Returns at once; wait with
-    /// [`super::synchronize_timeout`].
-    /// Errors: those of `check`, [`Error::LengthMismatch`], [`Error::WrongContext`] for a stream
-    /// or signal on another GPU than declared, errors of kernel closures, [`Error::Cuda`].
-    pub fn enqueue(
-        &self,
-        set: &DeviceSet,
-        streams: &[Stream],
-        signals: &[&Signal<u64>],
-    ) -> Result<GraphRun> {
-        self.check(set.peer_matrix())?;
-        if streams.len() != self.lanes.len() || signals.len() != self.signals.len() {
-            return Err(Error::LengthMismatch {
-                what: "MultiTaskGraph bindings",
-                detail: format!(
-                    "{} streams for {} lanes and {} signals for {} slots; one each is needed",
-                    streams.len(),
-                    self.lanes.len(),
-                    signals.len(),
-                    self.signals.len()
-                ),
-            });
-        }
-        for (s, (_, g)) in streams.iter().zip(&self.lanes) {
-            if set.index_of_stream(s)? != *g {
-                return Err(Error::WrongContext {
-                    what: "MultiTaskGraph: a lane's stream is not on the lane's GPU",
-                });
-            }
-        }
-        for (s, (_, g)) in signals.iter().zip(&self.signals) {
-            if set.index_of_context(s.context().cu_ctx(), "MultiTaskGraph signal")? != *g {
-                return Err(Error::WrongContext {
-                    what: "MultiTaskGraph: a signal is not on its slot's home GPU",
-                });
-            }
-        }
-        let devs = self
-            .lanes
-            .iter()
-            .map(|(_, g)| set.device(*g))
-            .collect::<Result<Vec<&crate::Device>>>()?;
-        self.graph.enqueue_on(&devs, streams, signals)
     }
 }

@@ -179,7 +179,7 @@ impl<T: SignalWord> Drop for SignalInner<T> {
         // found for tensor-map tables).
         let polled: Vec<Arc<CudaEvent>> = events.into_iter().map(Arc::new).collect();
         let uses = polled.clone();
-        crate::memory::reaper::defer_after(polled, true, move || {
+        crate::reaper::defer_after(polled, true, move || {
             if uses.iter().any(|ev| ev.try_is_complete().is_err()) {
                 return; // completion unknown: leak rather than free under a user
             }
@@ -280,7 +280,7 @@ impl<T: SignalWord> Signal<T> {
     ) -> Result<()> {
         // Before the wait gate, which may block (issue 19, item 9).
         crate::device::refuse_in_host_callback("Signal::wait_until")?;
-        let _entry = crate::memory::reaper::enter_wait();
+        let _entry = crate::reaper::enter_wait();
         self.enqueue_wait(stream, cmp, value)?;
         let done = Arc::new(stream.record_marker()?);
         registry::register_stream_wait(stream, what, release, done);

@@ -178,7 +178,9 @@ fn release(target: &Watched<'_>, pending: &[PendingOp], bound: Duration) -> Resu
     let ctx = first.signal.context().clone();
     // The context's rescue streams, made when its device opened: no stream is created here,
     // behind the pending wait (cuStreamCreate can block there holding a driver lock; issue 19).
-    let rescue = crate::device::state_for(ctx.cu_ctx()).streams.rescue();
+    let rescue = crate::device::state_for(ctx.cu_ctx())
+        .ext::<crate::stream::StreamStock>()
+        .rescue();
     if rescue.is_empty() {
         return Ok(false);
     }

@@ -181,7 +181,7 @@ impl Recorder {
     /// (so it completes before any work traced later). Errors: [`Error::Cuda`].
     pub fn new(dev: &Device) -> Result<Self> {
         // A spare stream of the device's stock: no stream creation behind a pending wait.
-        let spare = crate::stream::SpareStream::take(dev)?;
+        let spare = crate::stream::SpareStream::take_in(dev.context())?;
         let s = spare.stream();
         let origin = s.record()?;
         origin.synchronize()?;

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use super::enqueue::{distinct_others, record, HostCall, Mode, PanicLog};
-use super::run::{GraphRun, RunState};
+use super::enqueue::{distinct_others, record, HostCall, Mode};
+use super::run::{GraphRun, PanicLog, RunState};
 use super::{LaunchFn, Op, TaskGraph};
 use crate::device::Device;
 use crate::driver::graph::{self as dg, CaptureGuard, CudaGraph, GraphExec};
@@ -45,7 +45,7 @@ struct KeepInner {
 impl Drop for Keep {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
-            crate::memory::reaper::defer(move || {
+            crate::reaper::defer(move || {
                 let _ = crate::device::bind_context_unchecked(&inner.ctx);
                 // Executable graph, graph, host calls, closures, signals, keep-alive objects.
                 drop(inner);
@@ -111,7 +111,7 @@ fn private_streams(dev: &Device, streams: &[Stream]) -> Result<(Vec<SpareStream>
             Some(i) => out.push(spares[i].stream().clone()),
             None => {
                 users.push(s);
-                let p = SpareStream::take(dev)?;
+                let p = SpareStream::take_in(dev.context())?;
                 out.push(p.stream().clone());
                 spares.push(p);
             }
@@ -240,7 +240,7 @@ impl<'g> TaskGraph<'g> {
             },
         )?;
         let graph = guard.end()?;
-        let exec = crate::memory::reaper::without_pending_waits(
+        let exec = crate::reaper::without_pending_waits(
             "TaskGraph::capture (cuGraphInstantiate)",
             || GraphExec::instantiate(&graph),
         )?;
@@ -366,7 +366,7 @@ impl CapturedGraph<'_> {
         // A replay's signal waits are on-stream waits: no blocking free may run behind them
         // (the driver-lock hang the reaper's gate prevents). Enter the gate before the launch
         // and register a marker after it, as a direct run does for each wait (issue 19, item 8).
-        let entry = self.gated.then(crate::memory::reaper::enter_wait);
+        let entry = self.gated.then(crate::reaper::enter_wait);
         {
             let exec = inner.exec.lock().unwrap_or_else(|e| e.into_inner());
             // SAFETY: a live stream of the graph's context; `Keep` holds everything the nodes

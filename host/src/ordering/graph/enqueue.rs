@@ -4,11 +4,11 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaEvent};
 
-use super::run::{GraphRun, RunState, RunTask};
+use super::run::{GraphRun, PanicLog, RunState, RunTask};
 use super::{HostTask, Op, TaskContext, TaskGraph};
 use crate::device::Device;
 use crate::driver::{graph as dg, memops};
@@ -17,9 +17,6 @@ use crate::ordering::check::{EdgeKind, Plan};
 use crate::ordering::signal::Signal;
 use crate::stream::Stream;
 use crate::trace::{self, Stage};
-
-/// Panics caught in host callbacks: (task label, message).
-pub(crate) type PanicLog = Arc<Mutex<Vec<(String, String)>>>;
 
 /// What one `cuLaunchHostFunc` hands to the driver.
 pub(crate) struct HostCall {
@@ -78,7 +75,7 @@ unsafe extern "C" fn run_owned(data: *mut c_void) {
         // SAFETY: `data` came from Box::into_raw in `launch_host` and is consumed exactly once.
         let call = unsafe { Box::from_raw(data as *mut HostCall) };
         call_host(&call);
-        crate::memory::reaper::defer(move || drop(call));
+        crate::reaper::defer(move || drop(call));
     }));
     if let Err(p) = r {
         std::mem::forget(p);
@@ -362,7 +359,7 @@ impl<'g> TaskGraph<'g> {
                     } else {
                         // Registered for the reaper's gate, so no blocking free runs behind it
                         // (issue 19, item 8); the run's watchdog reports it.
-                        let _entry = crate::memory::reaper::enter_wait();
+                        let _entry = crate::reaper::enter_wait();
                         s.enqueue_wait(stream, *cmp, *value)?;
                         let done = std::sync::Arc::new(stream.record_marker()?);
                         crate::ordering::registry::register_gate_wait(done);

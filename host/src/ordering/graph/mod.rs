@@ -7,6 +7,8 @@
 //! Seams: [`build`] (adding lanes, signals, tasks, dependencies), this file (the graph, handles,
 //! the check), [`enqueue`] (direct runs and the submission shared with capture, host callbacks),
 //! [`capture`] (CUDA graph capture and [`CapturedGraph`]), [`run`] ([`GraphRun`]).
+//! Files import each other one way only: `run` <- `enqueue` <- `capture` (`run` holds a captured
+//! graph's keep-alive type-erased, and owns the panic log type both others use).
 
 mod build;
 mod capture;

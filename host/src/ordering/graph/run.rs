@@ -1,15 +1,17 @@
 //! [`GraphRun`]: one enqueued run of a task graph (direct or a captured launch), as seen by
 //! [`crate::ordering::synchronize_timeout`].
 
-use std::sync::Arc;
+use std::any::Any;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaEvent;
 
-use super::capture::Keep;
-use super::enqueue::PanicLog;
 use crate::error::{CudaCall, Error, Result};
 use crate::ordering::types::{PendingOp, Release};
 use crate::stream::Stream;
+
+/// Panics caught in host callbacks: (task label, message).
+pub(crate) type PanicLog = Arc<Mutex<Vec<(String, String)>>>;
 
 pub(super) struct RunTask {
     pub what: String,
@@ -24,8 +26,9 @@ pub(super) enum RunState {
     },
     Captured {
         /// Keeps the captured graph and everything its nodes use alive (also kept by the host
-        /// callback after the launch, so dropping this run early is fine).
-        _keep: Arc<Keep>,
+        /// callback after the launch, so dropping this run early is fine): the `capture::Keep`
+        /// of the graph, held type-erased so that this file imports nothing of `capture`.
+        _keep: Arc<dyn Any + Send + Sync>,
         waits: Vec<(String, Release)>,
         done: CudaEvent,
     },
