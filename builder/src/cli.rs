@@ -17,10 +17,11 @@ use crate::{ptxas, Arch, PtxBuilder, PtxIsa};
 /// The usage text.
 pub const USAGE: &str =
     "usage: warpline-builder <kernel crate dir> [--arch sm_90|sm_90a] [--ptx-isa MAJOR.MINOR] \
-[--features a,b] [--out-dir DIR] [--target-dir DIR] [--allow-ptxas-warnings]\n\
+[--features a,b] [--out-dir DIR] [--target-dir DIR] [--allow-ptxas-warnings] [--clippy]\n\
 Builds the kernel crate to one PTX module (default: sm_90, PTX ISA 8.0 (8.3 for sm_90a), \
 <crate>/target/ptx/<lib>.ptx) and checks it with ptxas; ptxas's slow-or-wrong warnings and spills \
-fail the build unless --allow-ptxas-warnings.";
+fail the build unless --allow-ptxas-warnings. --clippy runs the device clippy (Debian's \
+cargo-clippy, the build's flags, -D warnings) instead of building.";
 
 /// A parsed command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +40,9 @@ pub struct Args {
     pub target_dir: Option<PathBuf>,
     /// `--allow-ptxas-warnings`.
     pub allow_ptxas_warnings: bool,
+    /// `--clippy`: run the device clippy over the crate instead of building it
+    /// ([`PtxBuilder::clippy`]).
+    pub clippy: bool,
 }
 
 /// Parses the arguments after the program name.
@@ -52,7 +56,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Args, String> {
     let mut arch = Arch::Sm90;
     let mut isa = None;
     let mut features = Vec::new();
-    let (mut out_dir, mut target_dir, mut allow) = (None, None, false);
+    let (mut out_dir, mut target_dir, mut allow, mut clippy) = (None, None, false, false);
     while let Some(a) = it.next() {
         let mut value = |name: &str| {
             it.next()
@@ -86,6 +90,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Args, String> {
             "--out-dir" => out_dir = Some(PathBuf::from(value("--out-dir")?)),
             "--target-dir" => target_dir = Some(PathBuf::from(value("--target-dir")?)),
             "--allow-ptxas-warnings" => allow = true,
+            "--clippy" => clippy = true,
             "-h" | "--help" => return Err(USAGE.to_string()),
             s if s.starts_with('-') => return Err(bad(format!("unknown option {s}"))),
             s if crate_dir.is_none() => crate_dir = Some(PathBuf::from(s)),
@@ -109,6 +114,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Args, String> {
         out_dir,
         target_dir,
         allow_ptxas_warnings: allow,
+        clippy,
     })
 }
 
@@ -134,6 +140,11 @@ pub fn builder(args: &Args) -> PtxBuilder {
 /// The usage or build error's message.
 pub fn run<I: IntoIterator<Item = String>>(args: I) -> Result<(), String> {
     let args = parse(args)?;
+    if args.clippy {
+        builder(&args).clippy().map_err(|e| e.to_string())?;
+        println!("device clippy: clean (-D warnings)");
+        return Ok(());
+    }
     let built = builder(&args).build().map_err(|e| e.to_string())?;
     println!("wrote {}", built.path.display());
     println!("kernels: {}", built.entries.join(", "));
@@ -187,6 +198,8 @@ mod tests {
         assert_eq!(a.ptx_isa, PtxIsa::V8_3);
         assert_eq!(a.features, ["x", "y"]);
         assert!(a.allow_ptxas_warnings);
+        assert!(!a.clippy);
+        assert!(p(&["k", "--clippy"]).unwrap().clippy);
         assert_eq!(a.out_dir, Some(PathBuf::from("o")));
         assert_eq!(
             p(&["k", "--ptx-isa", "8.4"]).unwrap().ptx_isa,

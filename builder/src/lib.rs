@@ -47,7 +47,7 @@ use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 pub mod cli;
 mod manifest;
@@ -514,35 +514,10 @@ impl PtxBuilder {
         let mut cmd = toolchain.command(None);
         cmd.current_dir(&crate_dir)
             .env("RUSTFLAGS", format!("{} --emit=asm", self.rustflags()))
-            .env("CARGO_PROFILE_RELEASE_LTO", "fat")
-            .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
-            .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
-            .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
-            .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
-            .args(["build", "--release", "--target", TARGET, "-Zbuild-std=core"])
-            .args(if self.features.is_empty() {
-                vec![]
-            } else {
-                vec!["--features".to_string(), self.features.join(",")]
-            })
-            .arg("--manifest-path")
-            .arg(crate_dir.join("Cargo.toml"))
-            .args(["-p", &names.package])
-            .arg("--target-dir")
-            .arg(&target_dir)
-            .stdout(Stdio::from(io::stderr()))
-            .stderr(Stdio::inherit());
-        let shown = format!("{cmd:?}");
-        let status = cmd.status().map_err(|e| BuildError::Cargo {
-            command: shown.clone(),
-            status: format!("could not start {}: {e}", toolchain.cargo.display()),
-        })?;
-        if !status.success() {
-            return Err(BuildError::Cargo {
-                command: shown,
-                status: status.to_string(),
-            });
-        }
+            .envs(PROFILE_ENV)
+            .args(["build", "--release", "--target", TARGET, "-Zbuild-std=core"]);
+        self.package_args(&mut cmd, &crate_dir, &names, &target_dir);
+        run_device_cargo(cmd, &toolchain.cargo)?;
 
         let emitted = target_dir
             .join(TARGET)
@@ -588,6 +563,64 @@ impl PtxBuilder {
             ptxas_release,
             rustc_version,
         })
+    }
+
+    /// Runs the device clippy over the kernel crate: Debian's `cargo-clippy` (package
+    /// `rust-web-clippy`, [`toolchain::DEBIAN_CARGO_CLIPPY`]) with the device build's flags
+    /// ([`PtxBuilder::rustflags`]), profile and target, and `-- -D warnings`, in the target folder
+    /// `<target dir>-clippy` (clippy's results do not mix with the build's). The crate's own
+    /// `#![deny(...)]` lints apply; clippy's diagnostics go to stderr.
+    ///
+    /// # Errors
+    /// [`BuildError::ToolchainMissing`], [`BuildError::Manifest`], [`BuildError::Io`],
+    /// [`BuildError::Cargo`] (a lint fired, or cargo-clippy could not start: the message names
+    /// the command).
+    pub fn clippy(&self) -> Result<(), BuildError> {
+        let toolchain = match &self.toolchain {
+            Some(t) => t.clone(),
+            None => DeviceToolchain::discover()?,
+        };
+        let crate_dir = self
+            .crate_dir
+            .canonicalize()
+            .map_err(io_err(&self.crate_dir))?;
+        let names = manifest::names(&crate_dir)?;
+        let build_dir = std::path::absolute(self.resolved_target_dir())
+            .map_err(io_err(&self.resolved_target_dir()))?;
+        let mut dir_name = build_dir.file_name().unwrap_or_default().to_os_string();
+        dir_name.push("-clippy");
+        let target_dir = build_dir.with_file_name(dir_name);
+        fs::create_dir_all(&target_dir).map_err(io_err(&target_dir))?;
+        let clippy = Path::new(toolchain::DEBIAN_CARGO_CLIPPY);
+        let mut cmd = toolchain.command(Some(clippy));
+        cmd.current_dir(&crate_dir)
+            .env("RUSTFLAGS", self.rustflags())
+            .envs(PROFILE_ENV)
+            .args(["clippy", "--release", "--target", TARGET, "-Zbuild-std=core"]);
+        self.package_args(&mut cmd, &crate_dir, &names, &target_dir);
+        cmd.args(["--", "-D", "warnings"]);
+        run_device_cargo(cmd, clippy)
+    }
+
+    /// `--features`, `--manifest-path`, `-p`, `--target-dir` and the output routing of a device
+    /// cargo command.
+    fn package_args(
+        &self,
+        cmd: &mut Command,
+        crate_dir: &Path,
+        names: &CrateNames,
+        target_dir: &Path,
+    ) {
+        if !self.features.is_empty() {
+            cmd.args(["--features", &self.features.join(",")]);
+        }
+        cmd.arg("--manifest-path")
+            .arg(crate_dir.join("Cargo.toml"))
+            .args(["-p", &names.package])
+            .arg("--target-dir")
+            .arg(target_dir)
+            .stdout(Stdio::from(io::stderr()))
+            .stderr(Stdio::inherit());
     }
 
     fn check_module(&self, ptx: &str) -> Result<(), BuildError> {
@@ -733,6 +766,34 @@ pub fn ptx_entries(ptx: &str) -> Vec<String> {
             (!name.is_empty()).then_some(name)
         })
         .collect()
+}
+
+/// The release profile of every device build and clippy run (fat LTO, one codegen unit, panic
+/// abort, `-O3`, no debug info), as `CARGO_PROFILE_RELEASE_*` variables so that the kernel crate's
+/// own `[profile]` cannot change them.
+pub const PROFILE_ENV: [(&str, &str); 5] = [
+    ("CARGO_PROFILE_RELEASE_LTO", "fat"),
+    ("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1"),
+    ("CARGO_PROFILE_RELEASE_PANIC", "abort"),
+    ("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3"),
+    ("CARGO_PROFILE_RELEASE_DEBUG", "false"),
+];
+
+/// Runs a device cargo command; [`BuildError::Cargo`] naming it when it cannot start or fails.
+fn run_device_cargo(mut cmd: Command, program: &Path) -> Result<(), BuildError> {
+    let shown = format!("{cmd:?}");
+    let status = cmd.status().map_err(|e| BuildError::Cargo {
+        command: shown.clone(),
+        status: format!("could not start {}: {e}", program.display()),
+    })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(BuildError::Cargo {
+            command: shown,
+            status: status.to_string(),
+        })
+    }
 }
 
 #[cfg(test)]

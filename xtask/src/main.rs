@@ -321,11 +321,7 @@ fn clippy_ptx() -> Result<()> {
         let mut cmd = toolchain.command(Some(Path::new(DEBIAN_CARGO_CLIPPY)));
         cmd.current_dir(root())
             .env("RUSTFLAGS", b.rustflags())
-            .env("CARGO_PROFILE_RELEASE_LTO", "fat")
-            .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
-            .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
-            .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "3")
-            .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
+            .envs(warpline_builder::PROFILE_ENV)
             .args(["clippy", "--release", "--target", warpline_builder::TARGET])
             .args([
                 "-Zbuild-std=core",
