@@ -567,7 +567,7 @@ fn consumer<I: Elem, H: HeadDim>(t: Tile, wg: u32) {
     let lanes = Lanes {
         row: (tid / 32) * 16 + lane / 4,
         col: 2 * (lane % 4),
-        leader: lane % 4 == 0,
+        leader: lane.is_multiple_of(4),
     };
     let leader = tid == 0;
     const S_ZERO: [f32; S_ACC] = [0.0; S_ACC];
@@ -735,7 +735,7 @@ struct Params {
 /// The launch contract of the entries.
 #[inline(always)]
 unsafe fn attention<I: Elem, H: HeadDim>(p: Params) {
-    if block_dim_x() != THREADS_PER_CTA || p.kv_heads == 0 || p.heads % p.kv_heads != 0 {
+    if block_dim_x() != THREADS_PER_CTA || p.kv_heads == 0 || !p.heads.is_multiple_of(p.kv_heads) {
         // SAFETY: `trap` aborts the kernel; no preconditions.
         unsafe { core::arch::nvptx::trap() };
     }
