@@ -14,13 +14,14 @@
 //!   rounded to the element type (FlashAttention's `out_pt`).
 //!
 //! Tolerance rule (FlashAttention's, FA3 `hopper/test_flash_attn.py`):
-//! `max|O - O_exact| <= 2 * max|O_sp - O_exact| + fwd_atol`, where `fwd_atol = 2 * max|(O_exact
-//! + 0.3 - 0.3) - O_exact|` with both operations rounded to the element type: about one output
-//! ulp at magnitude 0.3-1 (BF16 ~0.002, FP16 ~0.0005). The slack covers cases where the
-//! same-precision reference is almost exact by chance, while the kernel rounds `P` relative to
-//! the running (not the final) row max and accumulates in FP32. LSE: `|LSE - LSE_exact| <=
-//! 1e-3` (`reference::LSE_ATOL`; the same-precision LSE equals the exact one, so there is
-//! nothing to scale), and `+inf` exactly where a row sees no key (then O must be 0).
+//! `max|O - O_exact| <= 2 * max|O_sp - O_exact| + fwd_atol`, where
+//! `fwd_atol = 2 * max|(O_exact + 0.3 - 0.3) - O_exact|` with both operations rounded to the
+//! element type: about one output ulp at magnitude 0.3-1 (BF16 ~0.002, FP16 ~0.0005). The slack
+//! covers cases where the same-precision reference is almost exact by chance, while the kernel
+//! rounds `P` relative to the running (not the final) row max and accumulates in FP32.
+//! LSE: `|LSE - LSE_exact| <= 1e-3` (`reference::LSE_ATOL`; the same-precision LSE equals the
+//! exact one, so there is nothing to scale), and `+inf` exactly where a row sees no key (then
+//! O must be 0).
 //!
 //! Large cases compare sampled query rows (every `ceil(S_q / 64)`-th row of each sequence and
 //! its last row; all of O and LSE is still checked for NaN); the reference is f64 on the CPU,

@@ -415,16 +415,16 @@ mod tests {
                     let e = (sj * c - ms).exp2();
                     sum += e;
                     let pe = round.round(e as f64) as f32;
-                    for x in 0..d {
-                        acc[x] += pe * p.v[(n0 + jj) * d + x] as f32;
+                    for (a, &vv) in acc.iter_mut().zip(&p.v[(n0 + jj) * d..][..d]) {
+                        *a += pe * vv as f32;
                     }
                 }
                 l = l * corr + sum;
                 m = mx;
                 n0 = n1;
             }
-            for x in 0..d {
-                o[i * d + x] = round.round((acc[x] / l) as f64);
+            for (ox, a) in o[i * d..][..d].iter_mut().zip(&acc) {
+                *ox = round.round((a / l) as f64);
             }
             lse[i] = ((m * c + l.log2()) * std::f32::consts::LN_2) as f64;
         }
