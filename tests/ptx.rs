@@ -500,6 +500,61 @@ fn issue22_cluster_barriers_are_per_thread() {
             body.contains("barrier.cluster.arrive.release;")
                 && body.contains("barrier.cluster.wait.acquire;"),
             "{kernel}: no per-thread cluster barrier"
+
+// Issue 23: the attention entries (sm_90a) carry the instructions their design rests on (rank-4
+// TMA loads, SS and register-A wgmma, ping-pong named barriers, quad shuffles, ex2), start with
+// the setmaxnreg entry count and assemble without spills.
+// ------------------------------------------------------------------------------------------------
+
+#[test]
+fn issue23_attention_entries_use_register_a_wgmma_pingpong_and_do_not_spill() {
+    let ptx = warpline::SM90A_PTX;
+    let report = ptxas_report_sm90a();
+    for kernel in warpline::kernels::attention::ENTRIES {
+        let at = ptx
+            .find(&format!(".entry {kernel}("))
+            .unwrap_or_else(|| panic!("{kernel} is not an entry of the sm_90a module"));
+        let body = &ptx[at..];
+        let body = &body[..body[1..].find(".entry ").map_or(body.len(), |i| i + 1)];
+        let dtype = if kernel.contains("bf16") {
+            "bf16"
+        } else {
+            "f16"
+        };
+        let n_pv = if kernel.ends_with("d64") { 64 } else { 128 };
+        for needle in [
+            "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                .to_string(),
+            format!("wgmma.mma_async.sync.aligned.m64n128k16.f32.{dtype}.{dtype}"),
+            format!("wgmma.mma_async.sync.aligned.m64n{n_pv}k16.f32.{dtype}.{dtype}"),
+            "bar.arrive".to_string(),
+            "shfl.sync.bfly.b32".to_string(),
+            "ex2.approx.ftz.f32".to_string(),
+            "setmaxnreg.inc.sync.aligned.u32 240".to_string(),
+            "setmaxnreg.dec.sync.aligned.u32 24".to_string(),
+            "griddepcontrol.wait".to_string(),
+        ] {
+            assert!(body.contains(&needle), "{kernel} lacks `{needle}`");
+        }
+        // P V reads A from registers: a `{%r.., %r.., %r.., %r..}` A operand before the
+        // descriptor of B.
+        assert!(
+            body.lines()
+                .any(|l| l.contains("wgmma.mma_async") && l.contains("}, {%r")),
+            "{kernel} has no register-A wgmma"
+        );
+        let section = sm90a_section(&report, kernel);
+        assert!(
+            section.contains("Used 168 registers"),
+            "{kernel}:\n{section}"
+        );
+        let spill = section
+            .lines()
+            .find(|l| l.contains("spill stores"))
+            .unwrap_or_else(|| panic!("no spill line for {kernel}:\n{section}"));
+        assert!(
+            spill.contains(" 0 bytes spill stores") && spill.contains(" 0 bytes spill loads"),
+            "{kernel} spills: {spill}"
         );
     }
 }

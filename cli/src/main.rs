@@ -10,6 +10,7 @@
 //! "message": ...}, "exit_code": ...}` on stdout too (flag errors clap finds included), so a
 //! caller can always parse stdout; `--help` and `--version` stay text.
 
+mod attention_cmd;
 mod cli_json;
 mod demo;
 mod fuzz_cmd;
@@ -96,6 +97,9 @@ enum Cmd {
     /// threads, every result checked against a CPU model, every wait bounded. Prints failing
     /// seeds with a minimised program and a summary line; exit status 1 on any failure.
     Fuzz(fuzz_cmd::FuzzArgs),
+    /// Attention forward (issue 23; sm_90a, FlashAttention-3 style) on random inputs: time,
+    /// TFLOP/s (FlashAttention's count: causal is half), `--verify` against the f64 references.
+    Attention(attention_cmd::AttentionArgs),
 }
 
 #[derive(Subcommand)]
@@ -585,6 +589,9 @@ fn main() -> ExitCode {
             Cmd::OrderingDemo(args) => demo::run(&ctx, args),
             Cmd::Fuzz(args) => no_trace(&ctx, "fuzz").and_then(|()| fuzz_cmd::run(&ctx, args)),
             Cmd::Mgpu(cmd) => no_trace(&ctx, "mgpu").and_then(|()| mgpu(cmd)),
+            Cmd::Attention(args) => {
+                no_trace(&ctx, "attention").and_then(|()| attention_cmd::run(&ctx, args))
+            }
         }
     });
     let (kind, msg, code) = match r {

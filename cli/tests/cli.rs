@@ -761,3 +761,48 @@ fn issue19_fuzz_reports_no_gpu_or_passes_a_small_run() {
         &["warpline fuzz: 3 seeds (19..21) x 60 ops", "failures: 0"],
     );
 }
+
+/// Issue 23: `warpline attention` runs verified (fixed and varlen, causal, GQA) or says "no GPU";
+/// bad shapes are usage errors (exit 2) before the device opens.
+#[test]
+fn issue23_attention_reports_no_gpu_or_runs_verified() {
+    for extra in [&["--causal"][..], &["--varlen", "--kv-heads", "2"][..]] {
+        let mut args = vec![
+            "attention",
+            "--batch",
+            "2",
+            "--heads",
+            "4",
+            "--seqlen",
+            "300",
+            "--seqlen-k",
+            "333",
+            "--head-dim",
+            "128",
+            "--reps",
+            "2",
+            "--verify",
+        ];
+        args.extend_from_slice(extra);
+        let out = warpline().args(&args).output().unwrap();
+        ran_or_no_gpu(&out, &["TFLOP/s", "ok; max|LSE"]);
+    }
+    for (args, says) in [
+        (&["--head-dim", "96"][..], "head_dim"),
+        (&["--head-dim", "64", "--kv-heads", "3"][..], "kv_heads"),
+    ] {
+        let mut all = vec![
+            "attention",
+            "--batch",
+            "1",
+            "--heads",
+            "4",
+            "--seqlen",
+            "64",
+        ];
+        all.extend_from_slice(args);
+        let (code, stderr) = run(&all);
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}

@@ -84,3 +84,32 @@ pub unsafe fn reduce_sum_f32(mut v: f32) -> f32 {
     }
     v
 }
+
+/// The maximum of `v` over the quad of lanes `4 (l / 4) .. 4 (l / 4) + 4` holding one row of a
+/// `wgmma`/`mma` accumulator (module docs of [`super::wgmma`]: lanes `l` with the same `l / 4`
+/// share rows), in each of them: two [`shfl_xor_f32`] steps (lane masks 1 and 2), `f32::max` (a
+/// NaN is ignored unless all four are NaN; `-inf` stays `-inf` only if all four are). The
+/// row-max step of an online softmax (FlashAttention's `Allreduce<4>`).
+///
+/// # Safety
+/// As [`shfl_xor_f32`]: all 32 lanes of the warp call it together.
+#[inline(always)]
+pub unsafe fn quad_max_f32(v: f32) -> f32 {
+    // SAFETY: the caller's contract (every lane runs both steps).
+    let v = v.max(unsafe { shfl_xor_f32(v, 1) });
+    // SAFETY: as above.
+    v.max(unsafe { shfl_xor_f32(v, 2) })
+}
+
+/// The sum of `v` over the quad of lanes holding one accumulator row (as [`quad_max_f32`]), in
+/// each of them; butterfly order, so all four lanes get the bit-identical sum.
+///
+/// # Safety
+/// As [`shfl_xor_f32`]: all 32 lanes of the warp call it together.
+#[inline(always)]
+pub unsafe fn quad_sum_f32(v: f32) -> f32 {
+    // SAFETY: the caller's contract (every lane runs both steps).
+    let v = v + unsafe { shfl_xor_f32(v, 1) };
+    // SAFETY: as above.
+    v + unsafe { shfl_xor_f32(v, 2) }
+}

@@ -72,6 +72,24 @@ impl NamedBarrier {
         Self { id, threads }
     }
 
+    /// `bar.arrive id, threads` (PTX ISA 8.3 §9.7.13.1 `bar.arrive`): counts this warp's
+    /// threads towards the barrier without waiting. The producer half of a producer/consumer
+    /// use of a named barrier, e.g. FlashAttention-3's ping-pong between consumer warpgroups
+    /// (one warpgroup arrives, the other [`Self::sync`]s, `threads` = both warpgroups).
+    /// `bar.arrive` has no memory ordering of its own.
+    ///
+    /// # Safety
+    /// As [`Self::new`]: in each use of the barrier the threads that arrive plus those that
+    /// sync are exactly `threads`, whole warps convergently; a warp does not arrive twice on
+    /// the same use (every arrival is matched by a completed use before the next).
+    #[inline(always)]
+    pub unsafe fn arrive(self) {
+        // SAFETY: id and count are valid; the caller keeps the arrival protocol above.
+        unsafe {
+            asm!("bar.arrive {i}, {n};", i = in(reg32) self.id, n = in(reg32) self.threads, options(nostack))
+        };
+    }
+
     /// `bar.sync id, threads`: waits for the barrier's threads; orders their shared-memory
     /// accesses before it with those after it (CTA scope).
     #[inline(always)]

@@ -310,3 +310,151 @@ macro_rules! mma_async_fp8 {
 mma_async_fp8!(mma_async_m64n128k32_f32_e4m3_e4m3, 128, 64, e4m3, e4m3);
 mma_async_fp8!(mma_async_m64n256k32_f32_e4m3_e4m3, 256, 128, e4m3, e4m3);
 mma_async_fp8!(mma_async_m64n256k32_f32_e4m3_e5m2, 256, 128, e4m3, e5m2);
+
+/// `mma_async_rs!(name, N, R, type, TYPE)`: `name`, the `m64nNk16` FP32-accumulator `mma_async`
+/// with A of `type` in registers (four `.b32` a thread, [`AFragment`]) and B in shared memory.
+macro_rules! mma_async_rs {
+    ($name:ident, $n:tt, $r:tt, $ty:ident, $doc_ty:literal) => {
+        with_indices!(mma_async_rs!{@fn $name, $n, $r, $ty, $doc_ty}, $r);
+    };
+    (@fn $name:ident, $n:tt, $r:tt, $ty:ident, $doc_ty:literal [$i0:literal $($i:literal)*]) => {
+        #[doc = concat!(
+            " `wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", stringify!($ty), ".",
+            stringify!($ty), "` with A in registers (PTX ISA 8.3 §9.7.15.5.2, the `a` operand"
+        )]
+        #[doc = concat!(
+            " as a vector of four `.b32`): `d += A * B` (or `d = A * B` when `scale_d` is 0) for",
+            " a 64x16 A of ", $doc_ty, " held by the warpgroup as [`AFragment`]s and a 16x", $n,
+        )]
+        #[doc = concat!(
+            " B in shared memory (descriptor `b`), FP32 accumulators `d` (", $r,
+            " per thread, layout in the module docs)."
+        )]
+        /// `TRANS_B` = 0 for a K-major B, 1 for an MN-major B (e.g. V of attention's `P V`,
+        /// stored key-major with the head dimension contiguous). There is no `imm-trans-a`: a
+        /// register A has one layout.
+        ///
+        /// # Safety
+        /// Warpgroup-collective (all 128 threads, convergently, with the same descriptor). The
+        /// descriptor describes shared memory of this CTA holding B in the layout it encodes,
+        /// written before the call (TMA completion observed on its mbarrier, or generic writes
+        /// followed by [`super::bulk::fence_proxy_async_shared`]) and not written until a
+        /// [`wait_group`] covering this MMA returns. [`fence`] was called since `d` (or `a`) was
+        /// last written by other instructions. `a` is read asynchronously: its registers are not
+        /// written until a [`wait_group`] covering this MMA returns (ptxas tracks the registers
+        /// and serializes, with warning C751x, where the program breaks this).
+        #[inline(always)]
+        pub unsafe fn $name<const TRANS_B: u32>(
+            d: &mut [f32; $r],
+            a: AFragment,
+            b: MatrixDescriptor,
+            scale_d: u32,
+        ) {
+            // SAFETY: the caller upholds the contract above; TRANS_B is an immediate 0 or 1.
+            unsafe {
+                asm!(
+                    "{{",
+                    ".reg .pred p;",
+                    "setp.ne.b32 p, {sd}, 0;",
+                    concat!(
+                        "wgmma.mma_async.sync.aligned.m64n", $n, "k16.f32.", stringify!($ty), ".",
+                        stringify!($ty), " {{{", $i0, "}", $(", {", $i, "}",)*
+                        "}}, {{{a0}, {a1}, {a2}, {a3}}}, {db}, p, 1, 1, {tb};"
+                    ),
+                    "}}",
+                    inout(reg32) d[$i0],
+                    $(inout(reg32) d[$i],)*
+                    a0 = in(reg32) a.0[0],
+                    a1 = in(reg32) a.0[1],
+                    a2 = in(reg32) a.0[2],
+                    a3 = in(reg32) a.0[3],
+                    db = in(reg64) b.bits(),
+                    sd = in(reg32) scale_d,
+                    tb = const TRANS_B,
+                    options(nostack)
+                );
+            }
+        }
+    };
+}
+
+/// One thread's share of a 64x16 A operand of 16-bit elements in registers, for the `_rs` forms
+/// ([`mma_async_rs_m64n64k16_f32_bf16`] etc.): four `.b32` registers, each two elements packed
+/// low column first (`lo | hi << 16`).
+///
+/// Layout (PTX ISA 8.3 §9.7.15.5.1, "Register Fragments": matrix A of `wgmma.m64nNk16` with
+/// `.f16`/`.bf16`; warp `w` of the warpgroup holds rows `16 w .. 16 w + 16`, each warp as the A
+/// of `mma.m16n8k16`): lane `l`, `g = l / 4`, `q = l % 4`:
+///
+/// | register | row        | columns (k)          |
+/// | -------- | ---------- | -------------------- |
+/// | `a[0]`   | `16w + g`     | `2q, 2q + 1`      |
+/// | `a[1]`   | `16w + g + 8` | `2q, 2q + 1`      |
+/// | `a[2]`   | `16w + g`     | `2q + 8, 2q + 9`  |
+/// | `a[3]`   | `16w + g + 8` | `2q + 8, 2q + 9`  |
+///
+/// This is the FP32 accumulator layout (module docs) of two neighbouring n8 blocks: accumulators
+/// `d[8 s .. 8 s + 8]` of an `m64nNk16` result hold exactly the elements of columns
+/// `16 s .. 16 s + 16` that the A fragment of the k16 slice `s` needs, in this order, so
+/// [`AFragment::from_acc_bf16`] packs them pairwise with no data movement between threads (how
+/// FlashAttention-3 feeds `P = softmax(S)` to `O += P V`: `convert_layout_acc_Aregs` is a
+/// relabelling for 16-bit types).
+#[derive(Clone, Copy)]
+pub struct AFragment(pub [u32; 4]);
+
+impl AFragment {
+    /// The A fragment of k16 slice `s` (columns `16 s .. 16 s + 16`) of an FP32 accumulator
+    /// array `d` of `m64nNk16` (`d.len() >= 8 s + 8`), rounded to BF16 (nearest even).
+    /// Use constant `s` (unrolled loops or literals) so `d` stays in registers.
+    #[inline(always)]
+    pub fn from_acc_bf16(d: &[f32], s: usize) -> Self {
+        let b = 8 * s;
+        Self([
+            super::math::pack_bf16x2(d[b], d[b + 1]),
+            super::math::pack_bf16x2(d[b + 2], d[b + 3]),
+            super::math::pack_bf16x2(d[b + 4], d[b + 5]),
+            super::math::pack_bf16x2(d[b + 6], d[b + 7]),
+        ])
+    }
+
+    /// As [`Self::from_acc_bf16`], rounded to FP16 (nearest even; beyond 65504 gives infinity).
+    #[inline(always)]
+    pub fn from_acc_f16(d: &[f32], s: usize) -> Self {
+        let b = 8 * s;
+        Self([
+            super::math::pack_f16x2(d[b], d[b + 1]),
+            super::math::pack_f16x2(d[b + 2], d[b + 3]),
+            super::math::pack_f16x2(d[b + 4], d[b + 5]),
+            super::math::pack_f16x2(d[b + 6], d[b + 7]),
+        ])
+    }
+}
+
+/// A compiler-only fence on A-fragment registers, as [`fence_operands`] for accumulators: use it
+/// after the [`wait_group`] that retires the MMAs reading `a`, before writing the fragments
+/// again, so the compiler keeps them in place while the MMAs may still read them.
+#[inline(always)]
+pub fn fence_fragments<const K: usize>(a: &mut [AFragment; K]) {
+    let mut i = 0;
+    while i < K {
+        // SAFETY: an empty template; the operands only pin the values in registers here.
+        unsafe {
+            asm!(
+                "/* wgmma A fragment: {0} {1} {2} {3} */",
+                inout(reg32) a[i].0[0],
+                inout(reg32) a[i].0[1],
+                inout(reg32) a[i].0[2],
+                inout(reg32) a[i].0[3],
+                options(nostack, nomem, preserves_flags)
+            )
+        };
+        i += 1;
+    }
+}
+
+mma_async_rs!(mma_async_rs_m64n64k16_f32_bf16, 64, 32, bf16, "BF16");
+mma_async_rs!(mma_async_rs_m64n64k16_f32_f16, 64, 32, f16, "F16");
+mma_async_rs!(mma_async_rs_m64n128k16_f32_bf16, 128, 64, bf16, "BF16");
+mma_async_rs!(mma_async_rs_m64n128k16_f32_f16, 128, 64, f16, "F16");
+mma_async_rs!(mma_async_rs_m64n256k16_f32_bf16, 256, 128, bf16, "BF16");
+mma_async_rs!(mma_async_rs_m64n256k16_f32_f16, 256, 128, f16, "F16");

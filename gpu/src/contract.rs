@@ -1194,3 +1194,134 @@ pub mod decode_step {
         assert!(attn_smem_bytes(64, 8) <= 48 * 1024);
     };
 }
+
+/// Attention forward for Hopper (issue 23), sm_90a module, `gpu/src/kernels/attention.rs`:
+/// `O = softmax(Q K^T * scale [+ causal mask]) V` and the row log-sum-exp, FlashAttention-3's
+/// structure (producer warpgroup on TMA, two consumer warpgroups on wgmma, ping-pong).
+///
+/// Layouts (FlashAttention's): Q, O `[B, S_q, H, D]`, K, V `[B, S_k, HK, D]`, row-major with
+/// D contiguous, 16-bit (BF16 or FP16, the same for all four); varlen: `[total, H, D]` packed,
+/// sequence `b` at rows `cu_seqlens[b] .. cu_seqlens[b + 1]`. LSE (f32, natural log) `[B, H,
+/// S_q]`, varlen `[H, total_q]`. Query head `h` reads KV head `h / (H / HK)`.
+///
+/// Tensor maps: rank 4 over Q, K, V with dims `{D, heads, rows, batch}` (varlen: `rows` =
+/// total, `batch` = 1), strides `{D, heads * D, rows * heads * D}` elements (in bytes on the
+/// host), boxes [`Q_BOX`] / [`KV_BOX`], 128-byte swizzle, zero fill out of bounds.
+///
+/// Parameters, in order: `(tmap_q: u64, tmap_k: u64, tmap_v: u64, o: u64, lse: u64,
+/// cu_seqlens_q: u64, cu_seqlens_k: u64, seqlen_q: u32, seqlen_k: u32, heads: u32,
+/// kv_heads: u32, total_q: u32, scale_log2: f32, flags: u32)`: tensor maps and pointers are
+/// device addresses; `seqlen_q` / `seqlen_k` are the sequence lengths (varlen: unused but for
+/// the grid, the lengths come from `cu_seqlens_*`, `i32`, `B + 1` each); `total_q` the rows of
+/// the packed Q (varlen) or `B * S_q`; `scale_log2 = softmax_scale * log2(e)`; `flags` a bit
+/// set of [`FLAG_CAUSAL`], [`FLAG_VARLEN`]. Grid `(ceil(S_q / BLOCK_M), H, B)` (varlen: the
+/// longest sequence's `S_q`), [`THREADS_PER_CTA`] threads, [`smem_bytes`]`(D)` dynamic shared
+/// memory, no cluster.
+pub mod attention {
+    use super::*;
+
+    /// Entry: BF16, head dim 64.
+    pub const KERNEL_BF16_D64: &str = "attention_fwd_bf16_d64";
+    /// Entry: BF16, head dim 128.
+    pub const KERNEL_BF16_D128: &str = "attention_fwd_bf16_d128";
+    /// Entry: FP16, head dim 64.
+    pub const KERNEL_F16_D64: &str = "attention_fwd_f16_d64";
+    /// Entry: FP16, head dim 128.
+    pub const KERNEL_F16_D128: &str = "attention_fwd_f16_d128";
+    /// Head dimensions with an entry.
+    pub const HEAD_DIMS: [usize; 2] = [64, 128];
+
+    /// Bytes of one element (BF16 / FP16).
+    pub const IN_BYTES: usize = 2;
+    /// Query rows per CTA (two consumer warpgroups x 64).
+    pub const BLOCK_M: usize = 128;
+    /// Keys per K/V tile (the N of the `S = Q K^T` wgmma, the K of `O += P V`).
+    pub const BLOCK_N: usize = 128;
+    /// Query rows per consumer warpgroup (the M of wgmma).
+    pub const WG_M: usize = 64;
+    /// Columns of one TMA box: 64 16-bit elements, the 128-byte swizzle span; a head dim of D
+    /// is `D / 64` boxes ("chunks") side by side.
+    pub const CHUNK_COLS: usize = 64;
+    /// Stages of the K ring and of the V ring (each its own full/empty mbarriers).
+    pub const STAGES: usize = 2;
+    /// Threads per warpgroup.
+    pub const WARPGROUP_THREADS: u32 = 4 * WARP_SIZE;
+    /// Consumer warpgroups.
+    pub const CONSUMER_WARPGROUPS: u32 = 2;
+    /// Threads per CTA: the producer warpgroup and the consumers.
+    pub const THREADS_PER_CTA: u32 = WARPGROUP_THREADS * (1 + CONSUMER_WARPGROUPS);
+    /// Registers per thread of the producer warpgroup (`setmaxnreg.dec`).
+    pub const PRODUCER_REGS: u32 = 24;
+    /// Registers per thread of a consumer warpgroup (`setmaxnreg.inc`).
+    pub const CONSUMER_REGS: u32 = 240;
+    /// TMA box of Q, `{D chunk, head, rows, batch}` elements.
+    pub const Q_BOX: [u32; 4] = [CHUNK_COLS as u32, 1, BLOCK_M as u32, 1];
+    /// TMA box of K and V.
+    pub const KV_BOX: [u32; 4] = [CHUNK_COLS as u32, 1, BLOCK_N as u32, 1];
+    /// `flags` bit: causal mask, aligned to the bottom right (query `i` sees key `j` iff
+    /// `j <= i + S_k - S_q`, FlashAttention's convention).
+    pub const FLAG_CAUSAL: u32 = 1;
+    /// `flags` bit: variable-length batch (`cu_seqlens_q`, `cu_seqlens_k` are read).
+    pub const FLAG_VARLEN: u32 = 2;
+    /// Named barriers of the ping-pong between the consumer warpgroups: `PINGPONG_BARRIER +
+    /// w` is warpgroup `w`'s turn (256 threads: `w` syncs, the other arrives).
+    pub const PINGPONG_BARRIER: u32 = 1;
+    /// Alignment of every swizzled tile.
+    pub const SWIZZLE_ALIGN: usize = 1024;
+    /// Largest grid y (heads) and z (batch).
+    pub const MAX_GRID_YZ: u32 = 65535;
+
+    /// Bytes of one chunk (64 columns) of the Q tile.
+    pub const Q_CHUNK_BYTES: usize = BLOCK_M * CHUNK_COLS * IN_BYTES;
+    /// Bytes of one chunk (64 columns) of a K or V stage.
+    pub const KV_CHUNK_BYTES: usize = BLOCK_N * CHUNK_COLS * IN_BYTES;
+    /// Bytes of the Q tile for head dim `d`.
+    pub const fn q_bytes(d: usize) -> usize {
+        BLOCK_M * d * IN_BYTES
+    }
+    /// Bytes of one K (or V) stage for head dim `d`.
+    pub const fn kv_stage_bytes(d: usize) -> usize {
+        BLOCK_N * d * IN_BYTES
+    }
+    /// Shared-memory layout from the 1024-byte aligned base: `Q | K stages | V stages |
+    /// q_full | K full[STAGES], empty[STAGES] | V full[STAGES], empty[STAGES]`.
+    pub const Q_OFFSET: usize = 0;
+    /// Offset of K stage 0.
+    pub const fn k_offset(d: usize) -> usize {
+        Q_OFFSET + q_bytes(d)
+    }
+    /// Offset of V stage 0.
+    pub const fn v_offset(d: usize) -> usize {
+        k_offset(d) + STAGES * kv_stage_bytes(d)
+    }
+    /// Offset of the Q barrier (then the K ring's and the V ring's barriers).
+    pub const fn barriers_offset(d: usize) -> usize {
+        v_offset(d) + STAGES * kv_stage_bytes(d)
+    }
+    /// Offset of the K ring's barriers.
+    pub const fn k_ring_offset(d: usize) -> usize {
+        barriers_offset(d) + MBARRIER_BYTES
+    }
+    /// Offset of the V ring's barriers.
+    pub const fn v_ring_offset(d: usize) -> usize {
+        k_ring_offset(d) + 2 * STAGES * MBARRIER_BYTES
+    }
+    /// Dynamic shared memory per CTA for head dim `d` (layout, barriers, alignment slack).
+    pub const fn smem_bytes(d: usize) -> usize {
+        v_ring_offset(d) + 2 * STAGES * MBARRIER_BYTES + SWIZZLE_ALIGN
+    }
+
+    const _: () = {
+        assert!(BLOCK_M == CONSUMER_WARPGROUPS as usize * WG_M);
+        assert!(CHUNK_COLS * IN_BYTES == 128);
+        assert!(Q_CHUNK_BYTES.is_multiple_of(SWIZZLE_ALIGN));
+        assert!(KV_CHUNK_BYTES.is_multiple_of(SWIZZLE_ALIGN));
+        assert!(smem_bytes(128) <= 227 * 1024);
+        assert!(BLOCK_N.is_multiple_of(16) && BLOCK_N <= 256);
+        warpline_device::check_setmaxnreg(
+            THREADS_PER_CTA,
+            1,
+            &[PRODUCER_REGS, CONSUMER_REGS, CONSUMER_REGS],
+        );
+    };
+}

@@ -96,6 +96,10 @@ pub enum Error {
         value: u64,
         max: u64,
     },
+    /// Variable-length sequence offsets (`cu_seqlens`) that break the rules: `B + 1` entries,
+    /// the first 0, non-decreasing (attention, issue 23).
+    #[error("{what}: bad sequence offsets: {detail}")]
+    BadSeqlens { what: &'static str, detail: String },
     /// A size that violates a shape rule (a multiple of a tile, say).
     #[error("{what}: {detail}")]
     BadShape { what: &'static str, detail: String },

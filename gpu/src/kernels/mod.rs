@@ -7,6 +7,8 @@
 //! setmaxnreg, and the instruction checks of `device_check`).
 
 #[cfg(feature = "sm90a")]
+mod attention;
+#[cfg(feature = "sm90a")]
 mod batched_gemm;
 #[cfg(not(feature = "sm90a"))]
 mod decode_gemm;

@@ -1,6 +1,8 @@
 //! Typed launchers, one module per kernel family. Each validates its arguments (lengths, zero
 //! sizes, alignment, streams, sizes the kernel can index) before anything is launched.
 
+/// Attention forward (sm_90a, FlashAttention-3 style; issue 23) and its CPU references.
+pub mod attention;
 pub mod batched_gemm;
 /// The memory-bound decode GEMM (sm_90; M <= 64 tokens, BF16/FP16 weights; issue 20).
 pub mod decode_gemm;
