@@ -14,7 +14,9 @@ use warpline_builder::{DeviceToolchain, PtxBuilder};
 mod error {
     pub(crate) use warpline::error::Error;
 }
+// Its kernel table (`KERNEL_SPECS`) is the host's, unused here.
 #[path = "../host/src/contract_check.rs"]
+#[allow(dead_code)]
 mod contract_check;
 
 use contract_check::{check_contract, ptx_contract_hash};
