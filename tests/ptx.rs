@@ -500,7 +500,11 @@ fn issue22_cluster_barriers_are_per_thread() {
             body.contains("barrier.cluster.arrive.release;")
                 && body.contains("barrier.cluster.wait.acquire;"),
             "{kernel}: no per-thread cluster barrier"
+        );
+    }
+}
 
+// ------------------------------------------------------------------------------------------------
 // Issue 23: the attention entries (sm_90a) carry the instructions their design rests on (rank-4
 // TMA loads, SS and register-A wgmma, ping-pong named barriers, quad shuffles, ex2), start with
 // the setmaxnreg entry count and assemble without spills.
