@@ -596,7 +596,13 @@ impl PtxBuilder {
         cmd.current_dir(&crate_dir)
             .env("RUSTFLAGS", self.rustflags())
             .envs(PROFILE_ENV)
-            .args(["clippy", "--release", "--target", TARGET, "-Zbuild-std=core"]);
+            .args([
+                "clippy",
+                "--release",
+                "--target",
+                TARGET,
+                "-Zbuild-std=core",
+            ]);
         self.package_args(&mut cmd, &crate_dir, &names, &target_dir);
         cmd.args(["--", "-D", "warnings"]);
         run_device_cargo(cmd, clippy)

@@ -109,7 +109,6 @@ unsafe extern "C" {
     fn atexit(f: extern "C" fn()) -> core::ffi::c_int;
 }
 
-
 fn run(job: Job) {
     if job.gated {
         let _free = Gate::close_for_free();
