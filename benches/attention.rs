@@ -1,7 +1,8 @@
 //! Attention forward throughput (`Attention`, kernels `attention_fwd_*`, issue 23) on the issue's
 //! shapes `B x H x S x D`: 16 x 16 x 2048 x 128, 4 x 16 x 8192 x 128, 16 x 32 x 2048 x 64, causal
 //! and not, BF16 (`WARPLINE_ATTN_DTYPE=fp16` for FP16; `WARPLINE_ATTN_SHAPES=BxHxSxD,...` for
-//! other shapes). Layout `[B, S, H, D]`, `HK = H`, scale `1 / sqrt(D)`.
+//! other shapes; `WARPLINE_ATTN_PINGPONG_OFF=1` adds rows with the consumer ping-pong off).
+//! Layout `[B, S, H, D]`, `HK = H`, scale `1 / sqrt(D)`.
 //!
 //! cuDNN is the reference: `scripts/torch_attention.py` runs torch SDPA with the cuDNN backend on
 //! the same shapes and prints rows in this format; run both in one GPU session:
@@ -73,6 +74,11 @@ fn random_buffer<T: AttnElement>(
     Ok((b, host))
 }
 
+/// Rows without the ping-pong too (`WARPLINE_ATTN_PINGPONG_OFF=1`), to measure what it brings.
+fn pingpong_rows() -> bool {
+    std::env::var("WARPLINE_ATTN_PINGPONG_OFF").is_ok_and(|v| v == "1")
+}
+
 fn shapes() -> Vec<[usize; 4]> {
     match std::env::var("WARPLINE_ATTN_SHAPES") {
         Ok(v) => v
@@ -115,7 +121,10 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
         let (dv, hv) = random_buffer::<T>(&pool, &stream, &mut rng, n)?;
         let mut dout = pool.alloc_async::<T>(&stream, n)?;
         let mut dlse = pool.alloc_async::<f32>(&stream, b * h * s)?;
-        for causal in [false, true] {
+        for (causal, no_pingpong) in [(false, false), (true, false), (false, true), (true, true)] {
+            if no_pingpong && !pingpong_rows() {
+                continue;
+            }
             let problem = AttentionProblem::fixed(b, h, s, d, causal);
             let plan = att.plan(
                 &stream,
@@ -127,7 +136,10 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
                     o: dout.as_view_mut(),
                     lse: dlse.as_view_mut(),
                 },
-                AttentionOptions::default(),
+                AttentionOptions {
+                    pdl: false,
+                    no_pingpong,
+                },
             )?;
             let flops = plan.shape().flops();
             let t = median_ms(&stream, || plan.launch())?;
@@ -136,7 +148,11 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
                 "{:>22} {:>7} {:>10} {t:>10.3} {:>10.1}",
                 format!("{b} x {h} x {s} x {d}"),
                 causal,
-                "warpline",
+                if no_pingpong {
+                    "no-pingpong"
+                } else {
+                    "warpline"
+                },
                 flops / t / 1e9
             );
             // Spot check: 32 rows of (batch 0, head 0) against the exact f64 reference.

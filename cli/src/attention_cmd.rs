@@ -62,6 +62,9 @@ pub struct AttentionArgs {
     /// Launch with PDL.
     #[arg(long)]
     pdl: bool,
+    /// Turn the ping-pong between the consumer warpgroups off (to measure what it brings).
+    #[arg(long)]
+    no_pingpong: bool,
 }
 
 pub fn run(ctx: &Ctx, args: AttentionArgs) -> CliResult<Value> {
@@ -166,7 +169,10 @@ fn run_t<T: AttnElement>(ctx: &Ctx, args: &AttentionArgs) -> CliResult<Value> {
                 o: dout.as_view_mut(),
                 lse: dlse.as_view_mut(),
             },
-            AttentionOptions { pdl: args.pdl },
+            AttentionOptions {
+                pdl: args.pdl,
+                no_pingpong: args.no_pingpong,
+            },
         )?;
         median_launch_ms(&stream, false, args.reps, &mut || plan.launch())?
     };

@@ -254,6 +254,8 @@ struct Tile {
     lse_base: u32,
     lse_head_stride: u32,
     causal: bool,
+    /// Ping-pong between the consumer warpgroups (not `FLAG_NO_PINGPONG`).
+    pingpong: bool,
     /// `seqlen_k - seqlen_q`: query `i` sees key `j` iff `j <= i + diag` (causal).
     diag: i32,
     /// Key blocks to visit (`0..n_blocks`).
@@ -365,40 +367,46 @@ struct Turns {
     other: NamedBarrier,
     /// Warpgroup 1: skips its arrival after its last GEMMs.
     second: bool,
+    /// Ping-pong on (off: every method is a no-op; `FLAG_NO_PINGPONG`, CTA-uniform).
+    on: bool,
 }
 
 impl Turns {
     #[inline(always)]
-    fn new(wg: u32) -> Self {
+    fn new(wg: u32, on: bool) -> Self {
         // SAFETY: barriers PINGPONG_BARRIER + {0, 1} are used by the two consumer warpgroups
         // alone (256 threads: one warpgroup syncs, the other arrives, whole warps convergently);
         // every use completes: warpgroup w syncs n_blocks + 1 times on its barrier, the other
         // arrives n_blocks + 1 times on it (warpgroup 1: once up front, then after each turn but
-        // the last), and warpgroup 1 arrives on barrier 0 only after warpgroup 0 synced on it
-        // (a warpgroup arrives again only after its next sync, which needs the other's sync).
+        // the last); a warpgroup arrives on the other's barrier at most once per use: its next
+        // arrival follows its own next sync, which completes only after the other warpgroup
+        // synced (and passed) in between. With ping-pong off nobody uses the barriers.
         unsafe {
             Self {
                 mine: NamedBarrier::new(PINGPONG_BARRIER + wg, 2 * WARPGROUP_THREADS),
                 other: NamedBarrier::new(PINGPONG_BARRIER + (1 - wg), 2 * WARPGROUP_THREADS),
                 second: wg == 1,
+                on,
             }
         }
     }
     /// Warpgroup 1 lets warpgroup 0 go first.
     #[inline(always)]
     fn start(self) {
-        if self.second {
+        if self.on && self.second {
             // SAFETY: see `new`.
             unsafe { self.other.arrive() };
         }
     }
     #[inline(always)]
     fn take(self) {
-        self.mine.sync();
+        if self.on {
+            self.mine.sync();
+        }
     }
     #[inline(always)]
     fn pass(self, last: bool) {
-        if !(last && self.second) {
+        if self.on && !(last && self.second) {
             // SAFETY: see `new`.
             unsafe { self.other.arrive() };
         }
@@ -577,7 +585,7 @@ fn consumer<I: Elem, H: HeadDim>(t: Tile, wg: u32) {
     let mut p = P_ZERO;
     let mut m = [f32::NEG_INFINITY; 2];
     let mut l = [0.0f32; 2];
-    let turns = Turns::new(wg);
+    let turns = Turns::new(wg, t.pingpong);
     let n_blocks = t.n_blocks;
     if n_blocks > 0 {
         turns.start();
@@ -814,6 +822,7 @@ unsafe fn attention<I: Elem, H: HeadDim>(p: Params) {
         },
         lse_head_stride: if varlen { p.total_q } else { seqlen_q },
         causal,
+        pingpong: p.flags & FLAG_NO_PINGPONG == 0,
         diag,
         n_blocks: key_end.div_ceil(BLOCK_N as u32),
         scale_log2: p.scale_log2,
