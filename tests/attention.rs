@@ -23,8 +23,8 @@
 //! exact one, so there is nothing to scale), and `+inf` exactly where a row sees no key (then
 //! O must be 0).
 //!
-//! Large cases compare sampled query rows (every `ceil(S_q / 64)`-th row of each sequence and
-//! its last row; all of O and LSE is still checked for NaN); the reference is f64 on the CPU,
+//! Large cases compare sampled query rows (every `ceil(S_q / 64) | 1`-th row of each sequence,
+//! an odd step so every row position mod 16 is hit, and its last row; all of O and LSE is still checked for NaN); the reference is f64 on the CPU,
 //! so run the suite with `--release`.
 //!
 //! GPU tests skip without a driver or without an sm_90a device (unless `WARPLINE_REQUIRE_GPU=1`).
@@ -207,7 +207,9 @@ fn run_case<T: AttnElement>(att: &Attention<'_>, case: &Case, rng: &mut rand::rn
         "{case:?}: the kernel wrote past the end of O or LSE"
     );
     let max_sq = case.lens.iter().map(|l| l.0).max().unwrap();
-    let row_step = max_sq.div_ceil(64).max(1);
+    // Odd, so the sampled rows hit every residue mod 16 (every lane quad and both accumulator
+    // row halves of a warp's 16 rows) over a long sequence.
+    let row_step = max_sq.div_ceil(64) | 1;
     let rp = RefProblem {
         q: &qf,
         k: &kf,

@@ -205,7 +205,7 @@ fn run_t<T: AttnElement>(ctx: &Ctx, args: &AttentionArgs) -> CliResult<Value> {
             head_dim: d,
             causal: args.causal,
             scale: shape.softmax_scale as f64,
-            row_step: sq.div_ceil(16).max(1),
+            row_step: sq.div_ceil(16) | 1,
         };
         let (os, lse_ref) = attention_f64_multi(&rp, &[PRounding::Exact, T::P_ROUNDING]);
         let (mut got, mut exact, mut sp) = (Vec::new(), Vec::new(), Vec::new());
