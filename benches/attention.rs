@@ -1,7 +1,8 @@
 //! Attention forward throughput (`Attention`, kernels `attention_fwd_*`, issue 23) on the issue's
 //! shapes `B x H x S x D`: 16 x 16 x 2048 x 128, 4 x 16 x 8192 x 128, 16 x 32 x 2048 x 64, causal
 //! and not, BF16 (`WARPLINE_ATTN_DTYPE=fp16` for FP16; `WARPLINE_ATTN_SHAPES=BxHxSxD,...` for
-//! other shapes; `WARPLINE_ATTN_PINGPONG_OFF=1` adds rows with the consumer ping-pong off).
+//! other shapes; `WARPLINE_ATTN_VARIANTS=1` adds rows with the consumer ping-pong off and with
+//! the in-warpgroup overlap off).
 //! Layout `[B, S, H, D]`, `HK = H`, scale `1 / sqrt(D)`.
 //!
 //! cuDNN is the reference: `scripts/torch_attention.py` runs torch SDPA with the cuDNN backend on
@@ -74,9 +75,18 @@ fn random_buffer<T: AttnElement>(
     Ok((b, host))
 }
 
-/// Rows without the ping-pong too (`WARPLINE_ATTN_PINGPONG_OFF=1`), to measure what it brings.
-fn pingpong_rows() -> bool {
-    std::env::var("WARPLINE_ATTN_PINGPONG_OFF").is_ok_and(|v| v == "1")
+/// The kernel's structure variants (`AttentionOptions`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Full,
+    NoPingpong,
+    NoOverlap,
+}
+
+/// Rows without the ping-pong and without the in-warpgroup overlap too
+/// (`WARPLINE_ATTN_VARIANTS=1`), to measure what each brings.
+fn variant_rows() -> bool {
+    std::env::var("WARPLINE_ATTN_VARIANTS").is_ok_and(|v| v == "1")
 }
 
 fn shapes() -> Vec<[usize; 4]> {
@@ -121,8 +131,15 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
         let (dv, hv) = random_buffer::<T>(&pool, &stream, &mut rng, n)?;
         let mut dout = pool.alloc_async::<T>(&stream, n)?;
         let mut dlse = pool.alloc_async::<f32>(&stream, b * h * s)?;
-        for (causal, no_pingpong) in [(false, false), (true, false), (false, true), (true, true)] {
-            if no_pingpong && !pingpong_rows() {
+        for (causal, variant) in [
+            (false, Variant::Full),
+            (true, Variant::Full),
+            (false, Variant::NoPingpong),
+            (true, Variant::NoPingpong),
+            (false, Variant::NoOverlap),
+            (true, Variant::NoOverlap),
+        ] {
+            if variant != Variant::Full && !variant_rows() {
                 continue;
             }
             let problem = AttentionProblem::fixed(b, h, s, d, causal);
@@ -138,7 +155,8 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
                 },
                 AttentionOptions {
                     pdl: false,
-                    no_pingpong,
+                    no_pingpong: variant == Variant::NoPingpong,
+                    no_overlap: variant == Variant::NoOverlap,
                 },
             )?;
             let flops = plan.shape().flops();
@@ -148,10 +166,10 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
                 "{:>22} {:>7} {:>10} {t:>10.3} {:>10.1}",
                 format!("{b} x {h} x {s} x {d}"),
                 causal,
-                if no_pingpong {
-                    "no-pingpong"
-                } else {
-                    "warpline"
+                match variant {
+                    Variant::Full => "warpline",
+                    Variant::NoPingpong => "no-pingpong",
+                    Variant::NoOverlap => "no-overlap",
                 },
                 flops / t / 1e9
             );

@@ -91,6 +91,7 @@ struct Case {
     scale: Option<f32>,
     pdl: bool,
     no_pingpong: bool,
+    no_overlap: bool,
 }
 
 impl Case {
@@ -105,6 +106,7 @@ impl Case {
             scale: None,
             pdl: false,
             no_pingpong: false,
+            no_overlap: false,
         }
     }
 }
@@ -182,6 +184,7 @@ fn run_case<T: AttnElement>(att: &Attention<'_>, case: &Case, rng: &mut rand::rn
                 AttentionOptions {
                     pdl: case.pdl,
                     no_pingpong: case.no_pingpong,
+                    no_overlap: case.no_overlap,
                 },
             )
             .unwrap_or_else(|e| panic!("{case:?}: {e}"));
@@ -390,6 +393,7 @@ fn varlen_random_lengths() {
                     scale: None,
                     pdl: false,
                     no_pingpong: false,
+                    no_overlap: false,
                 };
                 run_case::<bf16>(&att, &case, &mut rng);
             }
@@ -406,6 +410,7 @@ fn varlen_random_lengths() {
         scale: Some(0.3),
         pdl: false,
         no_pingpong: false,
+        no_overlap: false,
     };
     run_case::<f16>(&att, &case, &mut rng);
 }
@@ -442,6 +447,31 @@ fn without_pingpong() {
             ..Case::fixed(2, 1023, 1024, d, 2, causal)
         };
         run_case::<bf16>(&att, &case, &mut rng);
+    }
+}
+
+/// The in-warpgroup overlap off (`AttentionOptions::no_overlap`, the plain per-block order)
+/// gives results within the same rule; varlen and fixed.
+#[test]
+fn without_overlap() {
+    let Some(dev) = att_or_skip("attention without overlap") else {
+        return;
+    };
+    let att = Attention::new(&dev).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
+    for (d, causal) in [(64, true), (128, false)] {
+        let case = Case {
+            no_overlap: true,
+            ..Case::fixed(2, 113, 211, d, 6, causal)
+        };
+        run_case::<bf16>(&att, &case, &mut rng);
+        let case = Case {
+            no_overlap: true,
+            varlen: true,
+            lens: vec![(300, 500), (0, 17), (77, 0), (129, 128)],
+            ..Case::fixed(1, 1, 1, d, 2, causal)
+        };
+        run_case::<f16>(&att, &case, &mut rng);
     }
 }
 

@@ -65,6 +65,9 @@ pub struct AttentionArgs {
     /// Turn the ping-pong between the consumer warpgroups off (to measure what it brings).
     #[arg(long)]
     no_pingpong: bool,
+    /// Turn the in-warpgroup overlap (and the ping-pong) off: the plain per-block order.
+    #[arg(long)]
+    no_overlap: bool,
 }
 
 pub fn run(ctx: &Ctx, args: AttentionArgs) -> CliResult<Value> {
@@ -172,6 +175,7 @@ fn run_t<T: AttnElement>(ctx: &Ctx, args: &AttentionArgs) -> CliResult<Value> {
             AttentionOptions {
                 pdl: args.pdl,
                 no_pingpong: args.no_pingpong,
+                no_overlap: args.no_overlap,
             },
         )?;
         median_launch_ms(&stream, false, args.reps, &mut || plan.launch())?

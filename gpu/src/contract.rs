@@ -1211,7 +1211,7 @@ pub mod decode_step {
 /// device addresses; `seqlen_q` / `seqlen_k` are the sequence lengths (varlen: unused but for
 /// the grid, the lengths come from `cu_seqlens_*`, `i32`, `B + 1` each); `total_q` the rows of
 /// the packed Q (varlen) or `B * S_q`; `scale_log2 = softmax_scale * log2(e)`; `flags` a bit
-/// set of [`FLAG_CAUSAL`], [`FLAG_VARLEN`], [`FLAG_NO_PINGPONG`]. Grid `(ceil(S_q / BLOCK_M), H, B)` (varlen: the
+/// set of [`FLAG_CAUSAL`], [`FLAG_VARLEN`], [`FLAG_NO_PINGPONG`], [`FLAG_NO_OVERLAP`]. Grid `(ceil(S_q / BLOCK_M), H, B)` (varlen: the
 /// longest sequence's `S_q`), [`THREADS_PER_CTA`] threads, [`smem_bytes`]`(D)` dynamic shared
 /// memory, no cluster.
 pub mod attention {
@@ -1263,6 +1263,9 @@ pub mod attention {
     /// `flags` bit: no ping-pong (the consumer warpgroups issue their GEMMs without waiting
     /// for their turn), to measure what the ping-pong brings.
     pub const FLAG_NO_PINGPONG: u32 = 4;
+    /// `flags` bit: no in-warpgroup overlap (per key block: `S = Q K^T`, wait, softmax,
+    /// `O += P V`, wait; implies no ping-pong), to measure what the overlap brings.
+    pub const FLAG_NO_OVERLAP: u32 = 8;
     /// Named barriers of the ping-pong between the consumer warpgroups: `PINGPONG_BARRIER +
     /// w` is warpgroup `w`'s turn (256 threads: `w` syncs, the other arrives).
     pub const PINGPONG_BARRIER: u32 = 1;

@@ -254,8 +254,10 @@ struct Tile {
     lse_base: u32,
     lse_head_stride: u32,
     causal: bool,
-    /// Ping-pong between the consumer warpgroups (not `FLAG_NO_PINGPONG`).
+    /// Ping-pong between the consumer warpgroups (not `FLAG_NO_PINGPONG`; only with overlap).
     pingpong: bool,
+    /// `S_n` issued with `P_{n-1} V_{n-1}` (not `FLAG_NO_OVERLAP`).
+    overlap: bool,
     /// `seqlen_k - seqlen_q`: query `i` sees key `j` iff `j <= i + diag` (causal).
     diag: i32,
     /// Key blocks to visit (`0..n_blocks`).
@@ -585,9 +587,52 @@ fn consumer<I: Elem, H: HeadDim>(t: Tile, wg: u32) {
     let mut p = P_ZERO;
     let mut m = [f32::NEG_INFINITY; 2];
     let mut l = [0.0f32; 2];
-    let turns = Turns::new(wg, t.pingpong);
+    let turns = Turns::new(wg, t.pingpong && t.overlap);
     let n_blocks = t.n_blocks;
-    if n_blocks > 0 {
+    if n_blocks > 0 && !t.overlap {
+        // FLAG_NO_OVERLAP: per block S = Q K^T, wait, softmax, O *= correction, O += P V, wait
+        // (no ping-pong). The plain order, for measuring the overlap and for diagnosis.
+        t.q_full.wait_parity(0);
+        let (mut ks, mut vs) = (State::new(), State::new());
+        let mut n = 0;
+        while n < n_blocks {
+            t.k_ring.consumer_wait(ks);
+            wgmma::fence_operands(&mut s);
+            // SAFETY: as in the overlapped path below: warpgroup-uniform, Q and K landed, the
+            // stage released after the wait_group that retires the group.
+            unsafe {
+                wgmma::fence();
+                issue_qk::<I, H>(t, wg, t.k_stage::<H>(ks), &mut s);
+                wgmma::wait_group::<0>();
+            }
+            wgmma::fence_operands(&mut s);
+            if leader {
+                t.k_ring.consumer_release_local(ks);
+            }
+            ks.advance();
+            let corr = softmax(t, wg, lanes, n, &mut s, &mut m, &mut l);
+            wgmma::fence_operands(&mut o);
+            wgmma::fence_fragments(&mut p);
+            rescale::<H>(&mut o, corr);
+            pack_p::<I>(&s, &mut p);
+            t.v_ring.consumer_wait(vs);
+            wgmma::fence_operands(&mut o);
+            wgmma::fence_fragments(&mut p);
+            // SAFETY: as above; V stage vs has landed.
+            unsafe {
+                wgmma::fence();
+                issue_pv::<I, H>(&mut o, &p, t.v_stage::<H>(vs), n == 0);
+                wgmma::wait_group::<0>();
+            }
+            wgmma::fence_operands(&mut o);
+            wgmma::fence_fragments(&mut p);
+            if leader {
+                t.v_ring.consumer_release_local(vs);
+            }
+            vs.advance();
+            n += 1;
+        }
+    } else if n_blocks > 0 {
         turns.start();
         t.q_full.wait_parity(0);
         let (mut ks, mut vs) = (State::new(), State::new());
@@ -823,6 +868,7 @@ unsafe fn attention<I: Elem, H: HeadDim>(p: Params) {
         lse_head_stride: if varlen { p.total_q } else { seqlen_q },
         causal,
         pingpong: p.flags & FLAG_NO_PINGPONG == 0,
+        overlap: p.flags & FLAG_NO_OVERLAP == 0,
         diag,
         n_blocks: key_end.div_ceil(BLOCK_N as u32),
         scale_log2: p.scale_log2,
