@@ -131,7 +131,13 @@ fn compare_with_cudnn(rows: &[Row], dtype: &str) {
         .collect();
     shapes.dedup();
     let python = std::env::var("WARPLINE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_attention.py");
+    // The checkout's script, else one under the working directory (a gpu-bundle run).
+    let built = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_attention.py");
+    let script = if std::path::Path::new(built).exists() {
+        built
+    } else {
+        "scripts/torch_attention.py"
+    };
     let out = std::process::Command::new(&python)
         .args([
             script,
