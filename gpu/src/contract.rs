@@ -1309,6 +1309,22 @@ pub mod attention {
     pub const fn v_ring_offset(d: usize) -> usize {
         k_ring_offset(d) + 2 * STAGES * MBARRIER_BYTES
     }
+    /// Instruction check `rs_wgmma_check(a: *const f32, b: *const u16, d: *mut f32)` (issue 23,
+    /// `tests/issue23_device.rs`): one warpgroup ([`RS_CHECK_THREADS`] threads, one CTA,
+    /// [`RS_CHECK_SMEM_BYTES`] dynamic shared memory) computes `D = A B` with `A` 64 x 16 (f32,
+    /// row-major, rounded to BF16 on the way in) taken into registers through the FP32
+    /// accumulator layout (`AFragment::from_acc_bf16`, the path `P` takes into `O += P V`), and
+    /// `B` 16 x 128 (BF16 bits, row-major: k rows of N) stored MN-major with the 128-byte swizzle
+    /// in two 64-column chunks (`imm-trans-b = 1`, the leading byte offset between chunks: V's
+    /// layout), by one `wgmma.m64n128k16` with A in registers; `D` 64 x 128 f32 row-major.
+    pub const RS_CHECK_KERNEL: &str = "rs_wgmma_check";
+    /// Threads of the check (one warpgroup).
+    pub const RS_CHECK_THREADS: u32 = WARPGROUP_THREADS;
+    /// Bytes between the two 64-column chunks of the check's B (16 rows x 128 bytes).
+    pub const RS_CHECK_CHUNK_BYTES: usize = 16 * 128;
+    /// Dynamic shared memory of the check: B plus alignment slack.
+    pub const RS_CHECK_SMEM_BYTES: usize = 2 * RS_CHECK_CHUNK_BYTES + SWIZZLE_ALIGN;
+
     /// Dynamic shared memory per CTA for head dim `d` (layout, barriers, alignment slack).
     pub const fn smem_bytes(d: usize) -> usize {
         v_ring_offset(d) + 2 * STAGES * MBARRIER_BYTES + SWIZZLE_ALIGN

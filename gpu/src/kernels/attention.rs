@@ -999,3 +999,84 @@ entry!(
     D128,
     "Attention forward, FP16, head dim 128."
 );
+
+/// The register-A wgmma check (`contract::attention::RS_CHECK_KERNEL`): `D = A B` through the
+/// accumulator -> A-fragment path and an MN-major, 128-byte-swizzled, two-chunk B, as the
+/// kernel's `O += P V` uses them.
+///
+/// # Safety
+/// `a`: 64 x 16 readable f32; `b`: 16 x 128 readable u16 (BF16 bits); `d`: 64 x 128 writable
+/// f32; all 4-byte aligned, `d` overlapping neither. Launch: one CTA of `RS_CHECK_THREADS`
+/// threads with `RS_CHECK_SMEM_BYTES` of dynamic shared memory (another block size traps).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn rs_wgmma_check(a: *const f32, b: *const u16, d: *mut f32) {
+    if block_dim_x() != RS_CHECK_THREADS {
+        // SAFETY: `trap` aborts the kernel; no preconditions.
+        unsafe { core::arch::nvptx::trap() };
+    }
+    let smem = (dynamic_smem_base() + SWIZZLE_ALIGN as u32 - 1) & !(SWIZZLE_ALIGN as u32 - 1);
+    let tid = thread_idx_x();
+    // B into shared memory: row r (k), 16-byte piece p of chunk c at
+    // c * CHUNK + r * 128 + ((p ^ (r % 8)) * 16), two 4-byte words at a time.
+    let mut w = tid;
+    while w < 16 * 128 / 2 {
+        let (r, col) = (w / 64, (w % 64) * 2); // word w: columns col, col + 1 of row r
+        let (c, p, within) = (col / 64, (col % 64) / 8, (col % 8) * 2);
+        // SAFETY: r < 16, col + 1 < 128: inside B (contract).
+        let (lo, hi) = unsafe {
+            (
+                b.add((r * 128 + col) as usize).read() as u32,
+                b.add((r * 128 + col + 1) as usize).read() as u32,
+            )
+        };
+        let at = smem + c * RS_CHECK_CHUNK_BYTES as u32 + r * 128 + ((p ^ (r % 8)) * 16) + within;
+        // SAFETY: inside the launch's dynamic shared memory (2 chunks after the aligned base);
+        // each word written by one thread.
+        unsafe { crate::device::smem::Shared::<u32>::at(at).store(lo | hi << 16) };
+        w += RS_CHECK_THREADS;
+    }
+    crate::device::bulk::fence_proxy_async_shared();
+    // SAFETY: every thread of the CTA, converged.
+    unsafe { crate::device::thread::sync_threads() };
+    // A through the accumulator layout of m64nNk16 (n8 blocks 0 and 1 = columns 0..16).
+    let (warp, lane) = (tid / 32, tid % 32);
+    let row = 16 * warp + lane / 4;
+    let col = 2 * (lane % 4);
+    let at = |r: u32, c: u32| -> f32 {
+        // SAFETY: r < 64, c < 16: inside A (contract).
+        unsafe { a.add((r * 16 + c) as usize).read() }
+    };
+    let acc = [
+        at(row, col),
+        at(row, col + 1),
+        at(row + 8, col),
+        at(row + 8, col + 1),
+        at(row, 8 + col),
+        at(row, 8 + col + 1),
+        at(row + 8, 8 + col),
+        at(row + 8, 8 + col + 1),
+    ];
+    let frag = AFragment::from_acc_bf16(&acc, 0);
+    const ZERO: [f32; 64] = [0.0; 64];
+    let mut out = ZERO;
+    let desc = MatrixDescriptor::new(smem, RS_CHECK_CHUNK_BYTES as u32, ATOM_BYTES, Swizzle::B128);
+    wgmma::fence_operands(&mut out);
+    // SAFETY: the whole warpgroup (the CTA), convergently; B was written by generic stores,
+    // fenced for the async proxy and published by the barrier above; nothing writes it again.
+    unsafe {
+        wgmma::fence();
+        wgmma::mma_async_rs_m64n128k16_f32_bf16::<1>(&mut out, frag, desc, 0);
+        wgmma::commit_group();
+        wgmma::wait_group::<0>();
+    }
+    wgmma::fence_operands(&mut out);
+    blocks16!(I {
+        unroll!(J in [0 1 2 3] {
+            let r = row + 8 * (J as u32 / 2);
+            let c = 8 * I as u32 + col + (J as u32 % 2);
+            // SAFETY: r < 64, c < 128: inside D (contract); one writer per element.
+            unsafe { d.add((r * 128 + c) as usize).write(out[4 * I + J]) };
+        });
+    });
+}
+crate::device::launch_bounds!(rs_wgmma_check, RS_CHECK_THREADS, 1);
