@@ -1,10 +1,15 @@
 //! Attention forward throughput (`Attention`, kernels `attention_fwd_*`, issue 23) on the issue's
 //! shapes `B x H x S x D`: 16 x 16 x 2048 x 128, 4 x 16 x 8192 x 128, 16 x 32 x 2048 x 64, causal
 //! and not, BF16 (`WARPLINE_ATTN_DTYPE=fp16` for FP16; `WARPLINE_ATTN_SHAPES=BxHxSxD,...` for
-//! other shapes). Layout `[B, S, H, D]`, `HK = H`, scale `1 / sqrt(D)`.
+//! other shapes; `WARPLINE_ATTN_VARIANTS=1` adds rows with the consumer ping-pong off and with
+//! the in-warpgroup overlap off).
+//! Layout `[B, S, H, D]`, `HK = H`, scale `1 / sqrt(D)`.
 //!
 //! cuDNN is the reference: `scripts/torch_attention.py` runs torch SDPA with the cuDNN backend on
-//! the same shapes and prints rows in this format; run both in one GPU session:
+//! the same shapes and prints rows in this format. After its own rows the bench runs that script
+//! (`python3`, or `$WARPLINE_PYTHON`; `WARPLINE_ATTN_TORCH=0` skips it) in the same GPU session,
+//! once the GPU is idle, and prints warpline / cuDNN per shape; without torch it says why and
+//! ends normally. By hand:
 //!
 //! ```text
 //! cargo bench --bench attention && python3 scripts/torch_attention.py
@@ -73,6 +78,20 @@ fn random_buffer<T: AttnElement>(
     Ok((b, host))
 }
 
+/// The kernel's structure variants (`AttentionOptions`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Full,
+    NoPingpong,
+    NoOverlap,
+}
+
+/// Rows without the ping-pong and without the in-warpgroup overlap too
+/// (`WARPLINE_ATTN_VARIANTS=1`), to measure what each brings.
+fn variant_rows() -> bool {
+    std::env::var("WARPLINE_ATTN_VARIANTS").is_ok_and(|v| v == "1")
+}
+
 fn shapes() -> Vec<[usize; 4]> {
     match std::env::var("WARPLINE_ATTN_SHAPES") {
         Ok(v) => v
@@ -97,6 +116,85 @@ fn head_of<T: AttnElement>(x: &[T], s: usize, h: usize, d: usize, head: usize) -
         .collect()
 }
 
+/// One timed row: shape, causal, TFLOP/s.
+type Row = ([usize; 4], bool, f64);
+
+/// Runs `scripts/torch_attention.py --csv` on the same shapes and prints warpline / cuDNN for
+/// each of `rows`; says why when the script cannot run.
+fn compare_with_cudnn(rows: &[Row], dtype: &str) {
+    if std::env::var("WARPLINE_ATTN_TORCH").is_ok_and(|v| v == "0") {
+        return;
+    }
+    let mut shapes: Vec<String> = rows
+        .iter()
+        .map(|(s, _, _)| format!("{}x{}x{}x{}", s[0], s[1], s[2], s[3]))
+        .collect();
+    shapes.dedup();
+    let python = std::env::var("WARPLINE_PYTHON").unwrap_or_else(|_| "python3".into());
+    // The checkout's script, else one under the working directory (a gpu-bundle run).
+    let built = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/torch_attention.py");
+    let script = if std::path::Path::new(built).exists() {
+        built
+    } else {
+        "scripts/torch_attention.py"
+    };
+    let out = std::process::Command::new(&python)
+        .args([
+            script,
+            "--csv",
+            "--dtype",
+            dtype,
+            "--shapes",
+            &shapes.join(","),
+        ])
+        .output();
+    let text = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).to_string(),
+        Ok(o) => {
+            println!(
+                "cuDNN reference: {script} failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+            return;
+        }
+        Err(e) => {
+            println!("cuDNN reference: SKIPPED ({python} {script}: {e})");
+            return;
+        }
+    };
+    let mut cudnn = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("SKIPPED") || line.contains("SKIPPED (") {
+            println!("cuDNN reference: {line}");
+        }
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() == 9 && f[0] == "csv" && f[6] == "cuDNN" {
+            let n = |i: usize| f[i].parse::<usize>().unwrap_or(0);
+            cudnn.push((
+                [n(1), n(2), n(3), n(4)],
+                f[5] == "true",
+                f[8].parse::<f64>().unwrap_or(f64::NAN),
+            ));
+        }
+    }
+    println!(
+        "{:>22} {:>7} {:>10} {:>10} {:>8}   (cuDNN: torch SDPA, same session)",
+        "B x H x S x D", "causal", "warpline", "cuDNN", "ratio"
+    );
+    for (shape, causal, ours) in rows {
+        let theirs = cudnn
+            .iter()
+            .find(|(s, c, _)| s == shape && c == causal)
+            .map_or(f64::NAN, |r| r.2);
+        println!(
+            "{:>22} {:>7} {ours:>10.1} {theirs:>10.1} {:>8.3}",
+            format!("{} x {} x {} x {}", shape[0], shape[1], shape[2], shape[3]),
+            causal,
+            ours / theirs
+        );
+    }
+}
+
 fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
     let caps = dev.capabilities();
     println!("device: {} ({} SMs), {}", caps.name, caps.sm_count, T::NAME);
@@ -108,6 +206,7 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
         "{:>22} {:>7} {:>10} {:>10} {:>10}",
         "B x H x S x D", "causal", "kernel", "ms", "TFLOP/s"
     );
+    let mut rows: Vec<Row> = Vec::new();
     for [b, h, s, d] in shapes() {
         let n = b * s * h * d;
         let (dq, hq) = random_buffer::<T>(&pool, &stream, &mut rng, n)?;
@@ -115,7 +214,17 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
         let (dv, hv) = random_buffer::<T>(&pool, &stream, &mut rng, n)?;
         let mut dout = pool.alloc_async::<T>(&stream, n)?;
         let mut dlse = pool.alloc_async::<f32>(&stream, b * h * s)?;
-        for causal in [false, true] {
+        for (causal, variant) in [
+            (false, Variant::Full),
+            (true, Variant::Full),
+            (false, Variant::NoPingpong),
+            (true, Variant::NoPingpong),
+            (false, Variant::NoOverlap),
+            (true, Variant::NoOverlap),
+        ] {
+            if variant != Variant::Full && !variant_rows() {
+                continue;
+            }
             let problem = AttentionProblem::fixed(b, h, s, d, causal);
             let plan = att.plan(
                 &stream,
@@ -127,16 +236,27 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
                     o: dout.as_view_mut(),
                     lse: dlse.as_view_mut(),
                 },
-                AttentionOptions::default(),
+                AttentionOptions {
+                    pdl: false,
+                    no_pingpong: variant == Variant::NoPingpong,
+                    no_overlap: variant == Variant::NoOverlap,
+                },
             )?;
             let flops = plan.shape().flops();
             let t = median_ms(&stream, || plan.launch())?;
             drop(plan);
+            if variant == Variant::Full {
+                rows.push(([b, h, s, d], causal, flops / t / 1e9));
+            }
             println!(
                 "{:>22} {:>7} {:>10} {t:>10.3} {:>10.1}",
                 format!("{b} x {h} x {s} x {d}"),
                 causal,
-                "warpline",
+                match variant {
+                    Variant::Full => "warpline",
+                    Variant::NoPingpong => "no-pingpong",
+                    Variant::NoOverlap => "no-overlap",
+                },
                 flops / t / 1e9
             );
             // Spot check: 32 rows of (batch 0, head 0) against the exact f64 reference.
@@ -158,7 +278,7 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
                 head_dim: d,
                 causal,
                 scale: 1.0 / (d as f64).sqrt(),
-                row_step: s.div_ceil(32),
+                row_step: s.div_ceil(32) | 1,
             };
             let (want, _) = attention_f64(&rp, PRounding::Exact);
             let got = head_of(&out, s, h, d, 0);
@@ -176,6 +296,9 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
             }
         }
     }
+    // The GPU is idle from here: the buffers above are freed; the script has it to itself.
+    stream.synchronize()?;
+    compare_with_cudnn(&rows, if T::NAME == "bf16" { "bf16" } else { "fp16" });
     Ok(())
 }
 

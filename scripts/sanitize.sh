@@ -10,7 +10,8 @@
 # "ordering device_side", "ordering u32_signal", "ordering two_waits", "ordering message_exchange"
 # (the GPU ordering tests, one run each), fence, soundness_ordering, soundness_host, modules,
 # soundness_graphs, issue19_lifetimes (those two: memcheck, racecheck and synccheck only),
-# "tc_gemm <variant>", decode_gemm, decode_step, fp8_gemm, issue22_device, issue22_interop,
+# "tc_gemm <variant>", decode_gemm, decode_step, "attention d128", "attention d64", fp8_gemm,
+# issue22_device, issue22_interop,
 # "gemm <kernel>", "pipeline CLI", ordering-demo, saxpy, cudarc_interop, softmax, fuzz
 # (memcheck only: `warpline fuzz` over FUZZ_SEEDS seeds, default 200, x 200 ops on 3 threads;
 # SKIP_FUZZ=1 leaves it out).
@@ -24,7 +25,7 @@
 #   1. TOOLS="memcheck racecheck synccheck" SKIP_FUZZ=1
 #   2. TOOLS=initcheck ONLY='^(vector_add|pipeline|pdl|fence|soundness_ordering|soundness_host|modules)$'
 #   3. TOOLS=initcheck ONLY='^ordering '
-#   4. TOOLS=initcheck ONLY='^(tc_gemm |decode_gemm$|decode_step$|fp8_gemm$|issue22_|gemm |pipeline CLI$|ordering-demo$|saxpy$|cudarc_interop$|softmax$)'
+#   4. TOOLS=initcheck ONLY='^(tc_gemm |decode_gemm$|decode_step$|attention |fp8_gemm$|issue22_|gemm |pipeline CLI$|ordering-demo$|saxpy$|cudarc_interop$|softmax$)'
 #   5. TOOLS=memcheck ONLY='^fuzz$' (split by seeds with FUZZ_START/FUZZ_SEEDS if it does not fit)
 # If one still does not fit, split it the same way (e.g. call 1 per tool, or call 3 as
 # ONLY='^ordering (device_side|u32_signal)$' and ONLY='^ordering (two_waits|message_exchange)$').
@@ -108,6 +109,10 @@ for tool in $TOOLS; do
   run $tool issue22_device     $B/tests/issue22_device --test-threads=1
   run $tool issue22_interop    $B/tests/issue22_interop --test-threads=1
   run $tool decode_step        $B/tests/decode_step --test-threads=1
+  # Issue 23: the attention forward at small sizes through the CLI (verified): d128 causal GQA
+  # with S_q != S_k (partial and skipped key blocks), d64 FP16 varlen (empty-free random lengths).
+  run $tool "attention d128"   $B/warpline --seed 1 attention --batch 2 --heads 4 --kv-heads 2 --seqlen 200 --seqlen-k 300 --head-dim 128 --causal --reps 1 --verify
+  run $tool "attention d64"    $B/warpline --seed 1 attention --batch 3 --heads 2 --seqlen 257 --head-dim 64 --varlen --dtype fp16 --reps 1 --verify
   # Kernels through the CLI at small sizes.
   for k in "cluster --cluster 2" "cluster --cluster 4" "cluster --cluster 8" "plain"; do
     run $tool "gemm $k" $B/warpline --seed 1 gemm --tiles 600 --kernel $k --once

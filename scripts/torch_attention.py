@@ -12,7 +12,8 @@ SDPA takes [B, H, S, D]; the tensors are made as [B, S, H, D] (FlashAttention's 
 warpline reads) and transposed, a view, as FlashAttention's own benchmarks do. TFLOP/s counts
 4 B H S^2 D, halved for causal (FlashAttention's convention). Timing: warm-up, then 15 rounds of
 10 launches between CUDA events, median. --flash adds torch's flash backend (FlashAttention-2)
-as a second row per shape.
+as a second row per shape; --csv adds machine-readable rows (benches/attention.rs runs this script
+after its own rows and prints warpline / cuDNN ratios from them).
 
 Prints 'SKIPPED: <reason>' and exits 0 when torch, CUDA or the cuDNN SDPA backend is missing.
 """
@@ -59,6 +60,9 @@ def main():
                     help="BxHxSxD,...")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--flash", action="store_true", help="also time the flash (FA2) backend")
+    ap.add_argument("--csv", action="store_true",
+                    help="also print each row as 'csv,B,H,S,D,causal,kernel,ms,tflops' "
+                         "(read by benches/attention.rs)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("SKIPPED: CUDA not available")
@@ -89,6 +93,8 @@ def main():
                     continue
                 print(f"{f'{b} x {h} x {s} x {d}':>22} {str(causal).lower():>7} {name:>10} "
                       f"{t:>10.3f} {flops / t / 1e9:>10.1f}")
+                if args.csv:
+                    print(f"csv,{b},{h},{s},{d},{str(causal).lower()},{name},{t},{flops / t / 1e9}")
 
 
 if __name__ == "__main__":

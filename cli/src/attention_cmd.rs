@@ -62,6 +62,12 @@ pub struct AttentionArgs {
     /// Launch with PDL.
     #[arg(long)]
     pdl: bool,
+    /// Turn the ping-pong between the consumer warpgroups off (to measure what it brings).
+    #[arg(long)]
+    no_pingpong: bool,
+    /// Turn the in-warpgroup overlap (and the ping-pong) off: the plain per-block order.
+    #[arg(long)]
+    no_overlap: bool,
 }
 
 pub fn run(ctx: &Ctx, args: AttentionArgs) -> CliResult<Value> {
@@ -166,7 +172,11 @@ fn run_t<T: AttnElement>(ctx: &Ctx, args: &AttentionArgs) -> CliResult<Value> {
                 o: dout.as_view_mut(),
                 lse: dlse.as_view_mut(),
             },
-            AttentionOptions { pdl: args.pdl },
+            AttentionOptions {
+                pdl: args.pdl,
+                no_pingpong: args.no_pingpong,
+                no_overlap: args.no_overlap,
+            },
         )?;
         median_launch_ms(&stream, false, args.reps, &mut || plan.launch())?
     };
@@ -199,7 +209,7 @@ fn run_t<T: AttnElement>(ctx: &Ctx, args: &AttentionArgs) -> CliResult<Value> {
             head_dim: d,
             causal: args.causal,
             scale: shape.softmax_scale as f64,
-            row_step: sq.div_ceil(16).max(1),
+            row_step: sq.div_ceil(16) | 1,
         };
         let (os, lse_ref) = attention_f64_multi(&rp, &[PRounding::Exact, T::P_ROUNDING]);
         let (mut got, mut exact, mut sp) = (Vec::new(), Vec::new(), Vec::new());

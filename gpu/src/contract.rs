@@ -1214,7 +1214,7 @@ pub mod decode_step {
 /// device addresses; `seqlen_q` / `seqlen_k` are the sequence lengths (varlen: unused but for
 /// the grid, the lengths come from `cu_seqlens_*`, `i32`, `B + 1` each); `total_q` the rows of
 /// the packed Q (varlen) or `B * S_q`; `scale_log2 = softmax_scale * log2(e)`; `flags` a bit
-/// set of [`FLAG_CAUSAL`], [`FLAG_VARLEN`]. Grid `(ceil(S_q / BLOCK_M), H, B)` (varlen: the
+/// set of [`FLAG_CAUSAL`], [`FLAG_VARLEN`], [`FLAG_NO_PINGPONG`], [`FLAG_NO_OVERLAP`]. Grid `(ceil(S_q / BLOCK_M), H, B)` (varlen: the
 /// longest sequence's `S_q`), [`THREADS_PER_CTA`] threads, [`smem_bytes`]`(D)` dynamic shared
 /// memory, no cluster.
 pub mod attention {
@@ -1263,6 +1263,12 @@ pub mod attention {
     pub const FLAG_CAUSAL: u32 = 1;
     /// `flags` bit: variable-length batch (`cu_seqlens_q`, `cu_seqlens_k` are read).
     pub const FLAG_VARLEN: u32 = 2;
+    /// `flags` bit: no ping-pong (the consumer warpgroups issue their GEMMs without waiting
+    /// for their turn), to measure what the ping-pong brings.
+    pub const FLAG_NO_PINGPONG: u32 = 4;
+    /// `flags` bit: no in-warpgroup overlap (per key block: `S = Q K^T`, wait, softmax,
+    /// `O += P V`, wait; implies no ping-pong), to measure what the overlap brings.
+    pub const FLAG_NO_OVERLAP: u32 = 8;
     /// Named barriers of the ping-pong between the consumer warpgroups: `PINGPONG_BARRIER +
     /// w` is warpgroup `w`'s turn (256 threads: `w` syncs, the other arrives).
     pub const PINGPONG_BARRIER: u32 = 1;
@@ -1306,6 +1312,22 @@ pub mod attention {
     pub const fn v_ring_offset(d: usize) -> usize {
         k_ring_offset(d) + 2 * STAGES * MBARRIER_BYTES
     }
+    /// Instruction check `rs_wgmma_check(a: *const f32, b: *const u16, d: *mut f32)` (issue 23,
+    /// `tests/issue23_device.rs`): one warpgroup ([`RS_CHECK_THREADS`] threads, one CTA,
+    /// [`RS_CHECK_SMEM_BYTES`] dynamic shared memory) computes `D = A B` with `A` 64 x 16 (f32,
+    /// row-major, rounded to BF16 on the way in) taken into registers through the FP32
+    /// accumulator layout (`AFragment::from_acc_bf16`, the path `P` takes into `O += P V`), and
+    /// `B` 16 x 128 (BF16 bits, row-major: k rows of N) stored MN-major with the 128-byte swizzle
+    /// in two 64-column chunks (`imm-trans-b = 1`, the leading byte offset between chunks: V's
+    /// layout), by one `wgmma.m64n128k16` with A in registers; `D` 64 x 128 f32 row-major.
+    pub const RS_CHECK_KERNEL: &str = "rs_wgmma_check";
+    /// Threads of the check (one warpgroup).
+    pub const RS_CHECK_THREADS: u32 = WARPGROUP_THREADS;
+    /// Bytes between the two 64-column chunks of the check's B (16 rows x 128 bytes).
+    pub const RS_CHECK_CHUNK_BYTES: usize = 16 * 128;
+    /// Dynamic shared memory of the check: B plus alignment slack.
+    pub const RS_CHECK_SMEM_BYTES: usize = 2 * RS_CHECK_CHUNK_BYTES + SWIZZLE_ALIGN;
+
     /// Dynamic shared memory per CTA for head dim `d` (layout, barriers, alignment slack).
     pub const fn smem_bytes(d: usize) -> usize {
         v_ring_offset(d) + 2 * STAGES * MBARRIER_BYTES + SWIZZLE_ALIGN

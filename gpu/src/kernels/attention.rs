@@ -254,6 +254,10 @@ struct Tile {
     lse_base: u32,
     lse_head_stride: u32,
     causal: bool,
+    /// Ping-pong between the consumer warpgroups (not `FLAG_NO_PINGPONG`; only with overlap).
+    pingpong: bool,
+    /// `S_n` issued with `P_{n-1} V_{n-1}` (not `FLAG_NO_OVERLAP`).
+    overlap: bool,
     /// `seqlen_k - seqlen_q`: query `i` sees key `j` iff `j <= i + diag` (causal).
     diag: i32,
     /// Key blocks to visit (`0..n_blocks`).
@@ -365,40 +369,46 @@ struct Turns {
     other: NamedBarrier,
     /// Warpgroup 1: skips its arrival after its last GEMMs.
     second: bool,
+    /// Ping-pong on (off: every method is a no-op; `FLAG_NO_PINGPONG`, CTA-uniform).
+    on: bool,
 }
 
 impl Turns {
     #[inline(always)]
-    fn new(wg: u32) -> Self {
+    fn new(wg: u32, on: bool) -> Self {
         // SAFETY: barriers PINGPONG_BARRIER + {0, 1} are used by the two consumer warpgroups
         // alone (256 threads: one warpgroup syncs, the other arrives, whole warps convergently);
         // every use completes: warpgroup w syncs n_blocks + 1 times on its barrier, the other
         // arrives n_blocks + 1 times on it (warpgroup 1: once up front, then after each turn but
-        // the last), and warpgroup 1 arrives on barrier 0 only after warpgroup 0 synced on it
-        // (a warpgroup arrives again only after its next sync, which needs the other's sync).
+        // the last); a warpgroup arrives on the other's barrier at most once per use: its next
+        // arrival follows its own next sync, which completes only after the other warpgroup
+        // synced (and passed) in between. With ping-pong off nobody uses the barriers.
         unsafe {
             Self {
                 mine: NamedBarrier::new(PINGPONG_BARRIER + wg, 2 * WARPGROUP_THREADS),
                 other: NamedBarrier::new(PINGPONG_BARRIER + (1 - wg), 2 * WARPGROUP_THREADS),
                 second: wg == 1,
+                on,
             }
         }
     }
     /// Warpgroup 1 lets warpgroup 0 go first.
     #[inline(always)]
     fn start(self) {
-        if self.second {
+        if self.on && self.second {
             // SAFETY: see `new`.
             unsafe { self.other.arrive() };
         }
     }
     #[inline(always)]
     fn take(self) {
-        self.mine.sync();
+        if self.on {
+            self.mine.sync();
+        }
     }
     #[inline(always)]
     fn pass(self, last: bool) {
-        if !(last && self.second) {
+        if self.on && !(last && self.second) {
             // SAFETY: see `new`.
             unsafe { self.other.arrive() };
         }
@@ -577,9 +587,52 @@ fn consumer<I: Elem, H: HeadDim>(t: Tile, wg: u32) {
     let mut p = P_ZERO;
     let mut m = [f32::NEG_INFINITY; 2];
     let mut l = [0.0f32; 2];
-    let turns = Turns::new(wg);
+    let turns = Turns::new(wg, t.pingpong && t.overlap);
     let n_blocks = t.n_blocks;
-    if n_blocks > 0 {
+    if n_blocks > 0 && !t.overlap {
+        // FLAG_NO_OVERLAP: per block S = Q K^T, wait, softmax, O *= correction, O += P V, wait
+        // (no ping-pong). The plain order, for measuring the overlap and for diagnosis.
+        t.q_full.wait_parity(0);
+        let (mut ks, mut vs) = (State::new(), State::new());
+        let mut n = 0;
+        while n < n_blocks {
+            t.k_ring.consumer_wait(ks);
+            wgmma::fence_operands(&mut s);
+            // SAFETY: as in the overlapped path below: warpgroup-uniform, Q and K landed, the
+            // stage released after the wait_group that retires the group.
+            unsafe {
+                wgmma::fence();
+                issue_qk::<I, H>(t, wg, t.k_stage::<H>(ks), &mut s);
+                wgmma::wait_group::<0>();
+            }
+            wgmma::fence_operands(&mut s);
+            if leader {
+                t.k_ring.consumer_release_local(ks);
+            }
+            ks.advance();
+            let corr = softmax(t, wg, lanes, n, &mut s, &mut m, &mut l);
+            wgmma::fence_operands(&mut o);
+            wgmma::fence_fragments(&mut p);
+            rescale::<H>(&mut o, corr);
+            pack_p::<I>(&s, &mut p);
+            t.v_ring.consumer_wait(vs);
+            wgmma::fence_operands(&mut o);
+            wgmma::fence_fragments(&mut p);
+            // SAFETY: as above; V stage vs has landed.
+            unsafe {
+                wgmma::fence();
+                issue_pv::<I, H>(&mut o, &p, t.v_stage::<H>(vs), n == 0);
+                wgmma::wait_group::<0>();
+            }
+            wgmma::fence_operands(&mut o);
+            wgmma::fence_fragments(&mut p);
+            if leader {
+                t.v_ring.consumer_release_local(vs);
+            }
+            vs.advance();
+            n += 1;
+        }
+    } else if n_blocks > 0 {
         turns.start();
         t.q_full.wait_parity(0);
         let (mut ks, mut vs) = (State::new(), State::new());
@@ -814,6 +867,8 @@ unsafe fn attention<I: Elem, H: HeadDim>(p: Params) {
         },
         lse_head_stride: if varlen { p.total_q } else { seqlen_q },
         causal,
+        pingpong: p.flags & FLAG_NO_PINGPONG == 0,
+        overlap: p.flags & FLAG_NO_OVERLAP == 0,
         diag,
         n_blocks: key_end.div_ceil(BLOCK_N as u32),
         scale_log2: p.scale_log2,
@@ -944,3 +999,84 @@ entry!(
     D128,
     "Attention forward, FP16, head dim 128."
 );
+
+/// The register-A wgmma check (`contract::attention::RS_CHECK_KERNEL`): `D = A B` through the
+/// accumulator -> A-fragment path and an MN-major, 128-byte-swizzled, two-chunk B, as the
+/// kernel's `O += P V` uses them.
+///
+/// # Safety
+/// `a`: 64 x 16 readable f32; `b`: 16 x 128 readable u16 (BF16 bits); `d`: 64 x 128 writable
+/// f32; all 4-byte aligned, `d` overlapping neither. Launch: one CTA of `RS_CHECK_THREADS`
+/// threads with `RS_CHECK_SMEM_BYTES` of dynamic shared memory (another block size traps).
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn rs_wgmma_check(a: *const f32, b: *const u16, d: *mut f32) {
+    if block_dim_x() != RS_CHECK_THREADS {
+        // SAFETY: `trap` aborts the kernel; no preconditions.
+        unsafe { core::arch::nvptx::trap() };
+    }
+    let smem = (dynamic_smem_base() + SWIZZLE_ALIGN as u32 - 1) & !(SWIZZLE_ALIGN as u32 - 1);
+    let tid = thread_idx_x();
+    // B into shared memory: row r (k), 16-byte piece p of chunk c at
+    // c * CHUNK + r * 128 + ((p ^ (r % 8)) * 16), two 4-byte words at a time.
+    let mut w = tid;
+    while w < 16 * 128 / 2 {
+        let (r, col) = (w / 64, (w % 64) * 2); // word w: columns col, col + 1 of row r
+        let (c, p, within) = (col / 64, (col % 64) / 8, (col % 8) * 2);
+        // SAFETY: r < 16, col + 1 < 128: inside B (contract).
+        let (lo, hi) = unsafe {
+            (
+                b.add((r * 128 + col) as usize).read() as u32,
+                b.add((r * 128 + col + 1) as usize).read() as u32,
+            )
+        };
+        let at = smem + c * RS_CHECK_CHUNK_BYTES as u32 + r * 128 + ((p ^ (r % 8)) * 16) + within;
+        // SAFETY: inside the launch's dynamic shared memory (2 chunks after the aligned base);
+        // each word written by one thread.
+        unsafe { crate::device::smem::Shared::<u32>::at(at).store(lo | hi << 16) };
+        w += RS_CHECK_THREADS;
+    }
+    crate::device::bulk::fence_proxy_async_shared();
+    // SAFETY: every thread of the CTA, converged.
+    unsafe { crate::device::thread::sync_threads() };
+    // A through the accumulator layout of m64nNk16 (n8 blocks 0 and 1 = columns 0..16).
+    let (warp, lane) = (tid / 32, tid % 32);
+    let row = 16 * warp + lane / 4;
+    let col = 2 * (lane % 4);
+    let at = |r: u32, c: u32| -> f32 {
+        // SAFETY: r < 64, c < 16: inside A (contract).
+        unsafe { a.add((r * 16 + c) as usize).read() }
+    };
+    let acc = [
+        at(row, col),
+        at(row, col + 1),
+        at(row + 8, col),
+        at(row + 8, col + 1),
+        at(row, 8 + col),
+        at(row, 8 + col + 1),
+        at(row + 8, 8 + col),
+        at(row + 8, 8 + col + 1),
+    ];
+    let frag = AFragment::from_acc_bf16(&acc, 0);
+    const ZERO: [f32; 64] = [0.0; 64];
+    let mut out = ZERO;
+    let desc = MatrixDescriptor::new(smem, RS_CHECK_CHUNK_BYTES as u32, ATOM_BYTES, Swizzle::B128);
+    wgmma::fence_operands(&mut out);
+    // SAFETY: the whole warpgroup (the CTA), convergently; B was written by generic stores,
+    // fenced for the async proxy and published by the barrier above; nothing writes it again.
+    unsafe {
+        wgmma::fence();
+        wgmma::mma_async_rs_m64n128k16_f32_bf16::<1>(&mut out, frag, desc, 0);
+        wgmma::commit_group();
+        wgmma::wait_group::<0>();
+    }
+    wgmma::fence_operands(&mut out);
+    blocks16!(I {
+        unroll!(J in [0 1 2 3] {
+            let r = row + 8 * (J as u32 / 2);
+            let c = 8 * I as u32 + col + (J as u32 % 2);
+            // SAFETY: r < 64, c < 128: inside D (contract); one writer per element.
+            unsafe { d.add((r * 128 + c) as usize).write(out[4 * I + J]) };
+        });
+    });
+}
+crate::device::launch_bounds!(rs_wgmma_check, RS_CHECK_THREADS, 1);

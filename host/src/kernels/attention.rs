@@ -481,6 +481,14 @@ pub struct AttentionOptions {
     /// touches Q, K, V, O, LSE or the offsets, and lets its dependents launch after its last
     /// load).
     pub pdl: bool,
+    /// Turn the ping-pong between the two consumer warpgroups off (`FLAG_NO_PINGPONG`): each
+    /// issues its GEMMs as soon as its data is there. For measuring what the ping-pong brings
+    /// (and for diagnosis); the result is the same.
+    pub no_pingpong: bool,
+    /// Turn the in-warpgroup overlap off (`FLAG_NO_OVERLAP`): per key block `S = Q K^T`, wait,
+    /// softmax, `O += P V`, wait, with no ping-pong either. For measuring and diagnosis; the
+    /// result is the same.
+    pub no_overlap: bool,
 }
 
 /// The tensors of one call. Q, K, V are read; O and LSE written (exclusively borrowed, so they
@@ -668,6 +676,14 @@ impl<'d> Attention<'d> {
             0
         } | if shape.varlen {
             contract::FLAG_VARLEN
+        } else {
+            0
+        } | if opts.no_pingpong {
+            contract::FLAG_NO_PINGPONG
+        } else {
+            0
+        } | if opts.no_overlap {
+            contract::FLAG_NO_OVERLAP
         } else {
             0
         };
