@@ -470,7 +470,7 @@ impl Device {
         refuse_in_host_callback("Device::synchronize")?;
         let bound = bind_context_unchecked(&self.ctx);
         let synced = bound.and_then(|()| {
-            crate::reaper::without_pending_waits("Device::synchronize", || drv::ctx_synchronize())
+            crate::reaper::without_pending_waits("Device::synchronize", drv::ctx_synchronize)
         });
         synced?;
         self.state.check("cuCtxSynchronize")
