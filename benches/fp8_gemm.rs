@@ -11,10 +11,11 @@
 //!
 //! Block-scaled rows (DeepSeek-V3 scales, `TcGemm::plan_fp8_block_scaled`: `1 x 128` on A,
 //! `128 x 128` on B, promoted to FP32 every 128-deep k-block): clusters 1 and 2, raster along M
-//! and N, against the same per-tensor cuBLASLt rows (cudarc 0.19.10's cublaslt exposes
-//! `CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F` / `BLK128x128_32F`, but a cuBLASLt block-scaled
-//! reference is not wired up here yet). The promotion costs: compare the block-scaled rows with
-//! the per-tensor tc_gemm rows and with cuBLASLt's default (promoting) mode.
+//! and N, beside the per-tensor rows and cuBLASLt block-scaled (`CublasLtFp8::plan_block_scaled`:
+//! `CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F` on our B, `VEC128_32F` on our A, which cudarc
+//! 0.19.10's cublaslt exposes; cuBLAS 12.9+; timed last in each round). After the rounds the
+//! cuBLASLt block-scaled output is compared with tc_gemm's (`max |diff| / max |C|`: about 1e-2 for
+//! bf16 C when both read the scales alike, order 1 when cuBLASLt expects another scale layout).
 //!
 //! Random normal inputs scaled into E4M3's range (input data changes power draw and so clocks).
 //! Per shape, after warm-up (3 launches of each kernel, then `WARM_MS` of cuBLASLt), `REPS`
@@ -162,16 +163,16 @@ fn shape_rows<O: TcOutput<bf16>>(
         })
         .collect();
     // One C per kernel: a plan borrows its C exclusively.
-    let mut outs = (0..variants.len() + block_variants.len() + 2)
+    let mut outs = (0..variants.len() + block_variants.len() + 3)
         .map(|_| pool.alloc_async::<O>(stream, m * n))
         .collect::<warpline::Result<Vec<_>>>()?;
     let (am, bm) = (
         Matrix::new(a.as_view(), m, k, k),
         Matrix::new(b.as_view(), n, k, k),
     );
-    let (lt_outs, tc_outs) = outs.split_at_mut(2);
-    let [lt_c, lt_fast_c] = lt_outs else {
-        unreachable!("two cuBLASLt outputs")
+    let (lt_outs, tc_outs) = outs.split_at_mut(3);
+    let [lt_c, lt_fast_c, lt_block_c] = lt_outs else {
+        unreachable!("three cuBLASLt outputs")
     };
     let lt_plan = lt.plan(
         am,
@@ -235,11 +236,32 @@ fn shape_rows<O: TcOutput<bf16>>(
             Err(e) => println!("{shape:>24} tc_gemm e4m3 block-scaled x{x} {r:?}: {e}"),
         }
     }
+    let block_end = names.len();
+    // cuBLASLt block-scaled (cuBLAS 12.9+), last; its output is compared with tc_gemm's below.
+    let lt_block = match lt.plan_block_scaled(
+        am,
+        bm,
+        BLayout::ColMajor,
+        MatrixMut::new(lt_block_c.as_view_mut(), m, n, n),
+        block,
+        1.0,
+        0.0,
+    ) {
+        Ok(p) => {
+            names.push("cuBLASLt fp8 block-scaled".to_string());
+            Some(p)
+        }
+        Err(e) => {
+            println!("{shape:>24} cuBLASLt fp8 block-scaled: {e}");
+            None
+        }
+    };
     let launch = |i: usize| -> warpline::Result<()> {
         match i {
             0 => lt_plan.launch(),
             1 => lt_fast.launch(),
-            _ => plans[i - 2].launch(),
+            _ if i - 2 < plans.len() => plans[i - 2].launch(),
+            _ => lt_block.as_ref().map_or(Ok(()), |p| p.launch()),
         }
     };
     let kernels = names.len();
@@ -289,7 +311,7 @@ fn shape_rows<O: TcOutput<bf16>>(
         .iter()
         .copied()
         .fold(f64::INFINITY, f64::min);
-    let block_best = med[first_block..]
+    let block_best = med[first_block..block_end]
         .iter()
         .copied()
         .fold(f64::INFINITY, f64::min);
@@ -300,6 +322,30 @@ fn shape_rows<O: TcOutput<bf16>>(
         med[0] / block_best,
         lt_best / block_best
     );
+    let lt_block_ms = lt_block.as_ref().map(|_| med[block_end]);
+    // The plans borrow their C exclusively: end them before reading C back.
+    drop(plans);
+    drop(lt_block);
+    stream.synchronize()?;
+    if let (Some(lt_ms), true) = (lt_block_ms, block_end > first_block) {
+        // Same inputs and scales: cuBLASLt's block-scaled D against the first block-scaled
+        // tc_gemm C (both launched and synchronized above). A disagreement of order 1 means
+        // cuBLASLt reads the scales in another layout than `Fp8BlockScales`'s.
+        let mut ours = vec![O::from_f32(0.0); m * n];
+        let mut theirs = vec![O::from_f32(0.0); m * n];
+        block_outs[0].copy_to_host(&mut ours)?;
+        lt_block_c.copy_to_host(&mut theirs)?;
+        let (mut diff, mut mag) = (0f64, 0f64);
+        for (x, y) in ours.iter().zip(&theirs) {
+            let (x, y) = (x.to_f32() as f64, y.to_f32() as f64);
+            diff = diff.max((x - y).abs());
+            mag = mag.max(x.abs());
+        }
+        println!(
+            "{shape:>24} cuBLASLt block-scaled {lt_ms:.4} ms; block-scaled tc_gemm vs cuBLASLt: max |diff| / max |C| = {:.2e}",
+            diff / mag.max(f64::MIN_POSITIVE)
+        );
+    }
     stream.synchronize()?;
     Ok(lt_best / ours_best)
 }

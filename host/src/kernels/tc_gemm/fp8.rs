@@ -710,10 +710,69 @@ impl CublasLtFp8 {
     ) -> Result<CublasLtFp8Plan<'a>> {
         check_fp8_layout("cublasLt fp8 B", layout)?;
         let shape = check_shapes(&a.dims(1), &b.dims(1), layout, &c.dims(size_of::<O>()))?;
+        let addresses = scales.addresses(&self.stream)?;
+        self.plan_with(a, b, c, shape, addresses, false, alpha, beta, fast_accum)
+    }
+
+    /// Block-scaled cuBLASLt FP8 matmul, the reference of [`TcGemm::plan_fp8_block_scaled`]:
+    /// `CUBLASLT_MATMUL_DESC_{A,B}_SCALE_MODE` set to `CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F`
+    /// for cuBLASLt's A (our B) and `CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F` for its B (our A),
+    /// cuBLAS 12.9+ on compute capability 9.0 (cuBLAS docs, "Scaling factors layouts"), no fast
+    /// accumulation (cuBLASLt refuses it with block scales). The scales are passed as they are:
+    /// this assumes cuBLASLt reads the layouts of [`Fp8BlockScales`] packed (`a_ld = M`, A scales
+    /// M-major as DeepGEMM's, PyTorch's 1 x 128 "outer-dim-major"; `b_ld = ceil(K / 128)`), which
+    /// the bench and tests check by comparing the outputs. A padded `a_ld` or `b_ld` is refused
+    /// ([`Error::BadShape`]): cuBLASLt takes no pitch for scales.
+    ///
+    /// Errors: as [`CublasLtFp8::plan`], the scale errors of [`check_fp8_block_scales`],
+    /// [`Error::BadShape`] for padded scale pitches; cuBLASLt builds without block-scaled FP8
+    /// (before 12.9) answer [`Error::Cublas`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_block_scaled<'a, O: TcOutput<bf16>>(
+        &'a self,
+        a: Matrix<'a, F8E4M3>,
+        b: Matrix<'a, F8E4M3>,
+        layout: BLayout,
+        c: MatrixMut<'a, O>,
+        scales: Fp8BlockScales<'a>,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<CublasLtFp8Plan<'a>> {
+        check_fp8_layout("cublasLt fp8 B", layout)?;
+        let shape = check_shapes(&a.dims(1), &b.dims(1), layout, &c.dims(size_of::<O>()))?;
+        let (addresses, _) = scales.params(shape, &self.stream)?;
+        let kb = shape.k.div_ceil(FP8_SCALE_BLOCK);
+        if scales.a_ld != shape.m || scales.b_ld != kb {
+            return Err(Error::BadShape {
+                what: "cublasLt fp8 block scales",
+                detail: format!(
+                    "a_ld {}, b_ld {}; cuBLASLt reads packed scales: a_ld = M = {}, b_ld = ceil(K / 128) = {kb}",
+                    scales.a_ld, scales.b_ld, shape.m
+                ),
+            });
+        }
+        self.plan_with(a, b, c, shape, addresses, true, alpha, beta, false)
+    }
+
+    /// The common part of [`CublasLtFp8::plan`] and [`CublasLtFp8::plan_block_scaled`]:
+    /// `[a_scale, b_scale]` are device addresses (0: none), validated by the caller; `block`
+    /// sets the block scale modes.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_with<'a, B: Fp8Input, O: TcOutput<bf16>>(
+        &'a self,
+        a: Matrix<'a, F8E4M3>,
+        b: Matrix<'a, B>,
+        c: MatrixMut<'a, O>,
+        shape: GemmShape,
+        [a_scale, b_scale]: [u64; 2],
+        block: bool,
+        alpha: f32,
+        beta: f32,
+        fast_accum: bool,
+    ) -> Result<CublasLtFp8Plan<'a>> {
         check_stream("cublasLt A", a.view.stream(), &self.stream)?;
         check_stream("cublasLt B", b.view.stream(), &self.stream)?;
         check_stream("cublasLt C", c.view.stream(), &self.stream)?;
-        let [a_scale, b_scale] = scales.addresses(&self.stream)?;
         let int = |v: usize, what: &'static str| -> Result<i64> {
             i32::try_from(v)
                 .map(i64::from)
@@ -765,8 +824,8 @@ impl CublasLtFp8 {
         use lt_sys::cublasLtMatmulDescAttributes_t as D;
         let set = |attr: D, value: *const c_void, size: usize| -> Result<()> {
             // SAFETY: `plan.desc` is a live descriptor; `value` points at `size` bytes of the
-            // attribute's type (i32 for TRANSA/TRANSB, a device pointer for the scale pointers,
-            // i8 for FAST_ACCUM), alive for the call (cuBLASLt copies it).
+            // attribute's type (i32 for TRANSA/TRANSB and the scale modes, a device pointer for
+            // the scale pointers, i8 for FAST_ACCUM), alive for the call (cuBLASLt copies it).
             lt_call("cublasLtMatmulDescSetAttribute", unsafe {
                 lt::set_matmul_desc_attribute(plan.desc, attr, value, size)
             })
@@ -796,6 +855,22 @@ impl CublasLtFp8 {
                 (&a_scale as *const u64).cast(),
                 8,
             )?;
+        }
+        if block {
+            use lt_sys::cublasLtMatmulMatrixScale_t as S;
+            // cuBLASLt's A is our B (128 x 128 blocks), its B our A (1 x 128).
+            for (attr, mode) in [
+                (
+                    D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                    S::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F as i32,
+                ),
+                (
+                    D::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                    S::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F as i32,
+                ),
+            ] {
+                set(attr, (&mode as *const i32).cast(), 4)?;
+            }
         }
         let fast = fast_accum as i8;
         set(
