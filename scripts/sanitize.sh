@@ -24,7 +24,7 @@
 #   1. TOOLS="memcheck racecheck synccheck" SKIP_FUZZ=1
 #   2. TOOLS=initcheck ONLY='^(vector_add|pipeline|pdl|fence|soundness_ordering|soundness_host|modules)$'
 #   3. TOOLS=initcheck ONLY='^ordering '
-#   4. TOOLS=initcheck ONLY='^(tc_gemm |decode_gemm$|decode_step$|fp8_gemm$|issue22_|gemm |pipeline CLI$|ordering-demo$|saxpy$|cudarc_interop$|softmax$)'
+#   4. TOOLS=initcheck ONLY='^(tc_gemm |decode_gemm$|decode_step$|fp8_gemm$|fp8_block_gemm$|issue22_|gemm |pipeline CLI$|ordering-demo$|saxpy$|cudarc_interop$|softmax$)'
 #   5. TOOLS=memcheck ONLY='^fuzz$' (split by seeds with FUZZ_START/FUZZ_SEEDS if it does not fit)
 # If one still does not fit, split it the same way (e.g. call 1 per tool, or call 3 as
 # ONLY='^ordering (device_side|u32_signal)$' and ONLY='^ordering (two_waits|message_exchange)$').
@@ -103,6 +103,8 @@ for tool in $TOOLS; do
   run $tool decode_gemm        $B/tests/decode_gemm --test-threads=1 --skip is_deterministic
   # The FP8 GEMM (issue 20): both FP8 entries, clusters 1 and 2, f32/bf16 C, beta, scales, PDL.
   run $tool fp8_gemm           $B/tests/fp8_gemm --test-threads=1 --exact sanitizer_sized_cases
+  # Block-scaled FP8 (DeepSeek-V3 scales): clusters 1 and 2, f32/bf16 C, beta, PDL.
+  run $tool fp8_block_gemm     $B/tests/fp8_block_gemm --test-threads=1 --exact sanitizer_sized_cases
   # Issue 22: the batched GEMM on 3-D TMA (a one-CTA TmaPipeline; warpline and cuBLAS on the same
   # inputs), the rank-3..5 TMA copies (plain and multicast), the math kernel; cudarc interop.
   run $tool issue22_device     $B/tests/issue22_device --test-threads=1

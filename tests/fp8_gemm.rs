@@ -712,6 +712,10 @@ fn fp8_sass_has_qgmma_where_cuobjdump_is_installed() {
             "QGMMA.64x256x32.F32.E4M3.E4M3",
         ),
         ("tc_gemm_e4m3_e5m2_bcol", "QGMMA.64x256x32.F32.E4M3.E5M2"),
+        (
+            "tc_gemm_e4m3_bcol_block_scaled",
+            "QGMMA.64x128x32.F32.E4M3.E4M3",
+        ),
     ] {
         let out = std::process::Command::new(&cuobjdump)
             .args(["-sass", "-fun", entry])
