@@ -17,21 +17,10 @@ use warpline::kernels::tc_gemm::{
     TcGemm, TcGemmOptions, TcOutput, FP8_SCALE_BLOCK,
 };
 use warpline::{bf16, Device, DeviceBuffer, Error, MemPool, F8E4M3};
-use warpline_suite::support::{gpu_or_skip, normal};
+use warpline_suite::support::{fp8_matrix, gpu_or_skip, normal, pitch8, pitch_out};
 
 fn seed() -> u64 {
     warpline_suite::support::gemm_seed("fp8_block_gemm")
-}
-
-/// Pitch of `cols` one-byte elements rounded up to 16, plus `extra` 16-byte units.
-fn pitch8(cols: usize, extra: usize) -> usize {
-    cols.next_multiple_of(16) + 16 * extra
-}
-
-/// Pitch of `cols` elements of `O` rounded up to 16 bytes, plus one 16-byte unit.
-fn pitch_out<O>(cols: usize) -> usize {
-    let per = 16 / size_of::<O>();
-    cols.next_multiple_of(per) + per
 }
 
 /// Host copies of one problem: decoded FP8 A (`m x k`, pitch `lda`) and B (stored `n x k`,
@@ -51,28 +40,6 @@ struct Problem {
     b_scales: Vec<f32>,
 }
 
-/// A `rows x cols` E4M3 matrix of `spread * N(0, 1)` values, pitch `pitch`, padding NaN (0x7F).
-fn fp8_matrix(
-    rng: &mut rand::rngs::StdRng,
-    rows: usize,
-    cols: usize,
-    pitch: usize,
-    spread: f32,
-) -> (Vec<F8E4M3>, Vec<f32>) {
-    let vals = normal(rng, rows * cols);
-    let len = (rows - 1) * pitch + cols;
-    let mut codes = vec![F8E4M3::from_f32(f32::NAN); len];
-    let mut host = vec![f32::NAN; len];
-    for r in 0..rows {
-        for c in 0..cols {
-            let q = F8E4M3::from_f32(spread * vals[r * cols + c]);
-            codes[r * pitch + c] = q;
-            host[r * pitch + c] = q.to_f32();
-        }
-    }
-    (codes, host)
-}
-
 /// `2^e * (1 + u / 2)` with `e` uniform in -8..=8 and `u` in [0, 1): scales over 2^-8 .. 2^8.5,
 /// not all powers of two.
 fn scale(rng: &mut rand::rngs::StdRng) -> f32 {
@@ -84,8 +51,8 @@ impl Problem {
     fn new(rng: &mut rand::rngs::StdRng, m: usize, n: usize, k: usize) -> Self {
         let (lda, ldb) = (pitch8(k, 1), pitch8(k, 0));
         // Spreads that use E4M3's exponent range (|x| up to ~30), as tests/fp8_gemm.rs.
-        let (a_codes, a) = fp8_matrix(rng, m, k, lda, 8.0);
-        let (b_codes, b) = fp8_matrix(rng, n, k, ldb, 0.5);
+        let (a_codes, a) = fp8_matrix::<F8E4M3>(rng, m, k, lda, 8.0);
+        let (b_codes, b) = fp8_matrix::<F8E4M3>(rng, n, k, ldb, 0.5);
         let (kb, nb) = (k.div_ceil(FP8_SCALE_BLOCK), n.div_ceil(FP8_SCALE_BLOCK));
         // DeepGEMM's TMA-aligned pitch (a multiple of 4) plus 4, and a padded B pitch: the
         // kernel must use the pitches, and padding it reads would be NaN.

@@ -486,12 +486,13 @@ pub mod tc_gemm {
     /// 128-column half of a tile has one B scale per k-block.
     pub const SCALE_BLOCK: usize = 128;
     /// The block-scaled entry's parameters after the common list:
-    /// `a_scales: u64, b_scales: u64, a_scales_ld: u32, b_scales_ld: u32`:
-    /// - `a_scales`: device address of f32 A scales, `[ceil(K / 128)][a_scales_ld]` ("M-major",
+    /// `a_scale: u64, b_scale: u64, a_scales_ld: u32, b_scales_ld: u32` (the per-tensor entries'
+    /// two scale addresses, here of the scale arrays, then their pitches):
+    /// - `a_scale`: device address of f32 A scales, `[ceil(K / 128)][a_scales_ld]` ("M-major",
     ///   DeepGEMM's transposed layout): the scale of row `i`, k-block `kb` at
-    ///   `a_scales[kb * a_scales_ld + i]`, `a_scales_ld >= M`;
-    /// - `b_scales`: device address of f32 B scales, `[ceil(N / 128)][b_scales_ld]` (K-major):
-    ///   the scale of N block `nb`, k-block `kb` at `b_scales[nb * b_scales_ld + kb]`,
+    ///   `a_scale[kb * a_scales_ld + i]`, `a_scales_ld >= M`;
+    /// - `b_scale`: device address of f32 B scales, `[ceil(N / 128)][b_scales_ld]` (K-major):
+    ///   the scale of N block `nb`, k-block `kb` at `b_scale[nb * b_scales_ld + kb]`,
     ///   `b_scales_ld >= ceil(K / 128)`.
     ///
     /// Both 4-byte aligned, read by the consumers after `griddepcontrol.wait`, not written until

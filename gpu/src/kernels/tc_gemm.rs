@@ -1372,17 +1372,38 @@ entry!(
 
 macro_rules! entry_fp8 {
     ($name:ident, $input:ty, $pingpong:literal, $doc:literal) => {
+        entry_fp8!(
+            @entry $name,
+            $input,
+            $pingpong,
+            $doc,
+            "Launch: as the 16-bit entries. Parameters: the common list (`contract::tc_gemm`) plus \
+             `a_scale`, `b_scale` (device addresses of one f32 each, or 0 for 1.0); C is BF16 \
+             (`out_f32 = 0`) or f32.",
+            "As the 16-bit entries, with A and B of FP8 (one byte per element; tensor maps of \
+             `UINT8` with boxes `A_BOX_FP8`, `B_BOX_KMAJOR_FP8`, B K-major `{K, N}`), and each \
+             nonzero scale address a 4-byte aligned f32 in device memory that is not written until \
+             the kernel completes.",
+            []
+        );
+    };
+    // The block-scaled entry: `a_scale`/`b_scale` address the scale arrays, whose pitches follow.
+    (
+        $name:ident, $input:ty, $doc:literal, launch = $launch:literal, safety = $safety:literal,
+        pitches = [$a_ld:ident, $b_ld:ident]
+    ) => {
+        entry_fp8!(@entry $name, $input, false, $doc, $launch, $safety, [$a_ld, $b_ld]);
+    };
+    (
+        @entry $name:ident, $input:ty, $pingpong:literal, $doc:literal, $launch:literal,
+        $safety:literal, [$($a_ld:ident, $b_ld:ident)?]
+    ) => {
         #[doc = $doc]
         ///
-        /// Launch: as the 16-bit entries. Parameters: the common list (`contract::tc_gemm`) plus
-        /// `a_scale`, `b_scale` (device addresses of one f32 each, or 0 for 1.0); C is BF16
-        /// (`out_f32 = 0`) or f32.
+        #[doc = $launch]
         ///
         /// # Safety
-        /// As the 16-bit entries, with A and B of FP8 (one byte per element; tensor maps of
-        /// `UINT8` with boxes `A_BOX_FP8`, `B_BOX_KMAJOR_FP8`, B K-major `{K, N}`), and each
-        /// nonzero scale address a 4-byte aligned f32 in device memory that is not written until
-        /// the kernel completes.
+        #[doc = $safety]
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -1401,6 +1422,7 @@ macro_rules! entry_fp8 {
             group: u32,
             a_scale: u64,
             b_scale: u64,
+            $($a_ld: u32, $b_ld: u32,)?
         ) {
             let p = Params {
                 tmap_a,
@@ -1421,10 +1443,20 @@ macro_rules! entry_fp8 {
                 a_scales_ld: 0,
                 b_scales_ld: 0,
             };
+            $(let p = Params {
+                a_scales_ld: $a_ld,
+                b_scales_ld: $b_ld,
+                ..p
+            };)?
             // SAFETY: the launch contract above.
             unsafe { tc_gemm::<$input, KMajor, $pingpong>(p) }
         }
-        crate::device::launch_bounds!($name, THREADS_PER_CTA, 1);
+        crate::device::launch_bounds!(
+            $name,
+            THREADS_PER_CTA,
+            1,
+            setmaxnreg = [PRODUCER_REGS, CONSUMER_REGS, CONSUMER_REGS]
+        );
     };
 }
 
@@ -1447,66 +1479,20 @@ entry_fp8!(
     "FP8 GEMM, A and B E4M3, B column-major, ping-pong consumers (A box `A_BOX_PINGPONG_FP8`)."
 );
 
-/// Block-scaled FP8 GEMM (issue 20): A and B E4M3, B column-major (K-major), DeepSeek-V3 scales
-/// (A `1 x 128`, B `128 x 128`) applied in FP32 between k-blocks (`mainloop_block_scaled`),
-/// cooperative `BM x BN` tiles, cluster 1 or 2.
-///
-/// Launch: as the 16-bit entries. Parameters: the common list (`contract::tc_gemm`) plus
-/// `a_scales: u64, b_scales: u64, a_scales_ld: u32, b_scales_ld: u32`
-/// (`contract::tc_gemm::FP8_BLOCK_EXTRA_PARAMS`, which gives the scale layouts); C is BF16
-/// (`out_f32 = 0`) or f32.
-///
-/// # Safety
-/// As the per-tensor FP8 entries, with `a_scales` the device address of
-/// `(ceil(K / 128) - 1) * a_scales_ld + M` f32 (`a_scales_ld >= M`) and `b_scales` of
-/// `(ceil(N / 128) - 1) * b_scales_ld + ceil(K / 128)` f32 (`b_scales_ld >= ceil(K / 128)`),
-/// both 4-byte aligned and not written until the kernel completes.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn tc_gemm_e4m3_bcol_block_scaled(
-    tmap_a: u64,
-    tmap_b: u64,
-    tmap_c: u64,
-    c: u64,
-    m: u32,
-    n: u32,
-    k: u32,
-    ldc: u32,
-    alpha: f32,
-    beta: f32,
-    out_f32: u32,
-    raster: u32,
-    group: u32,
-    a_scales: u64,
-    b_scales: u64,
-    a_scales_ld: u32,
-    b_scales_ld: u32,
-) {
-    let p = Params {
-        tmap_a,
-        tmap_b,
-        tmap_c,
-        c,
-        m,
-        n,
-        k,
-        ldc,
-        alpha,
-        beta,
-        out_f32,
-        raster,
-        group,
-        a_scale: a_scales,
-        b_scale: b_scales,
-        a_scales_ld,
-        b_scales_ld,
-    };
-    // SAFETY: the launch contract above.
-    unsafe { tc_gemm::<E4m3Block, KMajor, false>(p) }
-}
-crate::device::launch_bounds!(
+entry_fp8!(
     tc_gemm_e4m3_bcol_block_scaled,
-    THREADS_PER_CTA,
-    1,
-    setmaxnreg = [PRODUCER_REGS, CONSUMER_REGS, CONSUMER_REGS]
+    E4m3Block,
+    "Block-scaled FP8 GEMM (issue 20): A and B E4M3, B column-major (K-major), DeepSeek-V3 \
+     scales (A `1 x 128`, B `128 x 128`) applied in FP32 between k-blocks \
+     (`mainloop_block_scaled`), cooperative `BM x BN` tiles, cluster 1 or 2.",
+    launch = "Launch: as the 16-bit entries. Parameters: the common list (`contract::tc_gemm`) \
+              plus `a_scale` (the A scales' address), `b_scale` (the B scales'), `a_scales_ld`, \
+              `b_scales_ld` (`contract::tc_gemm::FP8_BLOCK_EXTRA_PARAMS` gives the layouts); C is \
+              BF16 (`out_f32 = 0`) or f32.",
+    safety = "As the per-tensor FP8 entries, with `a_scale` the device address of \
+              `(ceil(K / 128) - 1) * a_scales_ld + M` f32 (`a_scales_ld >= M`) and `b_scale` of \
+              `(ceil(N / 128) - 1) * b_scales_ld + ceil(K / 128)` f32 \
+              (`b_scales_ld >= ceil(K / 128)`), both 4-byte aligned and not written until the \
+              kernel completes.",
+    pitches = [a_scales_ld, b_scales_ld]
 );

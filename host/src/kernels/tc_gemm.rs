@@ -589,13 +589,14 @@ fn rust_params_fp8() -> Vec<RustParam> {
     v
 }
 
-/// The block-scaled FP8 entry's parameter list: [`rust_params`] plus `a_scales: u64,
-/// b_scales: u64, a_scales_ld: u32, b_scales_ld: u32` (`contract::FP8_BLOCK_EXTRA_PARAMS`).
+/// The block-scaled FP8 entry's parameter list: [`rust_params`] plus `a_scale: u64,
+/// b_scale: u64, a_scales_ld: u32, b_scales_ld: u32` (`contract::FP8_BLOCK_EXTRA_PARAMS`; the
+/// two addresses are of the scale arrays).
 fn rust_params_fp8_block() -> Vec<RustParam> {
     let mut v = rust_params();
     for (name, size, kind) in [
-        ("a_scales: u64", 8, RustParamKind::Address),
-        ("b_scales: u64", 8, RustParamKind::Address),
+        ("a_scale: u64", 8, RustParamKind::Address),
+        ("b_scale: u64", 8, RustParamKind::Address),
         ("a_scales_ld: u32", 4, RustParamKind::Int),
         ("b_scales_ld: u32", 4, RustParamKind::Int),
     ] {
@@ -610,7 +611,7 @@ fn rust_params_fp8_block() -> Vec<RustParam> {
 }
 
 /// The block-scaled FP8 entry of the sm_90a module (issue 20): DeepSeek-V3 scales, the
-/// parameter list of [`ENTRIES`] plus `a_scales, b_scales, a_scales_ld, b_scales_ld`.
+/// parameter list of [`ENTRIES`] plus `a_scale, b_scale, a_scales_ld, b_scales_ld`.
 pub const FP8_BLOCK_SCALED_ENTRY: &str = contract::KERNEL_E4M3_BCOL_BLOCK_SCALED;
 
 /// The FP8 entries of the sm_90a module (issue 20), with the parameter list of
