@@ -352,22 +352,6 @@ pub fn run_child_test(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::skip_or_fail;
-
-    #[test]
-    fn a_skip_only_prints_when_the_gpu_is_not_required() {
-        skip_or_fail("probe", "no CUDA driver", false);
-    }
-
-    #[test]
-    #[should_panic(expected = "WARPLINE_REQUIRE_GPU=1 requires the GPU")]
-    fn a_skip_fails_when_the_gpu_is_required() {
-        skip_or_fail("probe", "no CUDA driver", true);
-    }
-}
-
 /// Row pitch of `cols` one-byte (FP8) elements rounded up to 16 bytes, plus `extra` 16-byte
 /// units (TMA's pitch rule, with padding a kernel must skip).
 pub fn pitch8(cols: usize, extra: usize) -> usize {
@@ -402,4 +386,20 @@ pub fn fp8_matrix<T: warpline::kernels::tc_gemm::Fp8Input>(
         }
     }
     (codes, host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::skip_or_fail;
+
+    #[test]
+    fn a_skip_only_prints_when_the_gpu_is_not_required() {
+        skip_or_fail("probe", "no CUDA driver", false);
+    }
+
+    #[test]
+    #[should_panic(expected = "WARPLINE_REQUIRE_GPU=1 requires the GPU")]
+    fn a_skip_fails_when_the_gpu_is_required() {
+        skip_or_fail("probe", "no CUDA driver", true);
+    }
 }
