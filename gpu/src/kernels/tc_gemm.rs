@@ -30,7 +30,7 @@
 use crate::contract::tc_gemm::*;
 use crate::device::bulk;
 use crate::device::cluster;
-use crate::device::math::{bf16_to_f32, f16_to_f32, pack_bf16x2, pack_f16x2};
+use crate::device::math::{bf16_to_f32, f16_to_f32, fma, pack_bf16x2, pack_f16x2};
 use crate::device::mbarrier;
 use crate::device::pdl;
 use crate::device::pipeline::{PipelineState, TmaPipeline};
@@ -772,7 +772,8 @@ fn mainloop_block_scaled(
 }
 
 /// One half `H` (columns `128 H ..`) of a block-scaled k-block: `tmp = A * B_H` with four
-/// `wgmma m64n128k32.e4m3`, waited for, then `acc[64 H + i] += tmp[i] * scale` in FP32, with
+/// `wgmma m64n128k32.e4m3`, waited for, then `acc[64 H + i] = fma(tmp[i], scale, acc[..])` in
+/// FP32, with
 /// `top` for this thread's row `r` (accumulator elements `4 i`, `4 i + 1`) and `bottom` for row
 /// `r + 8` (`4 i + 2`, `4 i + 3`; wgmma.rs's accumulator layout).
 ///
@@ -807,16 +808,21 @@ unsafe fn block_half<const H: usize>(
         wgmma::wait_group::<0>();
     }
     wgmma::fence_operands(tmp);
-    // Literal indices only, so both arrays stay in registers.
+    // Literal indices only, so both arrays stay in registers; one fma.rn each (rustc does not
+    // contract `a * b + c`).
     macro_rules! promote {
         ($($i:literal)*) => {$(
-            acc[H * HALF_ACC + 4 * $i] += tmp[4 * $i] * top;
-            acc[H * HALF_ACC + 4 * $i + 1] += tmp[4 * $i + 1] * top;
-            acc[H * HALF_ACC + 4 * $i + 2] += tmp[4 * $i + 2] * bottom;
-            acc[H * HALF_ACC + 4 * $i + 3] += tmp[4 * $i + 3] * bottom;
+            let j = H * HALF_ACC + 4 * $i;
+            acc[j] = fma(tmp[4 * $i], top, acc[j]);
+            acc[j + 1] = fma(tmp[4 * $i + 1], top, acc[j + 1]);
+            acc[j + 2] = fma(tmp[4 * $i + 2], bottom, acc[j + 2]);
+            acc[j + 3] = fma(tmp[4 * $i + 3], bottom, acc[j + 3]);
         )*};
     }
     promote!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    // The sums are computed here, before the next wgmma overwrites `tmp`: without this pin the
+    // compiler may delay them and keep the old `tmp` alive across it (ptxas then spills).
+    wgmma::fence_operands(acc);
 }
 
 /// Byte address of (row, byte column) in a 128-byte-swizzled chunk of 128-byte rows.
