@@ -511,10 +511,10 @@ impl TcGemm<'_> {
 /// `128 / 32 = 4` k32 steps, each erring by at most [`FP8_STEP_REL`] of the block's
 /// `sum |a b|` (see there), and every k-block starts from zero, so the blocks' errors, scaled
 /// by `|sa sb|`, add up to `4 * FP8_STEP_REL * abs_scaled` whatever K is (the per-tensor path's
-/// bound grows with `ceil(K / 32)`). The FP32 promotion rounds `sa * sb`, `tmp * (sa sb)` and
-/// the `ceil(K / 128)` additions into the accumulator, each by at most 2^-24 of a partial sum
-/// bounded by `abs_scaled`, and the epilogue's `alpha *` once more; `rounding` is the output's
-/// half ulp ([`TcOutput::ROUNDING`]).
+/// bound grows with `ceil(K / 32)`). The FP32 promotion rounds `sa * sb` and each of the
+/// `ceil(K / 128)` `fma(tmp, sa sb, acc)` once, each by at most 2^-24 of a partial sum bounded
+/// by `abs_scaled`, and the epilogue's `alpha *` once more (one term of slack); `rounding` is
+/// the output's half ulp ([`TcOutput::ROUNDING`]).
 pub fn fp8_block_tolerance(
     want: f64,
     abs_scaled: f64,
