@@ -10,7 +10,7 @@
 # "ordering device_side", "ordering u32_signal", "ordering two_waits", "ordering message_exchange"
 # (the GPU ordering tests, one run each), fence, soundness_ordering, soundness_host, modules,
 # soundness_graphs, issue19_lifetimes (those two: memcheck, racecheck and synccheck only),
-# "tc_gemm <variant>", decode_gemm, decode_step, fp8_gemm, issue22_device, issue22_interop,
+# "tc_gemm <variant>", decode_gemm, decode_step, fp8_gemm, fp8_block_gemm, issue22_device, issue22_interop,
 # "gemm <kernel>", "pipeline CLI", ordering-demo, saxpy, cudarc_interop, softmax, fuzz
 # (memcheck only: `warpline fuzz` over FUZZ_SEEDS seeds, default 200, x 200 ops on 3 threads;
 # SKIP_FUZZ=1 leaves it out).
