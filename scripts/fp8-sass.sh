@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SASS check of the FP8 GEMM (issue 20): assembles the sm_90a module with ptxas for sm_90a and
 # checks, with cuobjdump, that each FP8 entry (tc_gemm_e4m3_bcol, tc_gemm_e4m3_e5m2_bcol,
-# tc_gemm_e4m3_bcol_pingpong) holds
+# tc_gemm_e4m3_bcol_pingpong, tc_gemm_e4m3_bcol_block_scaled) holds
 # QGMMA (the SASS of `wgmma ... .e4m3` / `.e5m2`) and no HGMMA (16-bit wgmma). No GPU needed.
 #
 # Usage: bash scripts/fp8-sass.sh [module.ptx]
@@ -33,7 +33,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$ptxas" -arch=sm_90a -o "$work/sm90a.cubin" "$ptx"
 rc=0
-for entry in tc_gemm_e4m3_bcol tc_gemm_e4m3_e5m2_bcol tc_gemm_e4m3_bcol_pingpong; do
+for entry in tc_gemm_e4m3_bcol tc_gemm_e4m3_e5m2_bcol tc_gemm_e4m3_bcol_pingpong tc_gemm_e4m3_bcol_block_scaled; do
   "$cuobjdump" -sass -fun "$entry" "$work/sm90a.cubin" > "$work/$entry.sass"
   q=$(grep -c 'QGMMA' "$work/$entry.sass" || true)
   h=$(grep -c 'HGMMA' "$work/$entry.sass" || true)

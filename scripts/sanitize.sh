@@ -11,7 +11,7 @@
 # (the GPU ordering tests, one run each), fence, soundness_ordering, soundness_host, modules,
 # soundness_graphs, issue19_lifetimes (those two: memcheck, racecheck and synccheck only),
 # "tc_gemm <variant>", decode_gemm, decode_step, "attention d128", "attention d64", fp8_gemm,
-# issue22_device, issue22_interop,
+# fp8_block_gemm, issue22_device, issue22_interop,
 # "gemm <kernel>", "pipeline CLI", ordering-demo, saxpy, cudarc_interop, softmax, fuzz
 # (memcheck only: `warpline fuzz` over FUZZ_SEEDS seeds, default 200, x 200 ops on 3 threads;
 # SKIP_FUZZ=1 leaves it out).
@@ -25,7 +25,7 @@
 #   1. TOOLS="memcheck racecheck synccheck" SKIP_FUZZ=1
 #   2. TOOLS=initcheck ONLY='^(vector_add|pipeline|pdl|fence|soundness_ordering|soundness_host|modules)$'
 #   3. TOOLS=initcheck ONLY='^ordering '
-#   4. TOOLS=initcheck ONLY='^(tc_gemm |decode_gemm$|decode_step$|attention |fp8_gemm$|issue22_|gemm |pipeline CLI$|ordering-demo$|saxpy$|cudarc_interop$|softmax$)'
+#   4. TOOLS=initcheck ONLY='^(tc_gemm |decode_gemm$|decode_step$|attention |fp8_gemm$|fp8_block_gemm$|issue22_|gemm |pipeline CLI$|ordering-demo$|saxpy$|cudarc_interop$|softmax$)'
 #   5. TOOLS=memcheck ONLY='^fuzz$' (split by seeds with FUZZ_START/FUZZ_SEEDS if it does not fit)
 # If one still does not fit, split it the same way (e.g. call 1 per tool, or call 3 as
 # ONLY='^ordering (device_side|u32_signal)$' and ONLY='^ordering (two_waits|message_exchange)$').
@@ -104,6 +104,8 @@ for tool in $TOOLS; do
   run $tool decode_gemm        $B/tests/decode_gemm --test-threads=1 --skip is_deterministic
   # The FP8 GEMM (issue 20): both FP8 entries, clusters 1 and 2, f32/bf16 C, beta, scales, PDL.
   run $tool fp8_gemm           $B/tests/fp8_gemm --test-threads=1 --exact sanitizer_sized_cases
+  # Block-scaled FP8 (DeepSeek-V3 scales): clusters 1 and 2, f32/bf16 C, beta, PDL.
+  run $tool fp8_block_gemm     $B/tests/fp8_block_gemm --test-threads=1 --exact sanitizer_sized_cases
   # Issue 22: the batched GEMM on 3-D TMA (a one-CTA TmaPipeline; warpline and cuBLAS on the same
   # inputs), the rank-3..5 TMA copies (plain and multicast), the math kernel; cudarc interop.
   run $tool issue22_device     $B/tests/issue22_device --test-threads=1

@@ -352,6 +352,42 @@ pub fn run_child_test(
     }
 }
 
+/// Row pitch of `cols` one-byte (FP8) elements rounded up to 16 bytes, plus `extra` 16-byte
+/// units (TMA's pitch rule, with padding a kernel must skip).
+pub fn pitch8(cols: usize, extra: usize) -> usize {
+    cols.next_multiple_of(16) + 16 * extra
+}
+
+/// Row pitch of `cols` elements of `O` rounded up to 16 bytes, plus one 16-byte unit.
+pub fn pitch_out<O>(cols: usize) -> usize {
+    let per = 16 / size_of::<O>();
+    cols.next_multiple_of(per) + per
+}
+
+/// A `rows x cols` FP8 matrix of `spread * N(0, 1)` values rounded to `T`, row pitch `pitch`,
+/// the padding the NaN code (a kernel that read it would produce NaN). Returns the codes and
+/// their decoded values (padding NaN).
+pub fn fp8_matrix<T: warpline::kernels::tc_gemm::Fp8Input>(
+    rng: &mut rand::rngs::StdRng,
+    rows: usize,
+    cols: usize,
+    pitch: usize,
+    spread: f32,
+) -> (Vec<T>, Vec<f32>) {
+    let vals = normal(rng, rows * cols);
+    let len = (rows - 1) * pitch + cols;
+    let mut codes = vec![T::from_f32(f32::NAN); len];
+    let mut host = vec![f32::NAN; len];
+    for r in 0..rows {
+        for c in 0..cols {
+            let q = T::from_f32(spread * vals[r * cols + c]);
+            codes[r * pitch + c] = q;
+            host[r * pitch + c] = q.to_f32();
+        }
+    }
+    (codes, host)
+}
+
 #[cfg(test)]
 mod tests {
     use super::skip_or_fail;

@@ -13,21 +13,10 @@ use warpline::kernels::tc_gemm::{
 };
 use warpline::kernels::GemmConfig;
 use warpline::{bf16, Device, DeviceBuffer, Error, MemPool, Stream, F8E4M3, F8E5M2};
-use warpline_suite::support::{gpu_or_skip, normal};
+use warpline_suite::support::{fp8_matrix, gpu_or_skip, normal, pitch8, pitch_out};
 
 fn seed() -> u64 {
     warpline_suite::support::gemm_seed("fp8_gemm")
-}
-
-/// Pitch of `cols` one-byte elements rounded up to 16, plus `extra` 16-byte units.
-fn pitch8(cols: usize, extra: usize) -> usize {
-    cols.next_multiple_of(16) + 16 * extra
-}
-
-/// Pitch of `cols` elements of `O` rounded up to 16 bytes, plus one 16-byte unit.
-fn pitch_out<O>(cols: usize) -> usize {
-    let per = 16 / size_of::<O>();
-    cols.next_multiple_of(per) + per
 }
 
 /// A `rows x cols` FP8 matrix of `spread * N(0, 1)` values rounded to `T`, with row pitch
@@ -42,18 +31,8 @@ fn upload_fp8<T: Fp8Input>(
     pitch: usize,
     spread: f32,
 ) -> (DeviceBuffer<T>, Vec<f32>) {
-    let vals = normal(rng, rows * cols);
-    let len = (rows - 1) * pitch + cols;
-    let mut typed = vec![T::from_f32(f32::NAN); len];
-    let mut host = vec![f32::NAN; len];
-    for r in 0..rows {
-        for c in 0..cols {
-            let q = T::from_f32(spread * vals[r * cols + c]);
-            typed[r * pitch + c] = q;
-            host[r * pitch + c] = q.to_f32();
-        }
-    }
-    let mut buf = pool.alloc_async::<T>(stream, len).unwrap();
+    let (typed, host) = fp8_matrix::<T>(rng, rows, cols, pitch, spread);
+    let mut buf = pool.alloc_async::<T>(stream, typed.len()).unwrap();
     buf.copy_from_host(&typed).unwrap();
     (buf, host)
 }
@@ -712,6 +691,10 @@ fn fp8_sass_has_qgmma_where_cuobjdump_is_installed() {
             "QGMMA.64x256x32.F32.E4M3.E4M3",
         ),
         ("tc_gemm_e4m3_e5m2_bcol", "QGMMA.64x256x32.F32.E4M3.E5M2"),
+        (
+            "tc_gemm_e4m3_bcol_block_scaled",
+            "QGMMA.64x128x32.F32.E4M3.E4M3",
+        ),
     ] {
         let out = std::process::Command::new(&cuobjdump)
             .args(["-sass", "-fun", entry])

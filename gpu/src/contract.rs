@@ -473,6 +473,31 @@ pub mod tc_gemm {
     /// `alpha * a_scale * b_scale * acc + beta * C` (cuBLASLt's `A_SCALE_POINTER` /
     /// `B_SCALE_POINTER`).
     pub const FP8_EXTRA_PARAMS: usize = 2;
+    /// Entry: block-scaled FP8 (DeepSeek-V3 fine-grained scaling, as DeepGEMM), A and B E4M3, B
+    /// column-major, BF16 or f32 output, cooperative `BM x BN` tiles. Parameters: the common list
+    /// plus [`FP8_BLOCK_EXTRA_PARAMS`]. Every 128-wide k-block (one stage) is multiplied by the
+    /// tensor cores into a temporary FP32 accumulator (`wgmma m64n128k32`, the tile's two
+    /// 128-column halves one after the other), which is then added in FP32 registers into the
+    /// tile's accumulator times `a_scale[row, kb] * b_scale[col / 128, kb]` ("promotion").
+    pub const KERNEL_E4M3_BCOL_BLOCK_SCALED: &str = "tc_gemm_e4m3_bcol_block_scaled";
+    /// Side of a scale block: A has one scale per row and 128-wide k-block (`1 x 128`), B one per
+    /// `128 x 128` block of (N, K) (DeepSeek-V3, arXiv 2412.19437, §3.3.2). Equal to
+    /// [`FP8_BK`], so one stage is one scale block along K, and to half of [`BN`], so each
+    /// 128-column half of a tile has one B scale per k-block.
+    pub const SCALE_BLOCK: usize = 128;
+    /// The block-scaled entry's parameters after the common list:
+    /// `a_scale: u64, b_scale: u64, a_scales_ld: u32, b_scales_ld: u32` (the per-tensor entries'
+    /// two scale addresses, here of the scale arrays, then their pitches):
+    /// - `a_scale`: device address of f32 A scales, `[ceil(K / 128)][a_scales_ld]` ("M-major",
+    ///   DeepGEMM's transposed layout): the scale of row `i`, k-block `kb` at
+    ///   `a_scale[kb * a_scales_ld + i]`, `a_scales_ld >= M`;
+    /// - `b_scale`: device address of f32 B scales, `[ceil(N / 128)][b_scales_ld]` (K-major):
+    ///   the scale of N block `nb`, k-block `kb` at `b_scale[nb * b_scales_ld + kb]`,
+    ///   `b_scales_ld >= ceil(K / 128)`.
+    ///
+    /// Both 4-byte aligned, read by the consumers after `griddepcontrol.wait`, not written until
+    /// the kernel completes. The epilogue computes `alpha * acc + beta * C`.
+    pub const FP8_BLOCK_EXTRA_PARAMS: usize = 4;
     /// Bytes of one FP8 element.
     pub const FP8_IN_BYTES: usize = 1;
     /// K per stage of the FP8 entries: 128 one-byte elements = 128 bytes, the span of the
@@ -579,6 +604,7 @@ pub mod tc_gemm {
         assert!(BK * IN_BYTES == 128 && BK.is_multiple_of(WGMMA_K));
         assert!(FP8_BK * FP8_IN_BYTES == 128 && FP8_BK / FP8_WGMMA_K == BK / WGMMA_K);
         assert!(FP8_WGMMA_K * FP8_IN_BYTES == WGMMA_K * IN_BYTES);
+        assert!(SCALE_BLOCK == FP8_BK && 2 * SCALE_BLOCK == BN);
         assert!(A_STAGE_BYTES.is_multiple_of(SWIZZLE_ALIGN));
         assert!(B_STAGE_BYTES.is_multiple_of(SWIZZLE_ALIGN));
         assert!(C_CHUNK_BYTES.is_multiple_of(SWIZZLE_ALIGN));

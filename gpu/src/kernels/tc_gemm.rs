@@ -30,7 +30,7 @@
 use crate::contract::tc_gemm::*;
 use crate::device::bulk;
 use crate::device::cluster;
-use crate::device::math::{bf16_to_f32, f16_to_f32, pack_bf16x2, pack_f16x2};
+use crate::device::math::{bf16_to_f32, f16_to_f32, fma, pack_bf16x2, pack_f16x2};
 use crate::device::mbarrier;
 use crate::device::pdl;
 use crate::device::pipeline::{PipelineState, TmaPipeline};
@@ -77,6 +77,9 @@ trait Input {
     const BK_ELEMS: u32;
     /// Per-tensor scales are read (the FP8 entries' `a_scale`, `b_scale`).
     const SCALED: bool = false;
+    /// Block scales are applied between k-blocks (the block-scaled FP8 entry): the mainloop is
+    /// [`mainloop_block_scaled`].
+    const BLOCK_SCALED: bool = false;
     /// `wgmma.mma_async.m64n256k16.f32.<type>.<type>`.
     ///
     /// # Safety
@@ -151,10 +154,11 @@ struct E4m3E5m2;
 
 /// The FP8 `Input` items: K-major B only (FP8 wgmma has no transpose), BF16 for 16-bit C.
 macro_rules! fp8_input {
-    ($ty:ty, $mma:ident) => {
+    ($ty:ty, $mma:ident, per_tensor = $scaled:literal) => {
         impl Input for $ty {
             const BK_ELEMS: u32 = FP8_BK as u32;
-            const SCALED: bool = true;
+            const SCALED: bool = $scaled;
+            const BLOCK_SCALED: bool = !$scaled;
             /// # Safety
             /// As the trait method.
             #[inline(always)]
@@ -181,8 +185,21 @@ macro_rules! fp8_input {
     };
 }
 
-fp8_input!(E4m3, mma_async_m64n256k32_f32_e4m3_e4m3);
-fp8_input!(E4m3E5m2, mma_async_m64n256k32_f32_e4m3_e5m2);
+/// Block-scaled FP8 inputs, E4M3 A and B (`wgmma ... m64n128k32.f32.e4m3.e4m3` per tile half,
+/// promoted in FP32 every k-block); 16-bit output is BF16.
+struct E4m3Block;
+
+fp8_input!(E4m3, mma_async_m64n256k32_f32_e4m3_e4m3, per_tensor = true);
+fp8_input!(
+    E4m3E5m2,
+    mma_async_m64n256k32_f32_e4m3_e5m2,
+    per_tensor = true
+);
+fp8_input!(
+    E4m3Block,
+    mma_async_m64n256k32_f32_e4m3_e4m3,
+    per_tensor = false
+);
 
 /// B's layout: how the producer loads a stage of B and how wgmma reads it.
 trait BLayout {
@@ -393,8 +410,11 @@ struct Gemm {
     /// K elements per k-block (`Input::BK_ELEMS`).
     bk: u32,
     k_blocks: u32,
-    /// FP8 entries: device addresses of the per-tensor scales of A and B (0: 1.0).
+    /// FP8 entries: device addresses of the per-tensor scales of A and B (0: 1.0); the
+    /// block-scaled entry: of the A and B scale arrays.
     scales: [u64; 2],
+    /// Block-scaled entry: `a_scales_ld`, `b_scales_ld` (elements; 0 elsewhere).
+    scales_ld: [u32; 2],
     sched: Scheduler,
     /// 1024-byte aligned shared-window base of the layout.
     smem: u32,
@@ -533,7 +553,8 @@ fn consumer<I: Input, L: BLayout, const OUT_F32: bool>(g: Gemm, consumer: u32) {
     let mut acc = ZERO;
     let mut state = State::new();
     let mut chunk = 0u32;
-    let mut u = g.sched.first;
+    // Not the value computed before the role split (its live range would span both roles).
+    let mut u = fresh::<I>(g.sched.first);
     let mut turn = 0u32; // this CTA's unit count so far (ping-pong: whose turn)
     let mut order_waits = 0u32; // ping-pong: waits on this warpgroup's order barrier so far
     while u < g.sched.units {
@@ -558,7 +579,11 @@ fn consumer<I: Input, L: BLayout, const OUT_F32: bool>(g: Gemm, consumer: u32) {
                 g.order(consumer).wait_parity(order_waits & 1);
                 order_waits += 1;
             }
-            mainloop::<I, L>(g, consumer, &mut acc, &mut state);
+            if I::BLOCK_SCALED {
+                mainloop_block_scaled(g, consumer, &mut acc, &mut state, row0, n0);
+            } else {
+                mainloop::<I, L>(g, consumer, &mut acc, &mut state);
+            }
             if g.pingpong && tid == 0 {
                 g.order(1 - consumer).arrive();
             }
@@ -592,31 +617,12 @@ fn read_scale(at: u64) -> f32 {
 /// and releases the previous stage.
 #[inline(always)]
 fn mainloop<I: Input, L: BLayout>(g: Gemm, consumer: u32, acc: &mut [f32; ACC], state: &mut State) {
-    let tid = thread_in_warpgroup();
-    let release = |stage: State| {
-        if tid < g.cluster {
-            // SAFETY: thread `r < cluster` of each reading warpgroup releases the stage once on
-            // CTA `r`, matching the init count readers_per_stage * cluster; every CTA's producer runs
-            // producer_tail before the final cluster barrier, so the target is live; the wgmmas
-            // that read the stage are complete (wait_group before every call).
-            unsafe { g.ring.consumer_release(stage, tid) };
-        }
-    };
+    let release = |stage: State| release_stage(g, stage);
     let mut reading = *state; // the stage of the wgmma-group still in flight
     let mut kb = 0;
     while kb < g.k_blocks {
         g.ring.consumer_wait(*state);
-        let a = MatrixDescriptor::new(
-            g.a_stage(state.stage())
-                + if g.pingpong {
-                    0
-                } else {
-                    consumer * (WG_M * BK * IN_BYTES) as u32
-                },
-            16,
-            ATOM_BYTES,
-            Swizzle::B128,
-        );
+        let a = a_descriptor(g, consumer, *state);
         let b = L::descriptor(g.b_stage(state.stage()));
         wgmma::fence_operands(acc);
         // SAFETY: all 128 threads of the warpgroup run this loop with the same trip count and
@@ -650,6 +656,175 @@ fn mainloop<I: Input, L: BLayout>(g: Gemm, consumer: u32, acc: &mut [f32; ACC], 
     wgmma::fence_operands(acc);
 }
 
+/// Releases `stage` (its wgmmas complete) on every CTA of the cluster that wrote into it.
+#[inline(always)]
+fn release_stage(g: Gemm, stage: State) {
+    let tid = thread_in_warpgroup();
+    if tid < g.cluster {
+        // SAFETY: thread `r < cluster` of each reading warpgroup releases the stage once on
+        // CTA `r`, matching the init count readers_per_stage * cluster; every CTA's producer runs
+        // producer_tail before the final cluster barrier, so the target is live; the callers
+        // release a stage once per k-block, after a wait_group that covers the wgmmas reading it.
+        unsafe { g.ring.consumer_release(stage, tid) };
+    }
+}
+
+/// Descriptor of consumer `consumer`'s A rows (the whole A tile in ping-pong) in `stage`.
+#[inline(always)]
+fn a_descriptor(g: Gemm, consumer: u32, stage: State) -> MatrixDescriptor {
+    MatrixDescriptor::new(
+        g.a_stage(stage.stage())
+            + if g.pingpong {
+                0
+            } else {
+                consumer * (WG_M * BK * IN_BYTES) as u32
+            },
+        16,
+        ATOM_BYTES,
+        Swizzle::B128,
+    )
+}
+
+/// FP32 accumulators per consumer thread of one 64 x 128 half of a warpgroup tile (the
+/// block-scaled mainloop's temporary).
+const HALF_ACC: usize = ACC / 2;
+/// Bytes of one `FP8_WGMMA_K` slice of a 128-byte K-major row.
+const FP8_SLICE_BYTES: u32 = (FP8_WGMMA_K * FP8_IN_BYTES) as u32;
+
+const _: () = assert!(SCALE_BLOCK == FP8_BK && BN == 2 * SCALE_BLOCK && B_HALF_BYTES == 128 * 128);
+
+/// The block-scaled mainloop of one warpgroup tile (rows `row0..row0 + 64`, columns
+/// `n0..n0 + 256`), DeepSeek-V3's fine-grained FP8 scaling with promotion (arXiv 2412.19437,
+/// §3.3.2; DeepGEMM): the FP8 tensor cores' accumulation keeps only about 14 bits, so no sum
+/// runs longer than one 128-deep k-block in them. Per k-block (one stage), for each 128-column
+/// half `h` of the tile: four `wgmma m64n128k32` into the temporary `tmp` (the first
+/// overwriting it), `wait_group 0`, then in FP32 registers
+/// `acc[h] += tmp * (a_scale[row, kb] * b_scale[n0 / 128 + h, kb])`; the stage is released
+/// once both halves' wgmmas are complete. The temporary holds one half so that `acc` (128) and
+/// `tmp` (64) fit the consumer's registers. The scales of the next k-block are loaded from
+/// global memory (L2) while this one's wgmmas run. The other consumer
+/// warpgroup's wgmmas keep the tensor cores busy while this one promotes.
+#[inline(always)]
+fn mainloop_block_scaled(
+    g: Gemm,
+    consumer: u32,
+    acc: &mut [f32; ACC],
+    state: &mut State,
+    row0: u32,
+    n0: u32,
+) {
+    let rows = row0 + ChunkLanes::new(thread_in_warpgroup()).row; // this thread's rows: `rows` and `rows + 8`
+    let nb0 = n0 / SCALE_BLOCK as u32;
+    let n_blocks = g.n.div_ceil(SCALE_BLOCK as u32);
+    // [a(row), a(row + 8), b(half 0), b(half 1)] of k-block `kb`. Rows at or past M and N
+    // blocks past the last read the last row's or block's scale instead: their outputs are
+    // never stored, and a clamped index needs no predicate registers across the mainloop.
+    let a_rows = [rows.min(g.m - 1) as usize, (rows + 8).min(g.m - 1) as usize];
+    let b_blocks = [nb0 as usize, (nb0 + 1).min(n_blocks - 1) as usize];
+    let scales = |kb: u32| -> [f32; 4] {
+        let a = |row: usize| {
+            let i = kb as usize * g.scales_ld[0] as usize + row;
+            // SAFETY: the launch contract: `a_scales` holds `[ceil(K / 128)][a_scales_ld]` f32
+            // (row < M <= a_scales_ld, kb < ceil(K / 128)), unwritten until the kernel
+            // completes and read after griddepcontrol.wait.
+            unsafe { (g.scales[0] as *const f32).add(i).read() }
+        };
+        let b = |nb: usize| {
+            let i = nb * g.scales_ld[1] as usize + kb as usize;
+            // SAFETY: as above for `b_scales`, `[ceil(N / 128)][b_scales_ld]` (nb <
+            // ceil(N / 128): n0 < N; kb < ceil(K / 128) <= b_scales_ld).
+            unsafe { (g.scales[1] as *const f32).add(i).read() }
+        };
+        [a(a_rows[0]), a(a_rows[1]), b(b_blocks[0]), b(b_blocks[1])]
+    };
+    const ZERO: [f32; ACC] = [0.0; ACC];
+    const ZERO_HALF: [f32; HALF_ACC] = [0.0; HALF_ACC];
+    *acc = ZERO;
+    let mut tmp = ZERO_HALF;
+    let mut next = scales(0);
+    let mut kb = 0;
+    while kb < g.k_blocks {
+        let s = next;
+        if kb + 1 < g.k_blocks {
+            next = scales(kb + 1);
+        }
+        g.ring.consumer_wait(*state);
+        let a = a_descriptor(g, consumer, *state);
+        let b = KMajor::descriptor(g.b_stage(state.stage()));
+        // SAFETY: all 128 threads of the warpgroup run this loop with the same trip count and
+        // descriptors; the stage holds A and both B halves (TMA completion observed by
+        // consumer_wait) and is released only after both halves' wait_group 0.
+        unsafe {
+            block_half::<0>(acc, &mut tmp, a, b, s[0] * s[2], s[1] * s[2]);
+            block_half::<1>(
+                acc,
+                &mut tmp,
+                a,
+                b.offset(B_HALF_BYTES),
+                s[0] * s[3],
+                s[1] * s[3],
+            );
+        }
+        release_stage(g, *state);
+        state.advance();
+        kb += 1;
+    }
+}
+
+/// One half `H` (columns `128 H ..`) of a block-scaled k-block: `tmp = A * B_H` with four
+/// `wgmma m64n128k32.e4m3`, waited for, then `acc[64 H + i] = fma(tmp[i], scale, acc[..])` in
+/// FP32, with
+/// `top` for this thread's row `r` (accumulator elements `4 i`, `4 i + 1`) and `bottom` for row
+/// `r + 8` (`4 i + 2`, `4 i + 3`; wgmma.rs's accumulator layout).
+///
+/// # Safety
+/// Warpgroup-collective; `a` and `b` describe a stage this warpgroup waited for and has not
+/// released (as [`wgmma::mma_async_m64n128k32_f32_e4m3_e4m3`]).
+#[inline(always)]
+unsafe fn block_half<const H: usize>(
+    acc: &mut [f32; ACC],
+    tmp: &mut [f32; HALF_ACC],
+    a: MatrixDescriptor,
+    b: MatrixDescriptor,
+    top: f32,
+    bottom: f32,
+) {
+    wgmma::fence_operands(tmp);
+    // SAFETY: forwarded to the caller; the fence orders the promotion's reads of `tmp` before
+    // the wgmmas overwrite it, and wait_group 0 completes them before `tmp` is read.
+    unsafe {
+        wgmma::fence();
+        let mut s = 0;
+        while s < K_SLICES {
+            wgmma::mma_async_m64n128k32_f32_e4m3_e4m3(
+                tmp,
+                a.offset(s * FP8_SLICE_BYTES),
+                b.offset(s * FP8_SLICE_BYTES),
+                (s != 0) as u32,
+            );
+            s += 1;
+        }
+        wgmma::commit_group();
+        wgmma::wait_group::<0>();
+    }
+    wgmma::fence_operands(tmp);
+    // Literal indices only, so both arrays stay in registers; one fma.rn each (rustc does not
+    // contract `a * b + c`).
+    macro_rules! promote {
+        ($($i:literal)*) => {$(
+            let j = H * HALF_ACC + 4 * $i;
+            acc[j] = fma(tmp[4 * $i], top, acc[j]);
+            acc[j + 1] = fma(tmp[4 * $i + 1], top, acc[j + 1]);
+            acc[j + 2] = fma(tmp[4 * $i + 2], bottom, acc[j + 2]);
+            acc[j + 3] = fma(tmp[4 * $i + 3], bottom, acc[j + 3]);
+        )*};
+    }
+    promote!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    // The sums are computed here, before the next wgmma overwrites `tmp`: without this pin the
+    // compiler may delay them and keep the old `tmp` alive across it (ptxas then spills).
+    wgmma::fence_operands(acc);
+}
+
 /// Byte address of (row, byte column) in a 128-byte-swizzled chunk of 128-byte rows.
 #[inline(always)]
 fn swizzled(chunk: u32, row: u32, byte: u32) -> u32 {
@@ -673,7 +848,7 @@ fn epilogue<I: Input, const OUT_F32: bool>(
         // The common case, kept apart from the general path so the code every tile runs is
         // short: ncu showed the fully unrolled general path stalling on instruction fetch
         // ("no instruction") once per tile.
-        let lanes = ChunkLanes::new();
+        let lanes = ChunkLanes::new(epilogue_tid::<I>());
         macro_rules! chunks_interior {
             ($($ch:literal)*) => {
                 $(epilogue_chunk_interior::<I, OUT_F32, $ch>(g, consumer, acc, row0, n0, chunk, bar, lanes);)*
@@ -690,6 +865,34 @@ fn epilogue<I: Input, const OUT_F32: bool>(
     chunks!(0 1 2 3 4 5 6 7);
 }
 
+/// The thread's index in its warpgroup, for the epilogue's addresses, through [`fresh`]: so the
+/// block-scaled consumer computes the addresses in the tile loop instead of the compiler
+/// hoisting them out of it (that consumer has no registers to keep them live across its
+/// mainloop: 128 accumulators + the 64 of the k-block's temporary; hoisted, ptxas spilled them).
+#[inline(always)]
+fn epilogue_tid<I: Input>() -> u32 {
+    fresh::<I>(thread_in_warpgroup())
+}
+
+/// `v` itself; for the block-scaled input, through an opaque (volatile) register move, which
+/// the compiler cannot hoist or merge with an earlier computation of `v`: a new value whose
+/// live range starts here (register pressure of the block-scaled consumer).
+#[inline(always)]
+fn fresh<I: Input>(v: u32) -> u32 {
+    let mut v = v;
+    if I::BLOCK_SCALED {
+        // SAFETY: a register move: no memory, no side effects (volatile only to stay in place).
+        unsafe {
+            core::arch::asm!(
+                "mov.b32 {0}, {0};",
+                inout(reg32) v,
+                options(nomem, nostack, preserves_flags)
+            )
+        };
+    }
+    v
+}
+
 /// This thread's place in a 128-byte-swizzled C chunk, for [`epilogue_chunk_interior`]: its row
 /// `r` (and `r + 8`) of the warpgroup's 64. The thread holds columns `8 i + 2 (lane % 4) ..+ 2`
 /// of each n8 block `i` (wgmma's accumulator layout).
@@ -702,9 +905,9 @@ struct ChunkLanes {
 }
 
 impl ChunkLanes {
+    /// From `tid`, the thread's index in its warpgroup.
     #[inline(always)]
-    fn new() -> Self {
-        let tid = thread_in_warpgroup();
+    fn new(tid: u32) -> Self {
         let (warp, lane) = (tid / 32, tid % 32);
         Self {
             row: warp * 16 + lane / 4,
@@ -790,7 +993,7 @@ fn epilogue_chunk<I: Input, const OUT_F32: bool, const CH: usize>(
     if first_col >= g.n || row0 >= g.m {
         return; // the chunk lies wholly outside C
     }
-    let tid = thread_in_warpgroup();
+    let tid = epilogue_tid::<I>();
     let (warp, lane) = (tid / 32, tid % 32);
     let r = warp * 16 + lane / 4; // row in the warpgroup's 64 (and r + 8)
     let col = 2 * (lane % 4); // column in the n8 block
@@ -995,6 +1198,7 @@ unsafe fn tc_gemm<I: Input, L: BLayout, const PINGPONG: bool>(p: Params) {
         bk: I::BK_ELEMS,
         k_blocks: p.k.div_ceil(I::BK_ELEMS),
         scales: [p.a_scale, p.b_scale],
+        scales_ld: [p.a_scales_ld, p.b_scales_ld],
         sched: Scheduler {
             m_units,
             n_tiles,
@@ -1069,6 +1273,9 @@ struct Params {
     /// FP8 entries: scale addresses (0 for the 16-bit entries).
     a_scale: u64,
     b_scale: u64,
+    /// Block-scaled entry: the scale arrays' pitches (0 elsewhere).
+    a_scales_ld: u32,
+    b_scales_ld: u32,
 }
 
 macro_rules! entry {
@@ -1117,6 +1324,8 @@ macro_rules! entry {
                 group,
                 a_scale: 0,
                 b_scale: 0,
+                a_scales_ld: 0,
+                b_scales_ld: 0,
             };
             // SAFETY: the launch contract above.
             unsafe { tc_gemm::<$input, $layout, $pingpong>(p) }
@@ -1169,17 +1378,38 @@ entry!(
 
 macro_rules! entry_fp8 {
     ($name:ident, $input:ty, $pingpong:literal, $doc:literal) => {
+        entry_fp8!(
+            @entry $name,
+            $input,
+            $pingpong,
+            $doc,
+            "Launch: as the 16-bit entries. Parameters: the common list (`contract::tc_gemm`) plus \
+             `a_scale`, `b_scale` (device addresses of one f32 each, or 0 for 1.0); C is BF16 \
+             (`out_f32 = 0`) or f32.",
+            "As the 16-bit entries, with A and B of FP8 (one byte per element; tensor maps of \
+             `UINT8` with boxes `A_BOX_FP8`, `B_BOX_KMAJOR_FP8`, B K-major `{K, N}`), and each \
+             nonzero scale address a 4-byte aligned f32 in device memory that is not written until \
+             the kernel completes.",
+            []
+        );
+    };
+    // The block-scaled entry: `a_scale`/`b_scale` address the scale arrays, whose pitches follow.
+    (
+        $name:ident, $input:ty, $doc:literal, launch = $launch:literal, safety = $safety:literal,
+        pitches = [$a_ld:ident, $b_ld:ident]
+    ) => {
+        entry_fp8!(@entry $name, $input, false, $doc, $launch, $safety, [$a_ld, $b_ld]);
+    };
+    (
+        @entry $name:ident, $input:ty, $pingpong:literal, $doc:literal, $launch:literal,
+        $safety:literal, [$($a_ld:ident, $b_ld:ident)?]
+    ) => {
         #[doc = $doc]
         ///
-        /// Launch: as the 16-bit entries. Parameters: the common list (`contract::tc_gemm`) plus
-        /// `a_scale`, `b_scale` (device addresses of one f32 each, or 0 for 1.0); C is BF16
-        /// (`out_f32 = 0`) or f32.
+        #[doc = $launch]
         ///
         /// # Safety
-        /// As the 16-bit entries, with A and B of FP8 (one byte per element; tensor maps of
-        /// `UINT8` with boxes `A_BOX_FP8`, `B_BOX_KMAJOR_FP8`, B K-major `{K, N}`), and each
-        /// nonzero scale address a 4-byte aligned f32 in device memory that is not written until
-        /// the kernel completes.
+        #[doc = $safety]
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -1198,6 +1428,7 @@ macro_rules! entry_fp8 {
             group: u32,
             a_scale: u64,
             b_scale: u64,
+            $($a_ld: u32, $b_ld: u32,)?
         ) {
             let p = Params {
                 tmap_a,
@@ -1215,11 +1446,23 @@ macro_rules! entry_fp8 {
                 group,
                 a_scale,
                 b_scale,
+                a_scales_ld: 0,
+                b_scales_ld: 0,
             };
+            $(let p = Params {
+                a_scales_ld: $a_ld,
+                b_scales_ld: $b_ld,
+                ..p
+            };)?
             // SAFETY: the launch contract above.
             unsafe { tc_gemm::<$input, KMajor, $pingpong>(p) }
         }
-        crate::device::launch_bounds!($name, THREADS_PER_CTA, 1);
+        crate::device::launch_bounds!(
+            $name,
+            THREADS_PER_CTA,
+            1,
+            setmaxnreg = [PRODUCER_REGS, CONSUMER_REGS, CONSUMER_REGS]
+        );
     };
 }
 
@@ -1240,4 +1483,22 @@ entry_fp8!(
     E4m3,
     true,
     "FP8 GEMM, A and B E4M3, B column-major, ping-pong consumers (A box `A_BOX_PINGPONG_FP8`)."
+);
+
+entry_fp8!(
+    tc_gemm_e4m3_bcol_block_scaled,
+    E4m3Block,
+    "Block-scaled FP8 GEMM (issue 20): A and B E4M3, B column-major (K-major), DeepSeek-V3 \
+     scales (A `1 x 128`, B `128 x 128`) applied in FP32 between k-blocks \
+     (`mainloop_block_scaled`), cooperative `BM x BN` tiles, cluster 1 or 2.",
+    launch = "Launch: as the 16-bit entries. Parameters: the common list (`contract::tc_gemm`) \
+              plus `a_scale` (the A scales' address), `b_scale` (the B scales'), `a_scales_ld`, \
+              `b_scales_ld` (`contract::tc_gemm::FP8_BLOCK_EXTRA_PARAMS` gives the layouts); C is \
+              BF16 (`out_f32 = 0`) or f32.",
+    safety = "As the per-tensor FP8 entries, with `a_scale` the device address of \
+              `(ceil(K / 128) - 1) * a_scales_ld + M` f32 (`a_scales_ld >= M`) and `b_scale` of \
+              `(ceil(N / 128) - 1) * b_scales_ld + ceil(K / 128)` f32 \
+              (`b_scales_ld >= ceil(K / 128)`), both 4-byte aligned and not written until the \
+              kernel completes.",
+    pitches = [a_scales_ld, b_scales_ld]
 );

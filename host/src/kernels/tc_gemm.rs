@@ -55,6 +55,10 @@ use crate::tensor_map::{TensorMap, TensorMapTable, TmaElement, TmaSwizzle};
 
 mod fp8;
 pub use fp8::{
+    block_scaled_reference_entry, check_fp8_block_scales, fp8_block_tolerance, Fp8BlockScales,
+    ScaleDims, FP8_SCALE_BLOCK,
+};
+pub use fp8::{
     check_fp8_layout, check_fp8_shapes, fp8_tolerance, CublasLtFp8, CublasLtFp8Plan, Fp8Input,
     Fp8Scales, FP8_STEP_REL,
 };
@@ -165,6 +169,31 @@ fn rust_params_fp8() -> Vec<RustParam> {
     v
 }
 
+/// The block-scaled FP8 entry's parameter list: [`rust_params`] plus `a_scale: u64,
+/// b_scale: u64, a_scales_ld: u32, b_scales_ld: u32` (`contract::FP8_BLOCK_EXTRA_PARAMS`; the
+/// two addresses are of the scale arrays).
+fn rust_params_fp8_block() -> Vec<RustParam> {
+    let mut v = rust_params();
+    for (name, size, kind) in [
+        ("a_scale: u64", 8, RustParamKind::Address),
+        ("b_scale: u64", 8, RustParamKind::Address),
+        ("a_scales_ld: u32", 4, RustParamKind::Int),
+        ("b_scales_ld: u32", 4, RustParamKind::Int),
+    ] {
+        v.push(RustParam {
+            rust_type: name.to_string(),
+            size,
+            kind,
+        });
+    }
+    debug_assert_eq!(v.len(), 13 + contract::FP8_BLOCK_EXTRA_PARAMS);
+    v
+}
+
+/// The block-scaled FP8 entry of the sm_90a module (issue 20): DeepSeek-V3 scales, the
+/// parameter list of [`ENTRIES`] plus `a_scale, b_scale, a_scales_ld, b_scales_ld`.
+pub const FP8_BLOCK_SCALED_ENTRY: &str = contract::KERNEL_E4M3_BCOL_BLOCK_SCALED;
+
 /// The FP8 entries of the sm_90a module (issue 20), with the parameter list of
 /// [`ENTRIES`] plus `a_scale: u64, b_scale: u64`.
 pub const FP8_ENTRIES: [&str; 3] = [
@@ -199,10 +228,12 @@ fn check_group(opts: &TcGemmOptions) -> Result<()> {
 pub fn check_module_entries(ptx: &str) -> Result<()> {
     let entries = crate::module::ptx_signatures(ptx);
     let (rust, rust_fp8) = (rust_params(), rust_params_fp8());
+    let rust_fp8_block = rust_params_fp8_block();
     let all = ENTRIES
         .iter()
         .map(|&n| (n, &rust))
-        .chain(FP8_ENTRIES.iter().map(|&n| (n, &rust_fp8)));
+        .chain(FP8_ENTRIES.iter().map(|&n| (n, &rust_fp8)))
+        .chain([(FP8_BLOCK_SCALED_ENTRY, &rust_fp8_block)]);
     for (name, rust) in all {
         let e = entries
             .iter()
@@ -295,7 +326,11 @@ impl<'d> TcGemm<'d> {
             });
         }
         let module = dev.load_module(ptx)?;
-        for name in ENTRIES.into_iter().chain(FP8_ENTRIES) {
+        for name in ENTRIES
+            .into_iter()
+            .chain(FP8_ENTRIES)
+            .chain([FP8_BLOCK_SCALED_ENTRY])
+        {
             module
                 .untyped_kernel(name)?
                 .raise_max_dynamic_shared_memory(contract::SMEM_BYTES)?;
@@ -418,6 +453,7 @@ impl<'d> TcGemm<'d> {
                 c_box: O::C_BOX,
                 out_f32: O::IS_F32,
                 scales: None,
+                scales_ld: None,
             })
         };
         self.prepare_entry(stream, a, b, layout, c, alpha, beta, opts, pdl, spec)
@@ -521,6 +557,7 @@ impl<'d> TcGemm<'d> {
                 ParamValue::new(group),
             ],
             scales: spec.scales,
+            scales_ld: spec.scales_ld,
             maps: [0; 3],
         };
         Ok((prepared, shape, [map_a, map_b, map_c]))
@@ -733,8 +770,11 @@ struct EntrySpec {
     b_box: [u32; 2],
     c_box: [u32; 2],
     out_f32: bool,
-    /// FP8 entries: the `a_scale`, `b_scale` parameters (device addresses, 0 for none).
+    /// FP8 entries: the `a_scale`, `b_scale` parameters (device addresses, 0 for none); the
+    /// block-scaled entry: `a_scales`, `b_scales`.
     scales: Option<[u64; 2]>,
+    /// The block-scaled entry: `a_scales_ld`, `b_scales_ld` (appended after `scales`).
+    scales_ld: Option<[u32; 2]>,
 }
 
 /// One validated kernel launch.
@@ -746,6 +786,8 @@ struct Prepared {
     scalars: [ParamValue; 9],
     /// FP8 entries: `a_scale, b_scale` (appended to the parameters).
     scales: Option<[u64; 2]>,
+    /// The block-scaled entry: `a_scales_ld, b_scales_ld` (appended after `scales`).
+    scales_ld: Option<[u32; 2]>,
     /// Device addresses of the A, B, C maps.
     maps: [u64; 3],
 }
@@ -806,6 +848,7 @@ impl TcGemmPlan<'_> {
     pub(crate) unsafe fn launch_on(&self, stream: &Stream) -> Result<()> {
         for p in &self.launches {
             let [sa, sb] = p.scales.unwrap_or([0; 2]);
+            let [la, lb] = p.scales_ld.unwrap_or([0; 2]);
             let params = [
                 ParamValue::new(p.maps[0]),
                 ParamValue::new(p.maps[1]),
@@ -822,17 +865,21 @@ impl TcGemmPlan<'_> {
                 p.scalars[8],
                 ParamValue::new(sa),
                 ParamValue::new(sb),
+                ParamValue::new(la),
+                ParamValue::new(lb),
             ];
-            let params = if p.scales.is_some() {
-                &params[..]
-            } else {
-                &params[..13]
+            let params = match (p.scales, p.scales_ld) {
+                (Some(_), Some(_)) => &params[..],
+                (Some(_), None) => &params[..15],
+                _ => &params[..13],
             };
             // SAFETY: the parameter list matches the entry (checked against the PTX at
             // TcGemm::new: 4 x u64, 4 x u32, 2 x f32, 3 x u32, in the contract's order, plus
             // 2 x u64 for the FP8 entries, which alone have `scales`: each scale address is 0 or
             // an f32 of a view the plan borrows, bound to this stream, so it is written by
-            // nothing while the kernel may read it). The map
+            // nothing while the kernel may read it; plus 2 x u32 for the block-scaled entry,
+            // which alone has `scales_ld`: its scale views were checked to hold the
+            // `[ceil(K / 128)][a_scales_ld]` and `[ceil(N / 128)][b_scales_ld]` f32 it reads). The map
             // addresses point into the table, uploaded on this stream before any launch and
             // freed on it after the last; each map was encoded over a view the plan borrows
             // (A, B shared; C exclusively, so C aliases neither), with global dims equal to the

@@ -197,6 +197,7 @@ impl TcGemm<'_> {
                 c_box: O::C_BOX,
                 out_f32: O::IS_F32,
                 scales: Some(scales.addresses(stream)?),
+                scales_ld: None,
             })
         };
         let (p, shape, maps) = self.prepare_entry(
@@ -269,6 +270,303 @@ impl TcGemm<'_> {
         self.plan_fp8(stream, a, b, layout, c, scales, alpha, beta, opts)?
             .launch()
     }
+}
+
+/// Side of a DeepSeek-V3 scale block ([`contract::SCALE_BLOCK`], 128): A has one scale per row
+/// and 128-wide k-block, B one per 128 x 128 block of (N, K).
+pub const FP8_SCALE_BLOCK: usize = contract::SCALE_BLOCK;
+
+/// DeepSeek-V3-style block scales of an FP8 GEMM (arXiv 2412.19437, §3.3.2; the layouts of
+/// DeepGEMM's `fp8_gemm_nt`), f32 in device memory, bound to the GEMM's stream; `kb = ceil(K /
+/// 128)` k-blocks, `nb = ceil(N / 128)` N blocks:
+///
+/// - `a`: `1 x 128` scales of A, **M-major** ("transposed": DeepGEMM's TMA-aligned layout, the
+///   order in which a CTA tile's rows are contiguous): the scale of row `i` (0..M) and k-block
+///   `kk` (0..kb) is `a[kk * a_ld + i]`; `a_ld >= M` (DeepGEMM pads it to a multiple of 4);
+///   `(kb - 1) * a_ld + M` elements at least;
+/// - `b`: `128 x 128` scales of B, **K-major**: the scale of N block `j` (columns `128 j ..
+///   128 j + 128`) and k-block `kk` is `b[j * b_ld + kk]`; `b_ld >= kb`; `(nb - 1) * b_ld + kb`
+///   elements at least.
+///
+/// The GEMM computes `C = alpha * sum_kk (A_kk B_kk) * a[., kk] * b[., kk] + beta * C` where
+/// `A_kk B_kk` is the k-block's product of the raw FP8 values: the dequantized inputs are
+/// `A[i][k] * a_scale(i, k / 128)` and `B[k][j] * b_scale(j / 128, k / 128)`. The last k-block
+/// and N block may be partial; their scales apply as to any other. The kernel reads the scales
+/// when it runs (after `griddepcontrol.wait`), so a previous kernel on the stream may write them.
+#[derive(Clone, Copy)]
+pub struct Fp8BlockScales<'a> {
+    /// A scales, `[ceil(K / 128)][a_ld]`, M-major.
+    pub a: DeviceView<'a, f32>,
+    /// Elements from one k-block's A scales to the next (`>= M`).
+    pub a_ld: usize,
+    /// B scales, `[ceil(N / 128)][b_ld]`, K-major.
+    pub b: DeviceView<'a, f32>,
+    /// Elements from one N block's B scales to the next (`>= ceil(K / 128)`).
+    pub b_ld: usize,
+}
+
+impl<'a> Fp8BlockScales<'a> {
+    /// Scales with explicit pitches (see the type's docs).
+    pub fn new(a: DeviceView<'a, f32>, a_ld: usize, b: DeviceView<'a, f32>, b_ld: usize) -> Self {
+        Self { a, a_ld, b, b_ld }
+    }
+
+    /// Densely packed scales for a GEMM of `m x n x k`: `a_ld = m`, `b_ld = ceil(k / 128)`.
+    pub fn packed(a: DeviceView<'a, f32>, b: DeviceView<'a, f32>, m: usize, k: usize) -> Self {
+        Self::new(a, m, b, k.div_ceil(FP8_SCALE_BLOCK))
+    }
+
+    /// `([a, b] addresses, [a_ld, b_ld])` after [`check_fp8_block_scales`] and the stream checks
+    /// ([`Error::WrongStream`]).
+    fn params(&self, shape: GemmShape, stream: &Stream) -> Result<([u64; 2], [u32; 2])> {
+        let dims = |v: &DeviceView<'a, f32>, ld| ScaleDims {
+            len: v.len(),
+            ld,
+            address: v.device_ptr(),
+        };
+        let lds =
+            check_fp8_block_scales(shape, &dims(&self.a, self.a_ld), &dims(&self.b, self.b_ld))?;
+        check_stream("fp8 block scales A", self.a.stream(), stream)?;
+        check_stream("fp8 block scales B", self.b.stream(), stream)?;
+        Ok(([self.a.device_ptr(), self.b.device_ptr()], lds))
+    }
+}
+
+/// One block-scale array as plain numbers, for [`check_fp8_block_scales`] (no device needed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScaleDims {
+    /// f32 elements in the view.
+    pub len: usize,
+    /// Pitch, elements: `a_ld` or `b_ld` of [`Fp8BlockScales`].
+    pub ld: usize,
+    /// Device address of the first element.
+    pub address: u64,
+}
+
+/// Checks the block scales of an FP8 GEMM of `shape` (layouts: [`Fp8BlockScales`]) and returns
+/// `[a_ld, b_ld]` as the kernel takes them. Errors, A first: [`Error::BadShape`] (a pitch below
+/// its minimum: `a_ld < M`, `b_ld < ceil(K / 128)`), [`Error::TooLarge`] (a pitch above
+/// `u32::MAX`), [`Error::LengthMismatch`] (fewer elements than the layout addresses:
+/// `(ceil(K / 128) - 1) * a_ld + M` for A, `(ceil(N / 128) - 1) * b_ld + ceil(K / 128)` for
+/// B), [`Error::Misaligned`] (an address not 4-byte aligned).
+pub fn check_fp8_block_scales(shape: GemmShape, a: &ScaleDims, b: &ScaleDims) -> Result<[u32; 2]> {
+    let kb = shape.k.div_ceil(FP8_SCALE_BLOCK);
+    let nb = shape.n.div_ceil(FP8_SCALE_BLOCK);
+    let one = |d: &ScaleDims,
+               what: &'static str,
+               outer: usize,
+               inner: usize,
+               layout: &str,
+               inner_name: &str|
+     -> Result<u32> {
+        if d.ld < inner {
+            return Err(Error::BadShape {
+                what,
+                detail: format!(
+                    "pitch {} < {inner_name} = {inner}; the layout is {layout}: the pitch must be at least {inner_name}",
+                    d.ld
+                ),
+            });
+        }
+        let ld = u32::try_from(d.ld).map_err(|_| Error::TooLarge {
+            what,
+            value: d.ld as u64,
+            max: u32::MAX as u64,
+        })?;
+        let need = (outer - 1)
+            .checked_mul(d.ld)
+            .and_then(|v| v.checked_add(inner));
+        if need.is_none_or(|need| d.len < need) {
+            return Err(Error::LengthMismatch {
+                what,
+                detail: format!(
+                    "{} f32 in the view; the layout {layout} with pitch {} addresses {} ({outer} x pitch, the last row {inner} long)",
+                    d.len,
+                    d.ld,
+                    need.map_or("more than usize::MAX".to_string(), |n| n.to_string())
+                ),
+            });
+        }
+        if !d.address.is_multiple_of(4) {
+            return Err(Error::Misaligned {
+                what,
+                addr: d.address,
+                align: 4,
+            });
+        }
+        Ok(ld)
+    };
+    Ok([
+        one(
+            a,
+            "fp8 block scales A",
+            kb,
+            shape.m,
+            "[ceil(K / 128)][a_ld] (M-major: row i, k-block kk at kk * a_ld + i)",
+            "M",
+        )?,
+        one(
+            b,
+            "fp8 block scales B",
+            nb,
+            kb,
+            "[ceil(N / 128)][b_ld] (K-major: N block j, k-block kk at j * b_ld + kk)",
+            "ceil(K / 128)",
+        )?,
+    ])
+}
+
+/// Options a block-scaled FP8 GEMM cannot take: the decode configuration and ping-pong
+/// consumers (it has the cooperative 128 x 256 entry only). [`Error::BadShape`] naming them.
+fn check_fp8_block_options(opts: &TcGemmOptions) -> Result<()> {
+    if opts.config == GemmConfig::Decode || opts.pingpong {
+        return Err(Error::BadShape {
+            what: "tc_gemm fp8 block-scaled options",
+            detail: format!(
+                "config {:?}, pingpong {}; the block-scaled FP8 GEMM runs the cooperative 128 x 256 kernel: allowed are config auto or coop128x256, pingpong false",
+                opts.config, opts.pingpong
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl TcGemm<'_> {
+    /// Validates the block-scaled FP8 GEMM (DeepSeek-V3 fine-grained scaling, see
+    /// [`Fp8BlockScales`] for the scale layouts and the formula) and prepares its launch on
+    /// `stream`: entry [`contract::KERNEL_E4M3_BCOL_BLOCK_SCALED`], cooperative 128 x 256 tiles,
+    /// cluster 1 or 2; each 128-deep k-block is summed by the FP8 tensor cores alone and then
+    /// scaled and added in FP32 registers ("promotion", as DeepGEMM), so the accuracy does not
+    /// degrade with K ([`fp8_block_tolerance`]). Nothing is launched until
+    /// [`TcGemmPlan::launch`]; the plan borrows A, B, the scales (shared) and C (exclusively).
+    ///
+    /// Shapes and rules: as [`TcGemm::plan_fp8`] with an E4M3 B; options: as there, except
+    /// ping-pong (no such entry).
+    ///
+    /// Errors, all before anything is queued: [`Error::Fp8Layout`] (row-major B),
+    /// [`Error::BadShape`] (decode or ping-pong asked for), those of [`check_shapes`], then
+    /// those of [`TcGemm::plan`], then the scale errors of [`check_fp8_block_scales`] and
+    /// [`Error::WrongStream`] (a scale view bound to another stream).
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_fp8_block_scaled<'a, O: TcOutput<bf16>>(
+        &'a self,
+        stream: &Stream,
+        a: Matrix<'a, F8E4M3>,
+        b: Matrix<'a, F8E4M3>,
+        layout: BLayout,
+        c: MatrixMut<'a, O>,
+        scales: Fp8BlockScales<'a>,
+        alpha: f32,
+        beta: f32,
+        opts: &TcGemmOptions,
+    ) -> Result<TcGemmPlan<'a>> {
+        check_fp8_layout("tc_gemm fp8 B", layout)?;
+        check_fp8_block_options(opts)?;
+        let shape = check_shapes(&a.dims(1), &b.dims(1), layout, &c.dims(size_of::<O>()))?;
+        let spec = || -> Result<EntrySpec> {
+            let (addresses, lds) = scales.params(shape, stream)?;
+            Ok(EntrySpec {
+                name: contract::KERNEL_E4M3_BCOL_BLOCK_SCALED,
+                a_box: contract::A_BOX_FP8,
+                b_box: contract::B_BOX_KMAJOR_FP8,
+                c_box: O::C_BOX,
+                out_f32: O::IS_F32,
+                scales: Some(addresses),
+                scales_ld: Some(lds),
+            })
+        };
+        let (p, shape, maps) = self.prepare_entry(
+            stream, &a, &b, layout, &c, alpha, beta, opts, opts.pdl, spec,
+        )?;
+        self.finish(stream, vec![(p, maps)], vec![shape])
+    }
+
+    /// [`TcGemm::plan_fp8_block_scaled`] then [`TcGemmPlan::launch`] once. Errors: those of both.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fp8_block_scaled<O: TcOutput<bf16>>(
+        &self,
+        stream: &Stream,
+        a: Matrix<'_, F8E4M3>,
+        b: Matrix<'_, F8E4M3>,
+        layout: BLayout,
+        c: MatrixMut<'_, O>,
+        scales: Fp8BlockScales<'_>,
+        alpha: f32,
+        beta: f32,
+        opts: &TcGemmOptions,
+    ) -> Result<()> {
+        self.plan_fp8_block_scaled(stream, a, b, layout, c, scales, alpha, beta, opts)?
+            .launch()
+    }
+}
+
+/// Allowed error of one element of a block-scaled FP8 GEMM against the f64 sum over the
+/// dequantized inputs (`want = alpha * sum_k sa(i, k) sb(j, k) a_ik b_kj + beta * c0`,
+/// `abs_scaled = sum_k |sa(i, k) sb(j, k) a_ik b_kj|`):
+///
+/// `|got - want| <= (4 * FP8_STEP_REL + (ceil(K / 128) + 3) * 2^-24) * |alpha| * abs_scaled +
+/// ACC_REL * |beta * c0| + rounding * |want| + ABS_FLOOR`.
+///
+/// Derivation: FP8 products are exact; inside one k-block the tensor cores add at most
+/// `128 / 32 = 4` k32 steps, each erring by at most [`FP8_STEP_REL`] of the block's
+/// `sum |a b|` (see there), and every k-block starts from zero, so the blocks' errors, scaled
+/// by `|sa sb|`, add up to `4 * FP8_STEP_REL * abs_scaled` whatever K is (the per-tensor path's
+/// bound grows with `ceil(K / 32)`). The FP32 promotion rounds `sa * sb` and each of the
+/// `ceil(K / 128)` `fma(tmp, sa sb, acc)` once, each by at most 2^-24 of a partial sum bounded
+/// by `abs_scaled`, and the epilogue's `alpha *` once more (one term of slack); `rounding` is
+/// the output's half ulp ([`TcOutput::ROUNDING`]).
+pub fn fp8_block_tolerance(
+    want: f64,
+    abs_scaled: f64,
+    k: usize,
+    alpha: f64,
+    beta_c0: f64,
+    rounding: f64,
+) -> f64 {
+    let steps = (contract::FP8_BK / contract::FP8_WGMMA_K) as f64;
+    let fp32 = (k.div_ceil(FP8_SCALE_BLOCK) + 3) as f64 * f64::powi(2.0, -24);
+    (steps * FP8_STEP_REL + fp32) * alpha.abs() * abs_scaled
+        + ACC_REL * beta_c0.abs()
+        + rounding * want.abs()
+        + ABS_FLOOR
+}
+
+/// The f64 reference of one element of a block-scaled FP8 GEMM on the host: `(sum, abs_sum)` of
+/// `sa(i, kk) * sb(j / 128, kk) * A[i][k] * B[k][j]` over k (`kk = k / 128`), from the decoded
+/// FP8 values of A (`M x K` row-major, pitch `lda`), B (stored `N x K`, pitch `ldb`) and the
+/// scales in the layouts of [`Fp8BlockScales`]. `None` if an index falls outside a slice.
+#[allow(clippy::too_many_arguments)]
+pub fn block_scaled_reference_entry(
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    a_scales: &[f32],
+    a_ld: usize,
+    b_scales: &[f32],
+    b_ld: usize,
+    k: usize,
+    i: usize,
+    j: usize,
+) -> Option<(f64, f64)> {
+    let a_row = a.get(i.checked_mul(lda)?..i.checked_mul(lda)?.checked_add(k)?)?;
+    let b_row = b.get(j.checked_mul(ldb)?..j.checked_mul(ldb)?.checked_add(k)?)?;
+    let jb = j / FP8_SCALE_BLOCK;
+    let (mut s, mut abs) = (0f64, 0f64);
+    for (kk, (a_blk, b_blk)) in a_row
+        .chunks(FP8_SCALE_BLOCK)
+        .zip(b_row.chunks(FP8_SCALE_BLOCK))
+        .enumerate()
+    {
+        let sa = *a_scales.get(kk.checked_mul(a_ld)?.checked_add(i)?)? as f64;
+        let sb = *b_scales.get(jb.checked_mul(b_ld)?.checked_add(kk)?)? as f64;
+        for (&x, &y) in a_blk.iter().zip(b_blk) {
+            let p = sa * sb * x as f64 * y as f64;
+            s += p;
+            abs += p.abs();
+        }
+    }
+    Some((s, abs))
 }
 
 /// Checks the operands of an FP8 GEMM without a device and returns `M, N, K`: B column-major
@@ -412,10 +710,69 @@ impl CublasLtFp8 {
     ) -> Result<CublasLtFp8Plan<'a>> {
         check_fp8_layout("cublasLt fp8 B", layout)?;
         let shape = check_shapes(&a.dims(1), &b.dims(1), layout, &c.dims(size_of::<O>()))?;
+        let addresses = scales.addresses(&self.stream)?;
+        self.plan_with(a, b, c, shape, addresses, false, alpha, beta, fast_accum)
+    }
+
+    /// Block-scaled cuBLASLt FP8 matmul, the reference of [`TcGemm::plan_fp8_block_scaled`]:
+    /// `CUBLASLT_MATMUL_DESC_{A,B}_SCALE_MODE` set to `CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F`
+    /// for cuBLASLt's A (our B) and `CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F` for its B (our A),
+    /// cuBLAS 12.9+ on compute capability 9.0 (cuBLAS docs, "Scaling factors layouts"), no fast
+    /// accumulation (cuBLASLt refuses it with block scales). The scales are passed as they are:
+    /// this assumes cuBLASLt reads the layouts of [`Fp8BlockScales`] packed (`a_ld = M`, A scales
+    /// M-major as DeepGEMM's, PyTorch's 1 x 128 "outer-dim-major"; `b_ld = ceil(K / 128)`), which
+    /// the bench and tests check by comparing the outputs. A padded `a_ld` or `b_ld` is refused
+    /// ([`Error::BadShape`]): cuBLASLt takes no pitch for scales.
+    ///
+    /// Errors: as [`CublasLtFp8::plan`], the scale errors of [`check_fp8_block_scales`],
+    /// [`Error::BadShape`] for padded scale pitches; cuBLASLt builds without block-scaled FP8
+    /// (before 12.9) answer [`Error::Cublas`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_block_scaled<'a, O: TcOutput<bf16>>(
+        &'a self,
+        a: Matrix<'a, F8E4M3>,
+        b: Matrix<'a, F8E4M3>,
+        layout: BLayout,
+        c: MatrixMut<'a, O>,
+        scales: Fp8BlockScales<'a>,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<CublasLtFp8Plan<'a>> {
+        check_fp8_layout("cublasLt fp8 B", layout)?;
+        let shape = check_shapes(&a.dims(1), &b.dims(1), layout, &c.dims(size_of::<O>()))?;
+        let (addresses, _) = scales.params(shape, &self.stream)?;
+        let kb = shape.k.div_ceil(FP8_SCALE_BLOCK);
+        if scales.a_ld != shape.m || scales.b_ld != kb {
+            return Err(Error::BadShape {
+                what: "cublasLt fp8 block scales",
+                detail: format!(
+                    "a_ld {}, b_ld {}; cuBLASLt reads packed scales: a_ld = M = {}, b_ld = ceil(K / 128) = {kb}",
+                    scales.a_ld, scales.b_ld, shape.m
+                ),
+            });
+        }
+        self.plan_with(a, b, c, shape, addresses, true, alpha, beta, false)
+    }
+
+    /// The common part of [`CublasLtFp8::plan`] and [`CublasLtFp8::plan_block_scaled`]:
+    /// `[a_scale, b_scale]` are device addresses (0: none), validated by the caller; `block`
+    /// sets the block scale modes.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_with<'a, B: Fp8Input, O: TcOutput<bf16>>(
+        &'a self,
+        a: Matrix<'a, F8E4M3>,
+        b: Matrix<'a, B>,
+        c: MatrixMut<'a, O>,
+        shape: GemmShape,
+        [a_scale, b_scale]: [u64; 2],
+        block: bool,
+        alpha: f32,
+        beta: f32,
+        fast_accum: bool,
+    ) -> Result<CublasLtFp8Plan<'a>> {
         check_stream("cublasLt A", a.view.stream(), &self.stream)?;
         check_stream("cublasLt B", b.view.stream(), &self.stream)?;
         check_stream("cublasLt C", c.view.stream(), &self.stream)?;
-        let [a_scale, b_scale] = scales.addresses(&self.stream)?;
         let int = |v: usize, what: &'static str| -> Result<i64> {
             i32::try_from(v)
                 .map(i64::from)
@@ -467,8 +824,8 @@ impl CublasLtFp8 {
         use lt_sys::cublasLtMatmulDescAttributes_t as D;
         let set = |attr: D, value: *const c_void, size: usize| -> Result<()> {
             // SAFETY: `plan.desc` is a live descriptor; `value` points at `size` bytes of the
-            // attribute's type (i32 for TRANSA/TRANSB, a device pointer for the scale pointers,
-            // i8 for FAST_ACCUM), alive for the call (cuBLASLt copies it).
+            // attribute's type (i32 for TRANSA/TRANSB and the scale modes, a device pointer for
+            // the scale pointers, i8 for FAST_ACCUM), alive for the call (cuBLASLt copies it).
             lt_call("cublasLtMatmulDescSetAttribute", unsafe {
                 lt::set_matmul_desc_attribute(plan.desc, attr, value, size)
             })
@@ -498,6 +855,22 @@ impl CublasLtFp8 {
                 (&a_scale as *const u64).cast(),
                 8,
             )?;
+        }
+        if block {
+            use lt_sys::cublasLtMatmulMatrixScale_t as S;
+            // cuBLASLt's A is our B (128 x 128 blocks), its B our A (1 x 128).
+            for (attr, mode) in [
+                (
+                    D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                    S::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F as i32,
+                ),
+                (
+                    D::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                    S::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F as i32,
+                ),
+            ] {
+                set(attr, (&mode as *const i32).cast(), 4)?;
+            }
         }
         let fast = fast_accum as i8;
         set(
@@ -748,6 +1121,211 @@ mod tests {
         assert_eq!(contract::A_BOX_PINGPONG_FP8[0], contract::A_BOX_FP8[0]);
         assert_eq!(contract::B_BOX_KMAJOR_FP8[1], contract::B_BOX_KMAJOR[1]);
         assert_eq!(rust_params_fp8().len(), 15);
+    }
+
+    const SHAPE: GemmShape = GemmShape {
+        m: 300,
+        n: 391,
+        k: 1000,
+    };
+
+    fn sd(len: usize, ld: usize) -> ScaleDims {
+        ScaleDims {
+            len,
+            ld,
+            address: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn block_scales_accept_the_documented_layouts() {
+        // K = 1000: 8 k-blocks (the last 104 deep); N = 391: 4 N blocks (the last 7 wide).
+        let (a, b) = (sd(7 * 300 + 300, 300), sd(3 * 8 + 8, 8));
+        assert_eq!(check_fp8_block_scales(SHAPE, &a, &b).unwrap(), [300, 8]);
+        // Padded pitches (DeepGEMM pads a_ld to a multiple of 4) and longer views pass.
+        let (a, b) = (sd(7 * 304 + 300 + 5, 304), sd(3 * 16 + 8, 16));
+        assert_eq!(check_fp8_block_scales(SHAPE, &a, &b).unwrap(), [304, 16]);
+        // One k-block, one N block, M = 1.
+        let tiny = GemmShape { m: 1, n: 1, k: 1 };
+        assert_eq!(
+            check_fp8_block_scales(tiny, &sd(1, 1), &sd(1, 1)).unwrap(),
+            [1, 1]
+        );
+    }
+
+    #[test]
+    fn block_scales_refuse_bad_pitches_lengths_and_alignment() {
+        let (a, b) = (sd(2400, 300), sd(32, 8));
+        // a_ld < M.
+        let e = check_fp8_block_scales(SHAPE, &sd(2400, 299), &b).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::BadShape {
+                    what: "fp8 block scales A",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let m = e.to_string();
+        assert!(
+            m.contains("299") && m.contains("M = 300") && m.contains("M-major"),
+            "{m}"
+        );
+        // A one element short.
+        let e = check_fp8_block_scales(SHAPE, &sd(2399, 300), &b).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::LengthMismatch {
+                    what: "fp8 block scales A",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("2400"), "{e}");
+        // a_ld beyond u32.
+        let huge = sd(usize::MAX, u32::MAX as usize + 1);
+        assert!(matches!(
+            check_fp8_block_scales(SHAPE, &huge, &b),
+            Err(Error::TooLarge {
+                what: "fp8 block scales A",
+                ..
+            })
+        ));
+        // Overflowing length arithmetic is a length error, not a panic.
+        let wide = GemmShape {
+            m: 1,
+            n: 1,
+            k: usize::MAX / 2,
+        };
+        assert!(matches!(
+            check_fp8_block_scales(wide, &sd(10, u32::MAX as usize), &sd(10, usize::MAX / 256)),
+            Err(Error::LengthMismatch { .. })
+        ));
+        // Misaligned A.
+        let mis = ScaleDims {
+            address: (1 << 20) + 2,
+            ..a
+        };
+        assert!(matches!(
+            check_fp8_block_scales(SHAPE, &mis, &b),
+            Err(Error::Misaligned { align: 4, .. })
+        ));
+        // b_ld < ceil(K / 128) = 8.
+        let e = check_fp8_block_scales(SHAPE, &a, &sd(32, 7)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::BadShape {
+                    what: "fp8 block scales B",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("ceil(K / 128) = 8"), "{e}");
+        // B one element short: (4 - 1) * 8 + 8 = 32 needed.
+        let e = check_fp8_block_scales(SHAPE, &a, &sd(31, 8)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::LengthMismatch {
+                    what: "fp8 block scales B",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // Misaligned B.
+        let mis = ScaleDims {
+            address: (1 << 20) + 1,
+            ..b
+        };
+        assert!(matches!(
+            check_fp8_block_scales(SHAPE, &a, &mis),
+            Err(Error::Misaligned { .. })
+        ));
+    }
+
+    #[test]
+    fn block_scaled_options_refuse_decode_and_pingpong() {
+        assert!(check_fp8_block_options(&TcGemmOptions::default()).is_ok());
+        for o in [
+            TcGemmOptions {
+                config: GemmConfig::Decode,
+                ..Default::default()
+            },
+            TcGemmOptions {
+                pingpong: true,
+                ..Default::default()
+            },
+        ] {
+            assert!(matches!(
+                check_fp8_block_options(&o),
+                Err(Error::BadShape { .. })
+            ));
+        }
+        assert_eq!(FP8_BLOCK_SCALED_ENTRY, "tc_gemm_e4m3_bcol_block_scaled");
+        assert_eq!(rust_params_fp8_block().len(), 17);
+        assert_eq!(FP8_SCALE_BLOCK, 128);
+    }
+
+    #[test]
+    fn block_scaled_reference_applies_each_blocks_scales() {
+        // M = 2, N = 300 (3 N blocks, the last partial), K = 200 (2 k-blocks, the last 72 deep).
+        let (m, n, k) = (2usize, 300usize, 200usize);
+        let (lda, ldb) = (208, 208);
+        let val = |r: usize, c: usize| ((r * 7 + c * 3) % 11) as f32 - 5.0;
+        let a: Vec<f32> = (0..m * lda).map(|x| val(x / lda, x % lda)).collect();
+        let b: Vec<f32> = (0..n * ldb).map(|x| val(x % ldb, x / ldb + 1)).collect();
+        let (a_ld, b_ld) = (3, 2); // a_ld > M, b_ld = ceil(K / 128)
+        let a_scales: Vec<f32> = (0..2 * a_ld).map(|x| 2f32.powi(x as i32 - 3)).collect();
+        let b_scales: Vec<f32> = (0..3 * b_ld).map(|x| 2f32.powi(4 - x as i32)).collect();
+        for (i, j) in [(0, 0), (1, 127), (1, 128), (0, 299)] {
+            let mut want = (0f64, 0f64);
+            for kk in 0..k {
+                let p = a_scales[(kk / 128) * a_ld + i] as f64
+                    * b_scales[(j / 128) * b_ld + kk / 128] as f64
+                    * a[i * lda + kk] as f64
+                    * b[j * ldb + kk] as f64;
+                want.0 += p;
+                want.1 += p.abs();
+            }
+            let got = block_scaled_reference_entry(
+                &a, lda, &b, ldb, &a_scales, a_ld, &b_scales, b_ld, k, i, j,
+            )
+            .unwrap();
+            assert_eq!(got, want, "({i}, {j})");
+        }
+        // Out of range: None, no panic.
+        assert!(block_scaled_reference_entry(
+            &a,
+            lda,
+            &b,
+            ldb,
+            &a_scales,
+            a_ld,
+            &b_scales[..5], // the last N block's second k-block is missing
+            b_ld,
+            k,
+            0,
+            299
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn block_tolerance_does_not_grow_with_k() {
+        let t1 = fp8_block_tolerance(0.0, 1000.0, 128, 1.0, 0.0, 0.0);
+        let t2 = fp8_block_tolerance(0.0, 1000.0, 16384, 1.0, 0.0, 0.0);
+        assert!(t2 < t1 * 1.01, "{t1} {t2}");
+        // 4 k32 steps of 2^-12 per block: 2^-10 of the scaled |sum|, plus FP32 terms.
+        assert!((t1 - 1000.0 / 1024.0).abs() < 1e-3, "{t1}");
+        // The per-tensor bound at K = 16384 is 128 times looser.
+        assert!(fp8_tolerance(0.0, 1000.0, 16384, 1.0, 0.0, 0.0) > 100.0 * t2);
     }
 
     #[test]
