@@ -278,7 +278,15 @@ impl ModuleInner {
         let module = ctx
             .load_module(Ptx::from_src(ptx))
             .call("cuModuleLoadData")?;
-        let keep = Arc::new(ModuleKeep::new(module.clone()));
+        // The keep-alive holds the only module handle besides the kernels' functions (which
+        // drop before it): whatever drops it last, the unload itself runs on the reaper thread
+        // (`ModuleKeep`'s drop), also when a later entry fails to load here. Under
+        // compute-sanitizer, an unload on a user thread while the reaper was inside
+        // `cuMemFreeHost` crashed in the driver (H100, session 8, core stacks).
+        let keep = Arc::new(ModuleKeep::new(module));
+        let module = keep.module.as_ref().ok_or(Error::Empty {
+            what: "module keep-alive",
+        })?;
         let mut kernels = BTreeMap::new();
         let mut entries = BTreeMap::new();
         for entry in ptx_signatures(ptx) {

@@ -36,15 +36,43 @@ unsafe impl Sync for PoolHandle {}
 const THRESHOLD: sys::CUmemPool_attribute =
     sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
 
+/// An owned pool on its way to `cuMemPoolDestroy` on the reaper thread.
+struct PoolDestroy {
+    pool: sys::CUmemoryPool,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: as for `PoolHandle`: the handle may be used from any thread.
+unsafe impl Send for PoolDestroy {}
+
 impl Drop for PoolHandle {
     fn drop(&mut self) {
+        if self.owned {
+            // The destroy runs on the reaper thread, after the frees handed to it before: under
+            // compute-sanitizer memcheck (H100, session 8), `cuMemPoolDestroy` on a fuzz thread
+            // while the reaper was inside `cuMemFreeHost` crashed in the driver (SIGSEGV, core
+            // stacks) in 3 to 7 of 8 processes. It never blocks (buffers still allocated from
+            // the pool keep working, the driver releases its resources once they are freed), so
+            // nothing waits for it; the gate is not needed.
+            let d = PoolDestroy {
+                pool: self.pool,
+                ctx: self.ctx.clone(),
+            };
+            crate::reaper::defer_after::<cudarc::driver::CudaEvent>(Vec::new(), false, move || {
+                let d = d;
+                let r = bind_context_unchecked(&d.ctx).and_then(|()| {
+                    // SAFETY: the pool was created by us and nothing uses the handle after this
+                    // (the `MemPool` and every clone of it are gone).
+                    unsafe { drv::mem_pool_destroy(d.pool) }
+                });
+                if let Err(e) = r {
+                    defer_error(&d.ctx, &e);
+                }
+            });
+            return;
+        }
         let r = bind_context_unchecked(&self.ctx).and_then(|()| {
-            if self.owned {
-                // SAFETY: the pool was created by us and is not used after this. Buffers still
-                // allocated from it keep working: the driver releases the pool's resources once
-                // they are freed (cuMemPoolDestroy).
-                unsafe { drv::mem_pool_destroy(self.pool) }
-            } else if let Some(old) = self.restore_threshold {
+            if let Some(old) = self.restore_threshold {
                 drv::mem_pool_set_attribute_u64(self.pool, THRESHOLD, old)
             } else {
                 Ok(())
