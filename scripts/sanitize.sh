@@ -88,7 +88,14 @@ for tool in $TOOLS; do
   # which the sanitizer's slowdown makes meaningless.
   if [ "$tool" != initcheck ]; then
     run $tool soundness_graphs   $B/tests/soundness_graphs --test-threads=1
-    run $tool issue19_lifetimes  $B/tests/issue19_lifetimes --test-threads=1 --skip item10
+    # The two item-4 tests queue a launch behind a signal wait that the same thread releases
+    # later; under compute-sanitizer (memcheck, racecheck, synccheck) they never finish (H100,
+    # session 8: the test thread does not come back from the queued launch's call; cuda-gdb
+    # cannot attach beside the sanitizer to show where), while they pass without it. Their
+    # kernels (vector_add, saxpy) are sanitized by the vector_add run and the examples.
+    run $tool issue19_lifetimes  $B/tests/issue19_lifetimes --test-threads=1 --skip item10 \
+      --skip issue19_item04_device_drop_keeps_its_module_for_queued_launches \
+      --skip issue19_item04_module_outlives_its_queued_launches
   fi
   # The tensor-core GEMM at small sizes (its tests' 4097 x 257 x 4099 case is too slow under
   # racecheck): both B layouts and dtypes, clusters 1 and 2, ping-pong, the
