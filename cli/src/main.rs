@@ -1857,6 +1857,53 @@ fn quantize_e4m3(
 /// .npy), the scales in device memory, `TcGemm::plan_fp8` (f32 C) next to cuBLASLt FP8 (default
 /// and fast accumulation) in the same run; `--verify` checks sampled rows and columns against the
 /// f64 product of the decoded codes times the scales, with `fp8_tolerance`.
+/// What both FP8 commands set up before quantizing: row pitches padded to 16 bytes (TMA; the
+/// logical sizes stay as given), and the f32 inputs (from the `--a`/`--b` files, else normal
+/// from the seed).
+struct Fp8Problem {
+    lda: usize,
+    ldb: usize,
+    ldc: usize,
+    a32: Vec<f32>,
+    b32: Vec<f32>,
+}
+
+/// [`Fp8Problem`] for `M x N x K`, after checking that A, B and `c_buffers` f32 C buffers (ours
+/// and cuBLASLt's) fit in the device's free memory.
+fn fp8_problem(
+    ctx: &Ctx,
+    dev: &Device,
+    (m, n, k): (usize, usize, usize),
+    files: Option<(Vec<f32>, Vec<f32>)>,
+    c_buffers: usize,
+) -> CliResult<Fp8Problem> {
+    let (lda, ldb, ldc) = (
+        k.next_multiple_of(16),
+        k.next_multiple_of(16),
+        n.next_multiple_of(4),
+    );
+    check_device_memory(
+        dev,
+        &format!("M x N x K = {m} x {n} x {k} (A, B, C of ours and cuBLASLt's)"),
+        (m * lda + n * ldb + c_buffers * 4 * m * ldc) as u64 + (32 << 20),
+    )?;
+    let (a32, b32) = match files {
+        Some(ab) => ab,
+        None => {
+            use rand::SeedableRng;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(ctx.seed);
+            (normal_f32(&mut rng, m * k), normal_f32(&mut rng, n * k))
+        }
+    };
+    Ok(Fp8Problem {
+        lda,
+        ldb,
+        ldc,
+        a32,
+        b32,
+    })
+}
+
 fn fp8_gemm_cmd(ctx: &Ctx, args: &GemmArgs) -> CliResult<Value> {
     use warpline::kernels::tc_gemm::{
         fp8_tolerance, reference_entry, BLayout, CublasLtFp8, Fp8Scales, HostB, Matrix, MatrixMut,
@@ -1884,25 +1931,13 @@ fn fp8_gemm_cmd(ctx: &Ctx, args: &GemmArgs) -> CliResult<Value> {
     let caps = dev.capabilities();
     say!("device: {} ({} SMs)", caps.name, caps.sm_count);
     let tc = TcGemm::new(&dev)?;
-    // Row pitches padded to 16 bytes (TMA); the logical sizes stay as given.
-    let (lda, ldb, ldc) = (
-        k.next_multiple_of(16),
-        k.next_multiple_of(16),
-        n.next_multiple_of(4),
-    );
-    check_device_memory(
-        &dev,
-        &format!("M x N x K = {m} x {n} x {k} (A, B, C of ours and cuBLASLt's)"),
-        (m * lda + n * ldb + 3 * 4 * m * ldc) as u64 + (32 << 20),
-    )?;
-    let (a32, b32) = match files {
-        Some(ab) => ab,
-        None => {
-            use rand::SeedableRng;
-            let mut rng = rand::rngs::StdRng::seed_from_u64(ctx.seed);
-            (normal_f32(&mut rng, m * k), normal_f32(&mut rng, n * k))
-        }
-    };
+    let Fp8Problem {
+        lda,
+        ldb,
+        ldc,
+        a32,
+        b32,
+    } = fp8_problem(ctx, &dev, (m, n, k), files, 3)?;
     let (aq, aw, sa) = quantize_e4m3(&a32, m, k, lda);
     let (bq, bw, sb) = quantize_e4m3(&b32, n, k, ldb);
     drop((a32, b32));
@@ -2109,24 +2144,13 @@ fn fp8_block_gemm_cmd(ctx: &Ctx, args: &GemmArgs) -> CliResult<Value> {
     let caps = dev.capabilities();
     say!("device: {} ({} SMs)", caps.name, caps.sm_count);
     let tc = TcGemm::new(&dev)?;
-    let (lda, ldb, ldc) = (
-        k.next_multiple_of(16),
-        k.next_multiple_of(16),
-        n.next_multiple_of(4),
-    );
-    check_device_memory(
-        &dev,
-        &format!("M x N x K = {m} x {n} x {k} (A, B, C of ours and cuBLASLt's)"),
-        (m * lda + n * ldb + 2 * 4 * m * ldc) as u64 + (32 << 20),
-    )?;
-    let (a32, b32) = match files {
-        Some(ab) => ab,
-        None => {
-            use rand::SeedableRng;
-            let mut rng = rand::rngs::StdRng::seed_from_u64(ctx.seed);
-            (normal_f32(&mut rng, m * k), normal_f32(&mut rng, n * k))
-        }
-    };
+    let Fp8Problem {
+        lda,
+        ldb,
+        ldc,
+        a32,
+        b32,
+    } = fp8_problem(ctx, &dev, (m, n, k), files, 2)?;
     let (aq, aw, sa) = quantize_e4m3_blocks(&a32, (m, k, lda), 1, false);
     let (bq, bw, sb) = quantize_e4m3_blocks(&b32, (n, k, ldb), 128, true);
     drop((a32, b32));
