@@ -6,7 +6,9 @@ The same Llama-3.1-8B-shaped layer as warpline::decode (hidden 4096, 32 q / 8 KV
 [pages, kv_heads, 16, d] with a block table per sequence, bf16), NL layers with their own
 weights, B sequences each attending over L tokens (the new token at position L - 1).
 
-Bench mode (default): per case BxL prints eager and CUDA-graph us per step and per layer, the HBM
+Bench mode (default): a contiguous KV cache [B, kv, L, d] and SDPA with enable_gqa (PyTorch at
+its best: no page gather; `--paged` benches the paged layer of the check mode instead). Per case
+BxL it prints eager and CUDA-graph us per step and per layer, the HBM
 floor per layer (weight + KV bytes over the device copy bandwidth measured in the same run) and
 floor / measured, the same columns as benches/decode_step.rs. Run it right after the warpline
 bench on the same machine.
@@ -88,6 +90,28 @@ def layer(dm, w, kc, vc, h, pos, bt, max_len):
     return h + act @ w["w_down"].t()
 
 
+def layer_dense(dm, w, kc, vc, h, pos, L):
+    """The bench's fair PyTorch layer: a contiguous KV cache [B, kv, Lmax, d] (no page gather),
+    every sequence at length L (the bench's case), and SDPA with enable_gqa (torch's fused
+    kernels, no repeat_interleave): PyTorch at its best for this shape, as anchors.md measured."""
+    B = h.shape[0]
+    H, KV, d = dm.heads, dm.kv_heads, dm.head_dim
+    x = rmsnorm(h, w["attn_norm"], dm.eps)
+    qkv = x @ w["wqkv"].t()
+    q = rope(qkv[:, :H * d].view(B, H, d), pos, d, dm.theta)
+    k = rope(qkv[:, H * d:(H + KV) * d].view(B, KV, d), pos, d, dm.theta)
+    v = qkv[:, (H + KV) * d:].view(B, KV, d)
+    b = torch.arange(B, device=h.device)
+    kc[b, :, pos] = k
+    vc[b, :, pos] = v
+    o = F.scaled_dot_product_attention(q[:, :, None, :], kc[:, :, :L], vc[:, :, :L], enable_gqa=True)
+    o = o.reshape(B, H * d)
+    h = h + o @ w["wo"].t()
+    x = rmsnorm(h, w["ffn_norm"], dm.eps)
+    act = F.silu(x @ w["w_gate"].t()) * (x @ w["w_up"].t())
+    return h + act @ w["w_down"].t()
+
+
 def step(dm, ws, caches, h, pos, bt, max_len):
     for w, (kc, vc) in zip(ws, caches):
         h = layer(dm, w, kc, vc, h, pos, bt, max_len)
@@ -124,7 +148,7 @@ def time_us(fn, reps=7, iters=10):
     return ts[len(ts) // 2]
 
 
-def bench(cases, nl):
+def bench(cases, nl, paged=False):
     dm = Dims()
     dev = "cuda"
     bw = copy_gbps()
@@ -143,14 +167,25 @@ def bench(cases, nl):
     print(f"{'case':>9} {'variant':>14} {'us/step':>10} {'us/layer':>10} {'floor us/l':>11} {'floor/x':>8}")
     for (B, L) in cases:
         npages = (L + dm.page - 1) // dm.page
-        caches = [(torch.full((B * npages, KV, dm.page, d), 0.01, device=dev, dtype=torch.bfloat16),
-                   torch.full((B * npages, KV, dm.page, d), 0.01, device=dev, dtype=torch.bfloat16))
-                  for _ in range(nl)]
-        bt = torch.arange(B * npages, device=dev, dtype=torch.int32).view(B, npages)
         pos = torch.full((B,), L - 1, device=dev, dtype=torch.int64)
         h = torch.randn(B, hid, device=dev, generator=gen).to(torch.bfloat16)
         floor = (wbytes + B * L * KV * d * 2 * 2) / (bw * 1e9) * 1e6
-        run = lambda: step(dm, ws, caches, h, pos, bt, L)  # noqa: E731
+        if paged:
+            caches = [(torch.full((B * npages, KV, dm.page, d), 0.01, device=dev, dtype=torch.bfloat16),
+                       torch.full((B * npages, KV, dm.page, d), 0.01, device=dev, dtype=torch.bfloat16))
+                      for _ in range(nl)]
+            bt = torch.arange(B * npages, device=dev, dtype=torch.int32).view(B, npages)
+            run = lambda: step(dm, ws, caches, h, pos, bt, L)  # noqa: E731
+        else:
+            caches = [(torch.full((B, KV, npages * dm.page, d), 0.01, device=dev, dtype=torch.bfloat16),
+                       torch.full((B, KV, npages * dm.page, d), 0.01, device=dev, dtype=torch.bfloat16))
+                      for _ in range(nl)]
+
+            def run():
+                x = h
+                for w, (kc, vc) in zip(ws, caches):
+                    x = layer_dense(dm, w, kc, vc, x, pos, L)
+                return x
         eager = time_us(run)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -206,6 +241,8 @@ def main():
     ap.add_argument("--cases", default="1x1024,8x1024,8x4096,32x4096,64x2048")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--check", default=None)
+    ap.add_argument("--paged", action="store_true",
+                    help="bench the paged-cache layer (page gather + repeat_interleave) instead of the contiguous SDPA one")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("SKIPPED: no CUDA device")
@@ -215,7 +252,7 @@ def main():
         return check(a.check)
     cases = [tuple(int(x) for x in c.split("x")) for c in a.cases.split(",")]
     with torch.no_grad():
-        bench(cases, a.layers)
+        bench(cases, a.layers, a.paged)
     return 0
 
 

@@ -410,8 +410,17 @@ fn issue21_decode_step_kernels_read_dependent_inputs_after_the_wait() {
         cases.push((v.kernel, vec!["param_0", "param_2", "param_15"], vec![]));
     }
     for v in sc::ATTN_VARIANTS {
-        // q; the caches only through cp.async.bulk.prefetch.L2 before the wait.
-        cases.push((v.kernel, vec!["param_0"], vec!["param_1", "param_2"]));
+        // q. The caches are read by the loader's bulk copies, the chunks of earlier tokens
+        // possibly before its wait (by design: no kernel of the step writes them); the chunk of
+        // the new token's row after it, which tests/decode_step.rs checks on the GPU (variants
+        // c and e against the reference, lengths at page and chunk boundaries).
+        cases.push((v.kernel, vec!["param_0"], vec![]));
+        let body = entry_body(v.kernel);
+        assert!(
+            body.contains("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"),
+            "{}: no bulk copy of the KV ring",
+            v.kernel
+        );
     }
     for (kernel, dependent, prefetched) in cases {
         let body = entry_body(kernel);

@@ -52,6 +52,22 @@ pub unsafe fn shfl_xor_f32(v: f32, lane_mask: u32) -> f32 {
     r
 }
 
+/// `shfl.sync.idx.b32` with the full mask (PTX ISA 8.0, `shfl.sync`): the value of lane `src`
+/// (`src < 32`; higher bits are ignored by the hardware's 0x1f clamp), as an `f32`: a broadcast.
+///
+/// # Safety
+/// As [`shfl_xor_f32`]: all 32 lanes of the warp are active and execute this same shuffle.
+#[inline(always)]
+pub unsafe fn shfl_idx_f32(v: f32, src: u32) -> f32 {
+    let r: f32;
+    // SAFETY: the caller's contract above (all 32 lanes, full mask).
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {v}, {s}, 0x1f, 0xffffffff;", r = out(reg32) r,
+            v = in(reg32) v, s = in(reg32) src, options(nomem, nostack))
+    };
+    r
+}
+
 /// The maximum of `v` over the 32 lanes of the warp, in every lane (a butterfly of five
 /// [`shfl_xor_f32`]; `f32::max`, so a NaN lane is ignored unless all are NaN).
 ///

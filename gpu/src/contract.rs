@@ -1159,13 +1159,21 @@ pub mod decode_step {
     /// Largest row of the RMSNorm kernel.
     pub const RMSNORM_MAX_N: usize = 8 * RMSNORM_THREADS as usize * RMSNORM_VECS;
 
-    /// Warps per attention CTA.
-    pub const ATTN_WARPS: u32 = 4;
-    /// Tokens one attention warp processes at once (8 lanes per token).
+    /// Consumer warps per attention CTA.
+    pub const ATTN_WARPS: u32 = 8;
+    /// Rows one attention consumer warp scores per chunk (8 lanes per row).
     pub const ATTN_TOKENS_PER_WARP: u32 = 4;
-    /// KV pages an attention CTA prefetches into L2 before `griddepcontrol.wait` (with
-    /// [`FLAG_EARLY`]), K and V each.
-    pub const ATTN_PREFETCH_PAGES: u32 = 4;
+    /// Threads per attention CTA: the consumer warps and one loader warp.
+    pub const ATTN_THREADS: u32 = (ATTN_WARPS + 1) * 32;
+    /// Rows of one chunk of the attention's KV ring: up to this many consecutive rows of one
+    /// page (one row per consumer row slot).
+    pub const ATTN_CHUNK_ROWS: u32 = ATTN_WARPS * ATTN_TOKENS_PER_WARP;
+    /// Stages of the attention's KV ring (each a chunk of K and V rows). With
+    /// [`FLAG_EARLY`] the loader fills them before `griddepcontrol.wait`.
+    pub const ATTN_STAGES: u32 = 4;
+    /// Bytes before the ring in the attention's dynamic shared memory (its `2 * ATTN_STAGES`
+    /// mbarriers), a multiple of 128.
+    pub const ATTN_RING_OFFSET: usize = 256;
     /// Most KV splits per sequence.
     pub const MAX_SPLITS: u32 = 256;
     /// The score scale's initial running maximum (finite, so empty states combine without NaN).
@@ -1203,10 +1211,22 @@ pub mod decode_step {
         a("decode_attn_bf16_d128_g4", 128, 4),
     ];
 
-    /// Dynamic shared memory of an attention CTA: per state (warp x token slot), per head,
-    /// `head_dim` accumulators plus the running max and sum, f32.
+    /// The attention entry's launch bound, CTAs per SM (`.minnctapersm`): 1 for every entry
+    /// (9 warps; the ring, not the warp count, keeps the loads in flight). Registers are then
+    /// capped at `65536 / ATTN_THREADS` per thread, with no spills (ptxas).
+    pub const fn attn_ctas_per_sm(head_dim: usize, group: usize) -> u32 {
+        let _ = (head_dim, group);
+        1
+    }
+
+    /// Dynamic shared memory of an attention CTA: the ring's barriers, then the larger of the
+    /// ring (`ATTN_STAGES` chunks of `ATTN_CHUNK_ROWS` K and V rows, bf16) and the final merge
+    /// area over it (per row slot and head, `head_dim` accumulators plus the running max and
+    /// sum, f32). Above 48 KiB: the host raises the entry's limit.
     pub const fn attn_smem_bytes(head_dim: usize, group: usize) -> usize {
-        (ATTN_WARPS * ATTN_TOKENS_PER_WARP) as usize * group * (head_dim + 2) * 4
+        let ring = ATTN_STAGES as usize * 2 * ATTN_CHUNK_ROWS as usize * head_dim * 2;
+        let merge = ATTN_CHUNK_ROWS as usize * group * (head_dim + 2) * 4;
+        ATTN_RING_OFFSET + if ring > merge { ring } else { merge }
     }
 
     /// `decode_attn_combine_bf16(part_o, part_ml, out, heads, head_dim, splits, stamps,
@@ -1216,8 +1236,9 @@ pub mod decode_step {
     pub const COMBINE_THREADS: u32 = 128;
 
     const _: () = {
-        assert!(attn_smem_bytes(128, 4) <= 48 * 1024);
-        assert!(attn_smem_bytes(64, 8) <= 48 * 1024);
+        assert!(attn_smem_bytes(128, 4) <= 100 * 1024);
+        assert!(attn_smem_bytes(64, 8) <= 100 * 1024);
+        assert!(2 * ATTN_STAGES as usize * 8 <= ATTN_RING_OFFSET);
     };
 }
 

@@ -256,7 +256,11 @@ impl Drop for ModuleKeep {
         // included.
         after.extend(l.streams.iter().filter_map(marker_after));
         drop(l.streams);
-        crate::reaper::defer_after(after, true, move || drop(module));
+        crate::reaper::defer_after(after, true, move || {
+            // `cuModuleUnload`, under the driver's resource lock (see `crate::driver::resource_lock`).
+            let _lock = crate::driver::resource_lock();
+            drop(module)
+        });
     }
 }
 
@@ -275,9 +279,11 @@ impl ModuleInner {
             what: "module load",
         })?;
         bind_context(ctx, "cuModuleLoadData")?;
-        let module = ctx
-            .load_module(Ptx::from_src(ptx))
-            .call("cuModuleLoadData")?;
+        let module = {
+            let _lock = crate::driver::resource_lock();
+            ctx.load_module(Ptx::from_src(ptx))
+                .call("cuModuleLoadData")?
+        };
         // The keep-alive holds the only module handle besides the kernels' functions (which
         // drop before it): whatever drops it last, the unload itself runs on the reaper thread
         // (`ModuleKeep`'s drop), also when a later entry fails to load here. Under
@@ -290,9 +296,12 @@ impl ModuleInner {
         let mut kernels = BTreeMap::new();
         let mut entries = BTreeMap::new();
         for entry in ptx_signatures(ptx) {
-            let func = module
-                .load_function(&entry.name)
-                .call("cuModuleGetFunction")?;
+            let func = {
+                let _lock = crate::driver::resource_lock();
+                module
+                    .load_function(&entry.name)
+                    .call("cuModuleGetFunction")?
+            };
             drv::func_load(func.cu_function())?;
             let get = |a| drv::func_get_attribute(func.cu_function(), a);
             let max_dyn =

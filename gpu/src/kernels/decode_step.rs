@@ -13,22 +13,27 @@
 //! complete and flush (PTX ISA `griddepcontrol`), so the trigger's place only decides how early
 //! the dependent's CTAs may become resident.
 //!
-//! Attention, one CTA per (sequence, KV head, split): 4 warps, each warp 4 tokens at a time (8
-//! lanes per token, `d / 8` elements per lane, 16-byte loads of a K and a V row), every query
-//! head of the KV head (`G`) against each K row it loads, so K and V are read once per
-//! sequence; an online softmax per (warp, token slot, head) in registers (base 2: Q is
-//! pre-scaled by `log2(e) / sqrt(d)`), the next token's K and V loaded before the current one
-//! is used; the 16 states of the CTA merged through shared memory at the end.
+//! Attention, one CTA per (sequence, KV head, split), warp-specialized: a loader warp streams the
+//! split's KV cache into shared memory by `cp.async.bulk` (chunks of up to 32 rows of one page,
+//! K and V, an `ATTN_STAGES`-deep ring of full/empty mbarriers, so ~64 KiB per CTA are in
+//! flight); 8 consumer warps score each chunk, 8 lanes per row, `d / 8` elements per lane, every
+//! query head of the KV head (`G`) against each K row, so K and V are read once per sequence; an
+//! online softmax per (warp, row slot, head) in registers (base 2: Q is pre-scaled by
+//! `log2(e) / sqrt(d)`); the 32 states of the CTA merged through shared memory at the end. With
+//! `FLAG_EARLY` the loader copies the chunks of earlier tokens before `griddepcontrol.wait` (the
+//! chunk holding the new token's row, which the QKV GEMM writes, only after it).
 
 use crate::contract::decode_step::*;
+use crate::device::bulk;
 use crate::device::math::{exp2_approx, pack_bf16x2};
 use crate::device::mma::ld_global_nc_v4;
 use crate::device::pdl;
+use crate::device::pipeline::{PipelineState, TmaPipeline};
 use crate::device::smem::{dynamic_smem_base, dynamic_smem_size, Shared};
 use crate::device::thread::{block_dim_x, block_idx_x, sync_threads, thread_idx_x};
-use crate::device::warp::{reduce_sum_f32, shfl_xor_f32};
+use crate::device::warp::{reduce_sum_f32, shfl_xor_f32, sync_warp};
 
-use super::decode_gemm::{prefetch_l2, stamp};
+use super::decode_gemm::stamp;
 
 /// `$body` once for each `$i` in the list, as a constant.
 macro_rules! unroll {
@@ -213,35 +218,51 @@ struct Attn {
     flags: u32,
 }
 
-/// K or V of one token for this lane: `NV` 16-byte vectors (`d / 8` elements from `8 sub * NV`).
-///
-/// # Safety
-/// `cache` is a cache of the launch contract and `page < num_pages`.
+/// Element `half` (0: low, 1: high) of a packed bf16 pair, widened to f32, by an `asm!` that
+/// LLVM treats as having effects: so the attention's packed Q is unpacked at each use inside the
+/// chunk loop rather than hoisted out of it as 64 live floats (which spilled).
 #[inline(always)]
-unsafe fn load_row<const NV: usize>(
-    cache: *const u16,
-    p: &Attn,
-    page: u32,
-    kvh: u32,
-    row: u32,
-    sub: u32,
-) -> [[u32; 4]; 2] {
-    let d = 64 * NV;
-    let off = ((page as usize * p.n_kv as usize + kvh as usize) * p.page_size as usize
-        + row as usize)
-        * d
-        + sub as usize * 8 * NV;
-    let mut v = [[0u32; 4]; 2];
-    unroll!(I in [0, 1] {
-        if I < NV {
-            // SAFETY: the caller's contract; 16-byte aligned (d and 8 NV multiples of 8).
-            v[I] = unsafe { ld_global_nc_v4(cache.add(off + 8 * I) as *const u32) };
+fn q_el(x: u32, half: usize) -> f32 {
+    let r: u32;
+    // SAFETY: register arithmetic only.
+    unsafe {
+        if half == 0 {
+            core::arch::asm!("shl.b32 {r}, {x}, 16;", r = out(reg32) r, x = in(reg32) x,
+                options(nomem, nostack));
+        } else {
+            core::arch::asm!("and.b32 {r}, {x}, 0xffff0000;", r = out(reg32) r, x = in(reg32) x,
+                options(nomem, nostack));
         }
-    });
-    v
+    }
+    f32::from_bits(r)
+}
+
+/// Token rows of chunk `k` of a split that starts at the page-aligned token `t_begin`: a chunk
+/// is up to [`ATTN_CHUNK_ROWS`] consecutive rows of one page (pages of more rows are walked in
+/// chunks, smaller pages are one chunk each). Returns (first token, rows).
+#[inline(always)]
+fn chunk_of(k: u32, t_begin: u32, page_size: u32) -> (u32, u32) {
+    let cpp = page_size.div_ceil(ATTN_CHUNK_ROWS);
+    let off = (k % cpp) * ATTN_CHUNK_ROWS;
+    let tok = t_begin + (k / cpp) * page_size + off;
+    let rows = page_size - off;
+    (
+        tok,
+        if rows < ATTN_CHUNK_ROWS {
+            rows
+        } else {
+            ATTN_CHUNK_ROWS
+        },
+    )
 }
 
 /// The attention body for head dim `64 * NV` and `G` query heads per KV head.
+///
+/// Roles: warp [`ATTN_WARPS`] is the loader (lane 0 walks the split's chunks and bulk-copies
+/// each chunk's K and V rows into the next stage of an [`ATTN_STAGES`]-deep ring, `cp.async.bulk`
+/// completing on the stage's full mbarrier); warps `0..ATTN_WARPS` are the consumers (each
+/// 8-lane group scores one row of the chunk against all `G` query heads and folds it into its
+/// online softmax, then each warp releases the stage on its empty mbarrier).
 ///
 /// # Safety
 /// The launch contract of [`crate::contract::decode_step`] attention entries.
@@ -249,12 +270,11 @@ unsafe fn load_row<const NV: usize>(
 unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
     const { assert!(NV >= 1 && NV <= 2 && G >= 1 && G <= 8 && G * NV <= 8) };
     let d = 64 * NV as u32;
-    let per_lane = 8 * NV; // elements of d per lane
     let slot = p.flags >> STAMP_SLOT_SHIFT;
     // SAFETY: the launch contract (stamps).
     unsafe { stamp(p.stamps, slot, 0) };
     let tid = thread_idx_x();
-    if block_dim_x() != ATTN_WARPS * 32
+    if block_dim_x() != ATTN_THREADS
         || p.splits == 0
         || p.page_size == 0
         || (dynamic_smem_size() as usize) < attn_smem_bytes(d as usize, G)
@@ -286,163 +306,228 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
     if len.div_ceil(p.page_size) > p.bt_stride {
         trap();
     }
-    let page_of = |t: u32| -> u32 {
-        // SAFETY: t < len, so t / page_size < bt_stride (checked): inside the table row.
-        let pg = unsafe { bt_row.add((t / p.page_size) as usize).read() };
-        if pg >= p.num_pages {
-            trap();
-        }
-        pg
-    };
-    if p.flags & FLAG_EARLY != 0 && t_begin < t_end {
-        let first = t_begin / p.page_size;
-        let last = (t_end - 1) / p.page_size;
-        let n = last - first + 1;
-        let n = if n < ATTN_PREFETCH_PAGES {
-            n
-        } else {
-            ATTN_PREFETCH_PAGES
-        };
-        if tid < 2 * n {
-            let pg = page_of((first + tid / 2) * p.page_size);
-            let cache = if tid.is_multiple_of(2) {
-                p.k_cache
-            } else {
-                p.v_cache
-            };
-            let off =
-                (pg as usize * p.n_kv as usize + kvh as usize) * p.page_size as usize * d as usize;
-            // SAFETY: one page of one KV head: page_size * d bf16 inside the cache, 16-byte
-            // aligned, a multiple of 16 bytes; a prefetch changes nothing.
-            unsafe { prefetch_l2(cache.add(off) as *const u8, p.page_size * d * 2) };
-        }
-    }
-    pdl::wait();
-    // SAFETY: as above.
-    unsafe {
-        stamp(p.stamps, slot, 1);
-        stamp(p.stamps, slot, 2);
-    }
-    pdl::launch_dependents();
-
-    // Q of the G heads, this lane's elements, pre-scaled.
-    let mut q = [[0.0f32; 16]; 8];
-    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
-        if J < G {
-            let qh = kvh * G as u32 + J as u32;
-            let off = (b as usize * heads as usize + qh as usize) * d as usize
-                + sub as usize * per_lane;
-            unroll!(I in [0, 1] {
-                if I < NV {
-                    // SAFETY: q holds batch x heads x d bf16 (launch contract).
-                    let v = unsafe { ld_global_nc_v4(p.q.add(off + 8 * I) as *const u32) };
-                    let e = unpack8(v);
-                    unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
-                        q[J][8 * I + E] = e[E] * p.scale_log2;
-                    });
-                }
-            });
-        }
-    });
-    let mut m = [M_INIT; 8];
-    let mut l = [0.0f32; 8];
-    let mut acc = [[0.0f32; 16]; 8];
-    let tokens_per_iter = ATTN_WARPS * ATTN_TOKENS_PER_WARP;
-    let iters = if t_end > t_begin {
-        (t_end - t_begin).div_ceil(tokens_per_iter)
+    // Chunks of this split: whole pages, then the rows of the last (partial) page.
+    let chunks = if t_end > t_begin {
+        let n = t_end - t_begin;
+        (n / p.page_size) * p.page_size.div_ceil(ATTN_CHUNK_ROWS)
+            + (n % p.page_size).div_ceil(ATTN_CHUNK_ROWS)
     } else {
         0
     };
-    let my = |it: u32| t_begin + it * tokens_per_iter + warp * ATTN_TOKENS_PER_WARP + grp;
-    let load = |it: u32| -> (bool, [[u32; 4]; 2], [[u32; 4]; 2]) {
-        let t = my(it);
-        if it < iters && t < t_end {
-            let pg = page_of(t);
-            let row = t % p.page_size;
-            // SAFETY: pg < num_pages (checked in page_of).
-            unsafe {
-                (
-                    true,
-                    load_row::<NV>(p.k_cache, &p, pg, kvh, row, sub),
-                    load_row::<NV>(p.v_cache, &p, pg, kvh, row, sub),
-                )
+
+    let base = dynamic_smem_base();
+    // SAFETY: the barriers take the first `TmaPipeline::BYTES` (< ATTN_RING_OFFSET) bytes of
+    // the dynamic shared memory (size checked above), used for nothing else; one release per
+    // consumer warp per stage and phase; one producer arming exactly the bytes it copies.
+    let pipe = unsafe { TmaPipeline::<ATTN_STAGES>::at(base) };
+    // SAFETY: every thread, convergently, before any other use.
+    unsafe { pipe.init_cta(ATTN_WARPS) };
+    let ring = base + ATTN_RING_OFFSET as u32;
+    let row_bytes = d * 2;
+    let half = ATTN_CHUNK_ROWS * row_bytes;
+    let stage_bytes = 2 * half;
+
+    let mut m = [M_INIT; 8];
+    let mut l = [0.0f32; 8];
+    let mut acc = [[0.0f32; 16]; 8];
+    if warp == ATTN_WARPS {
+        // Loader. The dependents may be scheduled once every CTA triggered (PTX ISA
+        // `griddepcontrol`); the consumers trigger right after their wait.
+        pdl::launch_dependents();
+        if lane == 0 {
+            // Without FLAG_EARLY every load waits for the predecessor. With it, the chunks of
+            // earlier tokens (written by earlier steps, complete before this grid started) are
+            // copied before the wait; the chunk holding row `pos`, which the QKV GEMM writes,
+            // only after it.
+            let mut waited = p.flags & FLAG_EARLY == 0;
+            if waited {
+                pdl::wait();
             }
-        } else {
-            (false, [[0; 4]; 2], [[0; 4]; 2])
+            let mut st = PipelineState::<ATTN_STAGES>::new();
+            let mut k = 0;
+            while k < chunks {
+                let (tok, rows) = chunk_of(k, t_begin, p.page_size);
+                if !waited && tok + rows > pos {
+                    pdl::wait();
+                    waited = true;
+                }
+                // SAFETY: tok < len, so tok / page_size < bt_stride (checked): inside the row.
+                let pg = unsafe { bt_row.add((tok / p.page_size) as usize).read() };
+                if pg >= p.num_pages {
+                    trap();
+                }
+                let off = ((pg as usize * p.n_kv as usize + kvh as usize) * p.page_size as usize
+                    + (tok % p.page_size) as usize)
+                    * d as usize;
+                let bytes = rows * row_bytes;
+                let full = pipe.producer_acquire(st, 2 * bytes);
+                let dst = ring + st.stage() * stage_bytes;
+                // SAFETY: `rows` rows of one page of one KV head: inside the caches (pg <
+                // num_pages), 16-byte aligned (d * 2 is a multiple of 16), `bytes` a non-zero
+                // multiple of 16; the stage is free (acquired) and holds `half` bytes per cache.
+                unsafe {
+                    bulk::load(dst, p.k_cache.add(off) as *const u8, bytes, full);
+                    bulk::load(dst + half, p.v_cache.add(off) as *const u8, bytes, full);
+                }
+                st.advance();
+                k += 1;
+            }
         }
-    };
-    let mut cur = load(0);
-    let mut it = 0;
-    while it < iters {
-        let nxt = load(it + 1);
-        let (valid, kv, vv) = cur;
-        let mut kf = [0.0f32; 16];
-        let mut vf = [0.0f32; 16];
-        unroll!(I in [0, 1] {
-            if I < NV {
-                let ke = unpack8(kv[I]);
-                let ve = unpack8(vv[I]);
-                unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
-                    kf[8 * I + E] = ke[E];
-                    vf[8 * I + E] = ve[E];
-                });
-            }
-        });
+        // SAFETY: reconverges the loader warp before the CTA barrier below.
+        unsafe { sync_warp() };
+    } else {
+        pdl::wait();
+        // SAFETY: as above.
+        unsafe {
+            stamp(p.stamps, slot, 1);
+            stamp(p.stamps, slot, 2);
+        }
+        pdl::launch_dependents();
+        // Q of the G heads, this lane's elements (16-byte chunks `8 I + sub`), kept packed
+        // (bf16 pairs, exact); the scale is applied to each score after its reduction.
+        let mut q = [[[0u32; 4]; 2]; 8];
         unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
             if J < G {
-                let mut s = 0.0f32;
-                unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                    if E < 8 * NV {
-                        s = crate::device::math::fma(q[J][E], kf[E], s);
+                let qh = kvh * G as u32 + J as u32;
+                let off = (b as usize * heads as usize + qh as usize) * d as usize;
+                unroll!(I in [0, 1] {
+                    if I < NV {
+                        // SAFETY: q holds batch x heads x d bf16 (launch contract).
+                        q[J][I] = unsafe {
+                            ld_global_nc_v4(p.q.add(off + 64 * I + 8 * sub as usize) as *const u32)
+                        };
                     }
                 });
-                // SAFETY: every lane of the warp runs every iteration (iters is CTA-uniform)
-                // and every J: full-mask shuffles within the 8-lane group.
-                unsafe {
-                    s += shfl_xor_f32(s, 1);
-                    s += shfl_xor_f32(s, 2);
-                    s += shfl_xor_f32(s, 4);
-                }
-                if valid {
-                    let m_new = if s > m[J] { s } else { m[J] };
-                    let corr = exp2_approx(m[J] - m_new);
-                    let pj = exp2_approx(s - m_new);
-                    l[J] = l[J] * corr + pj;
-                    unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                        if E < 8 * NV {
-                            acc[J][E] = crate::device::math::fma(pj, vf[E], acc[J][E] * corr);
+            }
+        });
+        let r = warp * ATTN_TOKENS_PER_WARP + grp;
+        let mut st = PipelineState::<ATTN_STAGES>::new();
+        let mut k = 0;
+        while k < chunks {
+            let (tok, rows) = chunk_of(k, t_begin, p.page_size);
+            pipe.consumer_wait(st);
+            let valid = r < rows && tok + r < t_end;
+            // This lane's K and V elements of row r, still packed (bf16 pairs): widened where
+            // used, so the registers hold 16 words instead of 32 floats.
+            let mut kw = [[0u32; 4]; 2];
+            let mut vw = [[0u32; 4]; 2];
+            if r < rows {
+                let row = ring + st.stage() * stage_bytes + r * row_bytes + 16 * sub;
+                unroll!(I in [0, 1] {
+                    if I < NV {
+                        // SAFETY: row r < rows of the stage, which the loader filled and the
+                        // full barrier completed; 16-byte aligned; 8 lanes read 128 contiguous
+                        // bytes (no bank conflict).
+                        unsafe {
+                            kw[I] = Shared::<f32>::at(row + 128 * I as u32).load_v4().map(f32::to_bits);
+                            vw[I] = Shared::<f32>::at(row + half + 128 * I as u32)
+                                .load_v4()
+                                .map(f32::to_bits);
                         }
+                    }
+                });
+            }
+            // Element 8 I + E of a packed row.
+            let el = |w: &[[u32; 4]; 2], i: usize, e: usize| -> f32 {
+                let x = w[i][e / 2];
+                f32::from_bits(if e % 2 == 0 { x << 16 } else { x & 0xffff_0000 })
+            };
+            // The G heads side by side at every step (independent chains, so one warp keeps
+            // several FMAs, shuffles and ex2 in flight).
+            let mut sc = [0.0f32; 8];
+            unroll!(I in [0, 1] {
+                if I < NV {
+                    unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
+                        let kx = el(&kw, I, E);
+                        unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                            if J < G {
+                                sc[J] = crate::device::math::fma(q_el(q[J][I][E / 2], E % 2), kx, sc[J]);
+                            }
+                        });
                     });
-                    m[J] = m_new;
+                }
+            });
+            unroll!(X in [1, 2, 4] {
+                unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    if J < G {
+                        // SAFETY: every lane of the warp runs every chunk (`chunks` is
+                        // CTA-uniform) and every J: full-mask shuffles within the 8-lane group.
+                        sc[J] += unsafe { shfl_xor_f32(sc[J], X as u32) };
+                    }
+                });
+            });
+            unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if J < G {
+                    sc[J] *= p.scale_log2;
+                }
+            });
+            if valid {
+                // Per head, 16 independent FMAs: enough in flight without interleaving heads.
+                unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+                    if J < G {
+                        let m_new = if sc[J] > m[J] { sc[J] } else { m[J] };
+                        let corr = exp2_approx(m[J] - m_new);
+                        let pj = exp2_approx(sc[J] - m_new);
+                        l[J] = l[J] * corr + pj;
+                        m[J] = m_new;
+                        unroll!(I in [0, 1] {
+                            if I < NV {
+                                unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                    acc[J][8 * I + E] = crate::device::math::fma(
+                                        pj,
+                                        el(&vw, I, E),
+                                        acc[J][8 * I + E] * corr,
+                                    );
+                                });
+                            }
+                        });
+                    }
+                });
+            }
+            // SAFETY: the whole warp reconverges; then one release per warp.
+            unsafe { sync_warp() };
+            if lane == 0 {
+                pipe.consumer_release_local(st);
+            }
+            st.advance();
+            k += 1;
+        }
+    }
+    // Every chunk the loader issued was waited for by the consumers: no copy is in flight, and
+    // the merge area (over the ring) is free once every warp is past this barrier.
+    // SAFETY: every thread of the CTA reaches it, warp-convergent (the loader warp reconverged).
+    unsafe { sync_threads() };
+
+    // Merge the ATTN_CHUNK_ROWS states of the CTA: smem [state][head][d + 2] f32 (acc, then m, l).
+    let smem = Shared::<f32>::at(ring);
+    let row_len = d + 2;
+    if warp < ATTN_WARPS {
+        let state = warp * ATTN_TOKENS_PER_WARP + grp;
+        unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
+            if J < G {
+                let base = (state * G as u32 + J as u32) * row_len;
+                unroll!(I in [0, 1] {
+                    if I < NV {
+                        unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
+                            // SAFETY: inside attn_smem_bytes (checked); each lane its own
+                            // elements (64 I + 8 sub + E).
+                            unsafe {
+                                smem.add(base + 64 * I as u32 + 8 * sub + E as u32)
+                                    .store(acc[J][8 * I + E])
+                            };
+                        });
+                    }
+                });
+                if sub == 0 {
+                    // SAFETY: as above.
+                    unsafe {
+                        smem.add(base + d).store(m[J]);
+                        smem.add(base + d + 1).store(l[J]);
+                    }
                 }
             }
         });
-        cur = nxt;
-        it += 1;
     }
-
-    // Merge the 16 states of the CTA: smem [state][head][d + 2] f32 (acc, then m, l).
-    let smem = Shared::<f32>::at(dynamic_smem_base());
-    let state = warp * ATTN_TOKENS_PER_WARP + grp;
-    let row_len = d + 2;
-    unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
-        if J < G {
-            let base = (state * G as u32 + J as u32) * row_len;
-            unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                if E < 8 * NV {
-                    // SAFETY: inside attn_smem_bytes (checked); each lane its own elements.
-                    unsafe { smem.add(base + sub * per_lane as u32 + E as u32).store(acc[J][E]) };
-                }
-            });
-            if sub == 0 {
-                // SAFETY: as above.
-                unsafe {
-                    smem.add(base + d).store(m[J]);
-                    smem.add(base + d + 1).store(l[J]);
-                }
-            }
-        }
-    });
     // SAFETY: every thread of the CTA reaches this barrier.
     unsafe { sync_threads() };
     let states = ATTN_WARPS * ATTN_TOKENS_PER_WARP;
@@ -507,7 +592,7 @@ macro_rules! attn_entry {
         /// Decode attention entry of [`crate::contract::decode_step`] (`ATTN_VARIANTS`).
         ///
         /// # Safety
-        /// Grid `batch * n_kv * splits` CTAs of `ATTN_WARPS * 32` threads with
+        /// Grid `batch * n_kv * splits` CTAs of `ATTN_THREADS` threads with
         /// `attn_smem_bytes` of dynamic shared memory; `q` `batch x heads x d` bf16 (`heads =
         /// n_kv * G`); caches `num_pages x n_kv x page_size x d` bf16; `block_table` `batch x
         /// bt_stride` u32, `positions` `batch` u32 (`splits_pps = splits | pages_per_split << 16`) (both not written by any kernel while this
@@ -557,6 +642,9 @@ macro_rules! attn_entry {
             // SAFETY: the caller's launch contract.
             unsafe { attn::<$nv, $g>(p) }
         }
+        // `attn_ctas_per_sm` CTAs per SM: ptxas keeps the entry within 65536 / (that *
+        // ATTN_THREADS) registers; the ring keeps its loads in flight whatever the count.
+        crate::device::launch_bounds!($name, ATTN_THREADS, attn_ctas_per_sm(64 * $nv, $g));
     };
 }
 
@@ -568,13 +656,32 @@ attn_entry!(decode_attn_bf16_d128_g1, 2, 1);
 attn_entry!(decode_attn_bf16_d128_g2, 2, 2);
 attn_entry!(decode_attn_bf16_d128_g4, 2, 4);
 
+/// `ld.global.cg.f32`: a load cached in L2 only (PTX ISA §9.7.9.8), so a line another kernel
+/// wrote is never read stale from this SM's L1; weak, so the compiler may batch independent
+/// loads (a `volatile` load may not be reordered, which serialised the combine's split loop).
+///
+/// # Safety
+/// `p` is a valid, 4-byte aligned global address that nothing writes while this kernel reads it.
+#[inline(always)]
+unsafe fn ld_cg_f32(p: *const f32) -> f32 {
+    let v: f32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        core::arch::asm!("ld.global.cg.f32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) p,
+            options(pure, readonly, nostack))
+    };
+    v
+}
+
 /// Merges the splits of one (sequence, query head) per CTA: `out = sum_s w_s o_s / sum_s w_s`
-/// with `w_s = l_s 2^(m_s - max m)`.
+/// with `w_s = l_s 2^(m_s - max m)`. Every warp reads the `(m, l)` of all splits (lane `j` the
+/// splits `j, j + 32, ..`) and reduces them by shuffles, so the weights need no shared memory;
+/// each thread then sums its output elements over the splits, 32 independent L2 loads at a time.
 ///
 /// # Safety
 /// Grid `batch * heads` CTAs of `COMBINE_THREADS` threads; `part_o` `batch x heads x splits x
 /// head_dim` f32 and `part_ml` `batch x heads x splits x 2` f32 written by the previous kernel;
-/// `out` `batch x heads x head_dim` bf16, aliasing neither.
+/// `out` `batch x heads x head_dim` bf16, aliasing neither; `1 <= splits <= MAX_SPLITS`.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn decode_attn_combine_bf16(
@@ -589,6 +696,9 @@ pub unsafe extern "ptx-kernel" fn decode_attn_combine_bf16(
     let slot = flags >> STAMP_SLOT_SHIFT;
     // SAFETY: the launch contract (stamps).
     unsafe { stamp(stamps, slot, 0) };
+    if splits == 0 || splits > MAX_SPLITS {
+        trap();
+    }
     pdl::wait();
     // SAFETY: as above.
     unsafe {
@@ -597,49 +707,85 @@ pub unsafe extern "ptx-kernel" fn decode_attn_combine_bf16(
     }
     pdl::launch_dependents();
     let row = block_idx_x() as usize;
-    let mut e = thread_idx_x();
-    while e < head_dim {
-        let mut mm = M_INIT;
-        let mut s = 0;
-        while s < splits {
-            // SAFETY: row < batch * heads, s < splits (launch contract).
-            let (ms, ls) = unsafe {
-                let q = part_ml.add(2 * (row * splits as usize + s as usize));
-                (q.read_volatile(), q.add(1).read_volatile())
-            };
-            if ls > 0.0 && ms > mm {
-                mm = ms;
-            }
-            s += 1;
-        }
-        let (mut num, mut den) = (0.0f32, 0.0f32);
-        let mut s = 0;
-        while s < splits {
-            let ps = row * splits as usize + s as usize;
-            // SAFETY: as above.
-            let (ms, ls, o) = unsafe {
+    let lane = thread_idx_x() % 32;
+    let ml = part_ml.wrapping_add(2 * row * splits as usize);
+    // (m, l) of split `s`, or an empty state past the end.
+    let state = |s: u32| -> (f32, f32) {
+        if s < splits {
+            // SAFETY: s < splits: inside this row's part_ml (launch contract).
+            unsafe {
                 (
-                    part_ml.add(2 * ps).read_volatile(),
-                    part_ml.add(2 * ps + 1).read_volatile(),
-                    part_o
-                        .add(ps * head_dim as usize + e as usize)
-                        .read_volatile(),
+                    ld_cg_f32(ml.add(2 * s as usize)),
+                    ld_cg_f32(ml.add(2 * s as usize + 1)),
                 )
-            };
-            if ls > 0.0 {
-                let w = ls * exp2_approx(ms - mm);
-                num += w * o;
-                den += w;
             }
-            s += 1;
+        } else {
+            (M_INIT, 0.0)
         }
-        let v = if den > 0.0 { num / den } else { 0.0 };
-        // SAFETY: out holds batch x heads x head_dim bf16; one writer per element.
-        unsafe {
-            out.add(row * head_dim as usize + e as usize)
-                .write_volatile(pack_bf16x2(v, 0.0) as u16)
+    };
+    let chunks = splits.div_ceil(32);
+    // The running maximum over non-empty splits, the same in every lane.
+    let mut mm = M_INIT;
+    let mut c = 0;
+    while c < chunks {
+        let (ms, ls) = state(32 * c + lane);
+        let v = if ls > 0.0 { ms } else { M_INIT };
+        // SAFETY: every lane runs every chunk (chunks is CTA-uniform): full-mask shuffles.
+        let v = unsafe { crate::device::warp::reduce_max_f32(v) };
+        mm = if v > mm { v } else { mm };
+        c += 1;
+    }
+    // Per chunk, lane j's weight of split 32 c + j; the denominator, the same in every lane.
+    let mut den = 0.0f32;
+    let mut c = 0;
+    while c < chunks {
+        let (ms, ls) = state(32 * c + lane);
+        let w = if ls > 0.0 {
+            ls * exp2_approx(ms - mm)
+        } else {
+            0.0
         };
-        e += block_dim_x();
+        // SAFETY: as above.
+        den += unsafe { reduce_sum_f32(w) };
+        c += 1;
+    }
+    let iters = head_dim.div_ceil(block_dim_x());
+    let mut it = 0;
+    while it < iters {
+        let e = thread_idx_x() + it * block_dim_x();
+        let mut num = 0.0f32;
+        let mut c = 0;
+        while c < chunks {
+            let (ms, ls) = state(32 * c + lane);
+            let w = if ls > 0.0 {
+                ls * exp2_approx(ms - mm)
+            } else {
+                0.0
+            };
+            let mut j = 0;
+            while j < 32 {
+                // SAFETY: as above (uniform loop bounds, full mask).
+                let wj = unsafe { crate::device::warp::shfl_idx_f32(w, j) };
+                let s = 32 * c + j;
+                if s < splits && e < head_dim && wj > 0.0 {
+                    let ps = row * splits as usize + s as usize;
+                    // SAFETY: s < splits, e < head_dim: inside part_o (launch contract).
+                    num +=
+                        wj * unsafe { ld_cg_f32(part_o.add(ps * head_dim as usize + e as usize)) };
+                }
+                j += 1;
+            }
+            c += 1;
+        }
+        if e < head_dim {
+            let v = if den > 0.0 { num / den } else { 0.0 };
+            // SAFETY: out holds batch x heads x head_dim bf16; one writer per element.
+            unsafe {
+                out.add(row * head_dim as usize + e as usize)
+                    .write_volatile(pack_bf16x2(v, 0.0) as u16)
+            };
+        }
+        it += 1;
     }
     // SAFETY: as above.
     unsafe { stamp(stamps, slot, 3) };

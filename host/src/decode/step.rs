@@ -123,8 +123,9 @@ pub struct StepConfig {
     pub layout: KvLayout,
     /// Positions the RoPE table covers (every `position + 1` must be at most this).
     pub max_pos: usize,
-    /// KV splits of the attention (`None`: enough CTAs for two per SM, at most one split per
-    /// page of the block table). With one split there is no combine kernel.
+    /// KV splits of the attention (`None`: the count with the least estimated time, whole
+    /// waves of CTA slots times pages per split plus a fixed cost, with at least 4 pages per
+    /// split). With one split there is no combine kernel.
     pub splits: Option<u32>,
     /// The decode GEMMs' configuration (issue 20's tunables). Epilogue entries exist for
     /// unroll 4 (one row tile, no A prefetch), unroll 2 with the A prefetch (one row tile), and
@@ -154,13 +155,17 @@ impl StepConfig {
             },
             max_pos: pages * dims.page_size,
             splits: None,
+            // Measured on the H100 (2026-11-25, benches/decode_step, variant e): the A-prefetch
+            // forms beat the default `u4` at every batch, two row tiles up to 32 sequences
+            // (8 x 4096: 258.8 vs 278.9 us per layer; 32 x 4096: 577 vs 716), one above
+            // (64 x 2048: 749 vs 1387).
             gemm: DecodeConfig {
                 warps: 8,
                 ksplit: None,
-                unroll: gc::EPI_UNROLL as u32,
+                unroll: 2,
                 l2_prefetch: true,
-                row_tiles: 1,
-                prefetch_a: false,
+                row_tiles: if batch <= 32 { 2 } else { 1 },
+                prefetch_a: true,
             },
             prefetch_bytes: 4 << 20,
             stamps: false,
@@ -379,6 +384,12 @@ impl std::fmt::Debug for DecodeStep<'_> {
     }
 }
 
+/// Fewest KV pages per split that [`attention_splits`] picks by itself.
+const MIN_PAGES_PER_SPLIT: u32 = 4;
+/// A decode-attention CTA's fixed cost (Q load, barrier setup, merge, stores) in pages of
+/// streaming, for [`attention_splits`]' estimate.
+const CTA_COST_PAGES: u32 = 4;
+
 /// The attention's KV splits for `cfg` on `sms` SMs (see [`StepConfig::splits`]): returns
 /// `(splits, pages_per_split)`, every split non-empty at full capacity.
 pub fn attention_splits(dims: &DecodeDims, cfg: &StepConfig, sms: u32) -> Result<(u32, u32)> {
@@ -394,8 +405,25 @@ pub fn attention_splits(dims: &DecodeDims, cfg: &StepConfig, sms: u32) -> Result
             s
         }
         None => {
-            let ctas = (cfg.batch * dims.kv_heads).max(1) as u32;
-            (2 * sms.max(1)).div_ceil(ctas).clamp(1, sc::MAX_SPLITS)
+            // The split count with the least estimated time: waves of CTA slots (rounded up:
+            // the attention streams, so a partial last wave idles the other SMs) times a CTA's
+            // time, its pages plus a fixed cost of `CTA_COST_PAGES` (prologue, merge); at least
+            // `MIN_PAGES_PER_SPLIT` pages per split; ties go to fewer splits (less combine).
+            let slots = sms.max(1) * sc::attn_ctas_per_sm(dims.head_dim, dims.group());
+            let base = (cfg.batch * dims.kv_heads).max(1) as u32;
+            let mut best = (u64::MAX, 1u32);
+            for s in 1..=pages.clamp(1, sc::MAX_SPLITS) {
+                let pps = pages.div_ceil(s).max(1);
+                if s > 1 && pps < MIN_PAGES_PER_SPLIT {
+                    break;
+                }
+                let waves = (base * pages.div_ceil(pps)).div_ceil(slots) as u64;
+                let est = waves * (CTA_COST_PAGES + pps) as u64;
+                if est < best.0 {
+                    best = (est, s);
+                }
+            }
+            best.1
         }
     };
     let want = want.min(pages.max(1));
@@ -526,6 +554,9 @@ impl<'d> DecodeStep<'d> {
                 ),
             })?;
 
+        // The attention's KV ring takes more than the default 48 KiB.
+        dev.kernel(attn_variant.kernel)?
+            .raise_max_dynamic_shared_memory(sc::attn_smem_bytes(dims.head_dim, dims.group()))?;
         // 16-warp CTAs with 8 token tiles need 64 KiB for the split-K exchange.
         for v in gc::EPI_VARIANTS {
             dev.kernel(v.kernel)?
@@ -866,7 +897,7 @@ impl<'d> DecodeStep<'d> {
                 attn_variant.kernel,
                 LaunchConfig::linear(
                     b * d.kv_heads as u32 * self.splits,
-                    sc::ATTN_WARPS * 32,
+                    sc::ATTN_THREADS,
                     sc::attn_smem_bytes(d.head_dim, d.group()) as u32,
                 ),
                 &[
@@ -1381,13 +1412,16 @@ mod tests {
     fn issue21_attention_splits() {
         let d = DecodeDims::llama3_8b();
         let mut cfg = StepConfig::new(&d, 1, 1, 1024);
-        // 1 x 8 CTAs per split: 264 / 8 = 33 splits of 64 pages -> 2 pages each... capped by
-        // pages (64).
+        // 1 x 8 CTAs per split, one CTA per SM (d 128, 4 heads per KV head): 16 splits of 4
+        // pages fill 128 of 132 slots in one wave.
         let (s, pps) = attention_splits(&d, &cfg, 132).unwrap();
-        assert_eq!(pps, 2);
-        assert_eq!(s, 32);
+        assert_eq!((s, pps), (16, 4));
         cfg.batch = 64;
         assert_eq!(attention_splits(&d, &cfg, 132).unwrap(), (1, 64));
+        // 8 x 8 CTAs: 2 splits, one wave of 36 page-costs (4 splits: two waves of 20).
+        cfg.batch = 8;
+        assert_eq!(attention_splits(&d, &cfg, 132).unwrap(), (2, 32));
+        cfg.batch = 64;
         cfg.splits = Some(3);
         let (s, pps) = attention_splits(&d, &cfg, 132).unwrap();
         assert_eq!((s, pps), (3, 22));

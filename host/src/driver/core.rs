@@ -64,6 +64,7 @@ pub(crate) fn ctx_synchronize() -> Result<()> {
 
 /// `cuFuncLoad`.
 pub(crate) fn func_load(f: sys::CUfunction) -> Result<()> {
+    let _lock = super::resource_lock();
     // SAFETY: `f` is a function handle of a module loaded in the current context.
     unsafe { sys::cuFuncLoad(f) }.call("cuFuncLoad")
 }
@@ -71,6 +72,7 @@ pub(crate) fn func_load(f: sys::CUfunction) -> Result<()> {
 /// `cuFuncIsLoaded`.
 pub(crate) fn func_is_loaded(f: sys::CUfunction) -> Result<bool> {
     let mut state = sys::CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_UNLOADED;
+    let _lock = super::resource_lock();
     // SAFETY: valid function handle and out-pointer.
     unsafe { sys::cuFuncIsLoaded(&mut state, f) }.call("cuFuncIsLoaded")?;
     Ok(state == sys::CUfunctionLoadingState::CU_FUNCTION_LOADING_STATE_LOADED)
@@ -247,6 +249,7 @@ pub(crate) fn mem_get_info() -> Result<(usize, usize)> {
 /// `cuMemHostAlloc`.
 pub(crate) fn mem_host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void> {
     let mut p: *mut c_void = std::ptr::null_mut();
+    let _lock = super::resource_lock();
     // SAFETY: valid out-pointer.
     unsafe { sys::cuMemHostAlloc(&mut p, bytes, flags) }.call("cuMemHostAlloc")?;
     Ok(p)
@@ -257,6 +260,7 @@ pub(crate) fn mem_host_alloc(bytes: usize, flags: u32) -> Result<*mut c_void> {
 /// # Safety
 /// `p` came from `cuMemHostAlloc`, is freed once, and no copy using it is in flight.
 pub(crate) unsafe fn mem_free_host(p: *mut c_void) -> Result<()> {
+    let _lock = super::resource_lock();
     sys::cuMemFreeHost(p).call("cuMemFreeHost")
 }
 
@@ -372,6 +376,7 @@ pub(crate) fn device_get_default_mem_pool(dev: sys::CUdevice) -> Result<sys::CUm
 /// `cuMemPoolCreate`.
 pub(crate) fn mem_pool_create(props: &sys::CUmemPoolProps) -> Result<sys::CUmemoryPool> {
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let _lock = super::resource_lock();
     // SAFETY: `props` is a fully initialised struct; valid out-pointer.
     unsafe { sys::cuMemPoolCreate(&mut pool, props) }.call("cuMemPoolCreate")?;
     Ok(pool)
@@ -383,6 +388,7 @@ pub(crate) fn mem_pool_create(props: &sys::CUmemPoolProps) -> Result<sys::CUmemo
 /// The caller created `pool` and does not use it afterwards (outstanding allocations are released
 /// by the driver once freed).
 pub(crate) unsafe fn mem_pool_destroy(pool: sys::CUmemoryPool) -> Result<()> {
+    let _lock = super::resource_lock();
     sys::cuMemPoolDestroy(pool).call("cuMemPoolDestroy")
 }
 

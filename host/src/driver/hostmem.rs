@@ -12,6 +12,7 @@ use crate::error::{CudaCall, Result};
 pub(crate) fn mem_host_alloc_mapped(bytes: usize) -> Result<*mut c_void> {
     let mut p = std::ptr::null_mut();
     let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+    let _lock = super::resource_lock();
     // SAFETY: `p` is a valid out-pointer; the result is checked.
     unsafe { sys::cuMemHostAlloc(&mut p, bytes, flags) }.call("cuMemHostAlloc")?;
     Ok(p)
@@ -30,6 +31,7 @@ pub(crate) fn mem_host_get_device_pointer(p: *mut c_void) -> Result<u64> {
 /// # Safety
 /// `p` came from [`mem_host_alloc_mapped`], is freed once, and no queued GPU work uses it.
 pub(crate) unsafe fn mem_free_host(p: *mut c_void) -> Result<()> {
+    let _lock = super::resource_lock();
     // SAFETY: the caller's contract.
     unsafe { sys::cuMemFreeHost(p) }.call("cuMemFreeHost")
 }

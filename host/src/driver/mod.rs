@@ -26,3 +26,19 @@ pub(crate) mod memops;
 pub(crate) mod nccl;
 pub(crate) mod peer;
 pub(crate) mod tensor_map;
+
+/// One lock for the driver calls that create or destroy code and memory resources
+/// (`cuModuleLoadData`, `cuModuleGetFunction`, `cuFuncLoad`, `cuFuncIsLoaded`, `cuModuleUnload`,
+/// `cuMemPoolCreate`, `cuMemPoolDestroy`, `cuMemHostAlloc`, `cuMemFreeHost`).
+///
+/// Each call is thread-safe by the CUDA driver API's contract, and none is on a hot path. Under
+/// compute-sanitizer memcheck, though, two of them on different threads (`cuMemPoolDestroy`
+/// beside `cuMemFreeHost` or `cuFuncIsLoaded`, `cuModuleUnload` beside `cuFuncIsLoaded`) crashed
+/// inside `libcuda` beneath the sanitizer's hooks (H100, 2026-11-25, core stacks; 5 of 24
+/// processes): serialising them costs nothing measurable and removes the interleaving. The lock
+/// is a leaf: nothing holding it takes another warpline lock or waits for a host thread (the
+/// reaper's gate keeps on-stream waits out of these calls, see [`crate::reaper`]).
+pub(crate) fn resource_lock() -> std::sync::MutexGuard<'static, ()> {
+    static RESOURCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    RESOURCE.lock().unwrap_or_else(|e| e.into_inner())
+}
