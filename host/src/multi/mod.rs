@@ -377,6 +377,11 @@ impl DeviceSet {
 
     /// Waits for all work on every GPU of the set (`cuCtxSynchronize` each; every GPU is waited
     /// for before the first error is returned).
+    ///
+    /// This waits for *every* stream of the contexts, the caller's and other threads' included:
+    /// one blocked on a fence ticket or an on-stream wait that is never released makes it wait
+    /// forever. Nothing in `multi` calls it (issue 24): its functions wait for their own streams
+    /// only ([`nccl::Communicator::synchronize`] for a communicator's, bounded).
     pub fn synchronize(&self) -> Result<()> {
         let mut first = Ok(());
         for d in &self.devices {
