@@ -88,8 +88,9 @@ pub const NCCL_ID_ENV: &str = "WARPLINE_NCCL_ID";
 /// The NVLS switch of NCCL (`NCCL_NVLS_ENABLE`): warpline keeps it at 0.
 pub const NVLS_ENV: &str = "NCCL_NVLS_ENABLE";
 
-/// Environment variable with the bound, in seconds, of [`Communicator::init_rank`] (and of later
-/// nonblocking NCCL calls of its communicator): a positive decimal number, e.g. `300` or `0.5`.
+/// Environment variable with the bound, in seconds, of [`Communicator::init_rank`] (its init and
+/// split together), of later nonblocking NCCL calls of its communicator, and of the waits of
+/// [`Communicator::synchronize`] and of its drop: a positive decimal number, e.g. `300` or `0.5`.
 pub const INIT_TIMEOUT_ENV: &str = "WARPLINE_NCCL_INIT_TIMEOUT_S";
 
 /// The bound of [`Communicator::init_rank`] when [`INIT_TIMEOUT_ENV`] is not set: 120 s.
@@ -357,6 +358,12 @@ pub fn comm_blocking_forced(value: Option<&str>) -> bool {
     }
 }
 
+/// NCCL's environment override of `ncclConfig_t.splitShare` (read like [`COMM_BLOCKING_ENV`],
+/// applied whatever the value, `envConfigOverride` in `src/init.cc`). With 1, the blocking child
+/// of [`Communicator::init_rank`] would share the parent's resources and abort flag, and aborting
+/// the parent after the split would abort the child: refused in [`CollectivesMode::Blocking`].
+pub const SPLIT_SHARE_ENV: &str = "NCCL_COMM_SPLIT_SHARE_RESOURCES";
+
 /// The library names cudarc tries, in order.
 pub fn library_candidates() -> Vec<String> {
     cudarc::get_lib_name_candidates("nccl")
@@ -581,8 +588,8 @@ impl NcclId {
 /// One NCCL communicator: a rank on one GPU, bound to one stream (its collectives are enqueued
 /// there; make it a [`DeviceSet::high_priority_stream`] so they do not queue behind compute).
 /// Not `Sync`: NCCL communicators must not be used by two threads at once. Dropped with
-/// `ncclCommAbort` after its stream has drained (errors are kept for
-/// [`Device::take_deferred_errors`]).
+/// `ncclCommAbort` after its stream has drained, every wait bounded by the communicator's
+/// timeout (errors are kept for [`Device::take_deferred_errors`]).
 pub struct Communicator {
     comm: cudarc::nccl::sys::ncclComm_t,
     stream: Stream,
@@ -768,19 +775,23 @@ impl Communicator {
     /// Rank `rank` of `world` on `dev`, bound to `stream` (a stream of `dev`), joining the
     /// communicator of `id`; never blocks longer than about `timeout`.
     ///
-    /// NCCL API followed: `ncclCommInitRankConfig` with `NCCL_CONFIG_INITIALIZER` and
-    /// `blocking = 0` (a nonblocking communicator), then `ncclCommGetAsyncError` polled until the
-    /// state is not `ncclInProgress` (NCCL user guide, "nonblocking communicators"); on timeout,
-    /// `ncclCommAbort` (which stops the background init) and an error. Later collectives of the
-    /// communicator that return `ncclInProgress` are polled the same way, with the same bound,
-    /// so they return only when NCCL has enqueued them, as with a blocking communicator.
+    /// NCCL API followed: `ncclCommInitRankConfig` with `NCCL_CONFIG_INITIALIZER`,
+    /// `blocking = 0` (a nonblocking communicator) and `splitShare = 0`, then
+    /// `ncclCommGetAsyncError` polled until the state is not `ncclInProgress` (NCCL user guide,
+    /// "nonblocking communicators"); on timeout, `ncclCommAbort` (which stops the background init)
+    /// and an error. Then, in [`CollectivesMode::Blocking`] (the default, [`COLLECTIVES_ENV`]),
+    /// `ncclCommSplit` into a blocking child polled through the parent within the same bound
+    /// (the parent is aborted afterwards; see the module docs), so collectives are enqueued by
+    /// the calling thread. In [`CollectivesMode::Nonblocking`] the nonblocking communicator is
+    /// kept, and its collectives that return `ncclInProgress` are polled the same way, with the
+    /// same bound, so they return only when NCCL has enqueued them.
     ///
-    /// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::BadShape`] unless
-    /// `rank < world` and `timeout > 0`, or when [`COMM_BLOCKING_ENV`] is set to 1 (NCCL would
-    /// then ignore `blocking = 0` and could wait forever) or unless `NCCL_NVLS_ENABLE=0`
-    /// ([`require_nvls_off`]), [`Error::WrongContext`]; then
-    /// [`Error::NcclTimeout`] (communicator aborted), [`Error::Nccl`] (init failed; the handle,
-    /// if any, aborted).
+    /// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::BadShape`] for a bad
+    /// [`COLLECTIVES_ENV`], unless `rank < world` and `timeout > 0`, when [`COMM_BLOCKING_ENV`]
+    /// is set to 1 (NCCL would then ignore `blocking = 0` and could wait forever), when
+    /// [`SPLIT_SHARE_ENV`] is 1 in blocking mode, or unless `NCCL_NVLS_ENABLE=0`
+    /// ([`require_nvls_off`]), [`Error::WrongContext`]; then [`Error::NcclTimeout`]
+    /// (communicators aborted), [`Error::Nccl`] (init or split failed; handles aborted).
     pub fn init_rank_with_timeout(
         dev: &Device,
         stream: &Stream,
@@ -818,10 +829,25 @@ impl Communicator {
                 ),
             });
         }
+        let share = std::env::var_os(SPLIT_SHARE_ENV).map(|v| v.to_string_lossy().into_owned());
+        // NCCL parses it as it parses NCCL_COMM_BLOCKING (strtoll, base 0).
+        if mode == CollectivesMode::Blocking && comm_blocking_forced(share.as_deref()) {
+            return Err(Error::BadShape {
+                what: "NCCL_COMM_SPLIT_SHARE_RESOURCES",
+                detail: format!(
+                    "{:?}: the blocking child communicator would share the parent's abort flag, \
+                     and aborting the parent after the split would abort it; allowed: unset or \
+                     0, or {COLLECTIVES_ENV}=nonblocking",
+                    share.unwrap_or_default()
+                ),
+            });
+        }
         require_nvls_off()?;
         dev.bind()?;
         let mut config = raw::config_initializer();
         config.blocking = 0;
+        // The blocking child made from it must share nothing with it (see split_blocking).
+        config.splitShare = 0;
         let since = Instant::now();
         let (comm, r) =
             raw::comm_init_rank_config(world as i32, id.raw(), rank as i32, &mut config);
@@ -864,8 +890,9 @@ impl Communicator {
         })
     }
 
-    /// Whether the communicator is nonblocking ([`Communicator::init_rank`]) rather than
-    /// blocking ([`Communicator::init_all`]).
+    /// Whether the communicator is nonblocking ([`Communicator::init_rank`] with
+    /// [`CollectivesMode::Nonblocking`]) rather than blocking ([`Communicator::init_all`], or
+    /// `init_rank` in the default [`CollectivesMode::Blocking`]).
     pub fn is_nonblocking(&self) -> bool {
         self.nonblocking
     }
@@ -975,8 +1002,9 @@ impl Communicator {
     /// produced it). For communicators of [`Communicator::init_rank`] (one rank per process or
     /// thread). The ranks of an [`Communicator::init_all`] set (several GPUs, one
     /// process) go through [`all_reduce_sum_group`], which checks the whole set.
-    /// On a nonblocking communicator, `ncclInProgress` is polled away with
-    /// `ncclCommGetAsyncError` before returning (bounded; see [`Communicator::init_rank`]).
+    /// On a nonblocking communicator ([`CollectivesMode::Nonblocking`]), `ncclInProgress` is
+    /// polled away with `ncclCommGetAsyncError` before returning (bounded; see
+    /// [`Communicator::init_rank`]).
     ///
     /// Errors: [`Error::BadShape`] for a rank of an `init_all` set of two or more (alone, the call
     /// would wait for the other ranks forever); [`Error::WrongStream`]; [`Error::Nccl`];
@@ -1030,8 +1058,12 @@ impl Communicator {
 /// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::Empty`],
 /// [`Error::LengthMismatch`] (one buffer per communicator, equal lengths), [`Error::BadShape`]
 /// unless `comms` is a whole `init_all` set with each rank once, [`Error::Nccl`] for a communicator
-/// that timed out, [`Error::WrongStream`]; then [`Error::Nccl`] (the group is always ended),
-/// [`Error::NcclTimeout`] (nonblocking communicators whose work did not settle in time).
+/// that timed out, [`Error::NcclAborted`] for one aborted before, [`Error::WrongStream`],
+/// [`Error::ContextPoisoned`] / [`Error::Cuda`] for a rank whose context cannot be made current
+/// (every rank is checked before `ncclGroupStart`); then [`Error::NcclAborted`] when a rank fails
+/// inside the group or the group does not end cleanly: the group is cancelled rather than
+/// launched without that rank, and every communicator of `comms` is aborted (`ncclCommAbort`)
+/// and refuses later calls (drop them and make new ones).
 pub fn all_reduce_sum_group(
     comms: &[Communicator],
     bufs: &mut [&mut DeviceBuffer<f32>],
@@ -1269,6 +1301,70 @@ mod tests {
             assert!(!comm_blocking_forced(Some(not)), "{not:?}");
         }
         assert!(!comm_blocking_forced(None));
+    }
+
+    #[test]
+    fn collectives_mode_defaults_to_blocking_and_refuses_other_words() {
+        assert_eq!(
+            parse_collectives_mode(None).unwrap(),
+            CollectivesMode::Blocking
+        );
+        assert_eq!(CollectivesMode::default(), CollectivesMode::Blocking);
+        assert_eq!(
+            parse_collectives_mode(Some("blocking")).unwrap(),
+            CollectivesMode::Blocking
+        );
+        assert_eq!(
+            parse_collectives_mode(Some("\tNONBLOCKING\n")).unwrap(),
+            CollectivesMode::Nonblocking
+        );
+        for bad in ["", "1", "block", "non-blocking", "async"] {
+            match parse_collectives_mode(Some(bad)) {
+                Err(Error::BadShape { what, detail }) => {
+                    assert_eq!(what, COLLECTIVES_ENV);
+                    assert!(detail.contains("allowed: blocking"), "{detail}");
+                }
+                r => panic!("{bad:?}: {r:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn aborted_error_names_the_rank_and_what_to_do() {
+        let e = Error::NcclAborted {
+            rank: 1,
+            world: 2,
+            cause: "injected".into(),
+        }
+        .to_string();
+        assert!(
+            e.contains("rank 1 of 2") && e.contains("ncclCommAbort"),
+            "{e}"
+        );
+        assert!(e.contains("allowed: drop it"), "{e}");
+    }
+
+    /// Every wait of the drop path is bounded: the source of `Drop for Communicator` and of
+    /// `split_blocking`/`all_reduce_sum_group` has no unbounded stream or context wait.
+    #[test]
+    fn no_unbounded_wait_in_the_drop_path_or_the_group() {
+        let src = include_str!("nccl.rs");
+        let drop_body = &src[src.find("impl Drop for Communicator").unwrap()..][..src
+            [src.find("impl Drop for Communicator").unwrap()..]
+            .find("\nimpl Communicator {")
+            .unwrap()];
+        assert!(
+            !drop_body.contains(".synchronize()"),
+            "unbounded wait in drop"
+        );
+        assert!(drop_body.contains("synchronize_timeout"));
+        let group = &src[src.find("pub fn all_reduce_sum_group").unwrap()..][..src
+            [src.find("pub fn all_reduce_sum_group").unwrap()..]
+            .find("\n}\n")
+            .unwrap()];
+        let pre = group.find("precheck_group(comms, bufs)?").unwrap();
+        let start = group.find("raw::group_start()").unwrap();
+        assert!(pre < start, "every rank is checked before ncclGroupStart");
     }
 
     #[test]
