@@ -259,6 +259,18 @@ fn group_fault_child() {
 // ---------------------------------------------------------------------------------------------
 // Item 4: communicators on non-primary contexts (`Device::open_in_new_context`).
 
+/// Marker the child prints when every all-reduce on own contexts matched the CPU.
+const OWN_CONTEXTS_WORK: &str = "non-primary contexts: all-reduces match the CPU";
+/// Marker the child prints when NCCL refused them with a typed error (see below).
+const OWN_CONTEXTS_REFUSED: &str = "non-primary contexts: refused with a typed error";
+
+/// NCCL documents that "the context current when creating a communicator must be the current
+/// context for all operations involving that communicator", and its grouped calls and
+/// `ncclCommInitAll` switch to the primary context with `cudaSetDevice` (NVIDIA/nccl#565), so
+/// communicators on non-primary contexts may well not work. What must hold either way: no hang,
+/// no crash, no wrong sum. The child passes with [`OWN_CONTEXTS_WORK`] (every all-reduce equals
+/// the CPU sum) or with [`OWN_CONTEXTS_REFUSED`] (a typed error, bounded, printed); read which
+/// one in the output.
 #[test]
 fn issue24_item4_communicators_on_non_primary_contexts() {
     let test = "issue24_item4_communicators_on_non_primary_contexts";
@@ -270,6 +282,69 @@ fn issue24_item4_communicators_on_non_primary_contexts() {
             );
         }
     }
+}
+
+/// Grouped all-reduce of random data over an `init_all` set: `Ok` when it matches the CPU, `Err`
+/// for a typed error (a wrong sum panics).
+fn try_grouped_all_reduce(set: &DeviceSet, comms: &[Communicator]) -> warpline::Result<()> {
+    let n = 1_000_003;
+    let data: Vec<Vec<f32>> = (0..comms.len()).map(|_| random_f32(n)).collect();
+    let mut bufs = upload(set, comms, &data);
+    let mut refs: Vec<_> = bufs.iter_mut().collect();
+    nccl::all_reduce_sum_group(comms, &mut refs)?;
+    for c in comms {
+        c.synchronize()?;
+    }
+    for (r, b) in bufs.iter().enumerate() {
+        let mut got = vec![f32::NAN; n];
+        b.copy_to_host(&mut got)?;
+        expect_sum(&format!("init_all on own contexts, rank {r}"), &got, &data);
+    }
+    Ok(())
+}
+
+/// One rank per thread: `init_rank` on GPU `r`'s own context, then (only if both ranks joined)
+/// two all-reduces of `data[r]`, each waited for with the communicator's bound.
+fn rank_on_own_thread(
+    set: &DeviceSet,
+    r: usize,
+    id: &nccl::NcclId,
+    data: &[Vec<f32>],
+    joined: &std::sync::Barrier,
+    ok: &std::sync::Mutex<[bool; 2]>,
+    mode: CollectivesMode,
+) -> warpline::Result<Option<Vec<f32>>> {
+    let n = data[r].len();
+    // Nothing may return before the barrier: the other rank would wait there forever.
+    let comm = set.high_priority_stream(r).and_then(|stream| {
+        Communicator::init_rank_with_timeout(
+            set.device(r)?,
+            &stream,
+            r,
+            2,
+            id,
+            Duration::from_secs(60),
+        )
+    });
+    ok.lock().unwrap()[r] = comm.is_ok();
+    joined.wait();
+    let comm = comm?;
+    if !ok.lock().unwrap().iter().all(|&b| b) {
+        return Ok(None); // the other rank failed: no collective (it would wait for it)
+    }
+    assert_eq!(comm.is_nonblocking(), mode == CollectivesMode::Nonblocking);
+    let pool = set.pool(r, 0)?;
+    let mut b = pool.alloc_async::<f32>(comm.stream(), n)?;
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        b.copy_from_host(&data[r])?;
+        // SAFETY: both ranks make the same two all-reduces of `n` floats.
+        unsafe { comm.all_reduce_sum(&mut b) }?;
+        comm.synchronize()?;
+        out = vec![f32::NAN; n];
+        b.copy_to_host(&mut out)?;
+    }
+    Ok(Some(out))
 }
 
 #[test]
@@ -286,64 +361,55 @@ fn non_primary_contexts_child() {
     ];
     assert!(devices.iter().all(Device::is_own_context));
     let set = DeviceSet::from_devices(devices).unwrap();
+    let t0 = Instant::now();
+    let mut refused = Vec::new();
     // One process, both GPUs: ncclCommInitAll + a group.
     let streams: Vec<_> = (0..2)
         .map(|i| set.high_priority_stream(i).unwrap())
         .collect();
-    let comms = Communicator::init_all(&set, &streams).unwrap();
-    grouped_all_reduce_matches_the_cpu("init_all on own contexts", &set, &comms);
-    drop(comms);
+    match Communicator::init_all(&set, &streams) {
+        Ok(comms) => {
+            if let Err(e) = try_grouped_all_reduce(&set, &comms) {
+                refused.push(format!("init_all + group: {e}"));
+            }
+        }
+        Err(e) => refused.push(format!("init_all: {e}")),
+    }
     // One rank per thread: ncclCommInitRankConfig (+ the split in blocking mode) on each GPU's
     // own context, both ranks joining at once.
     let id = nccl::NcclId::new().unwrap();
     let n = 777_777;
     let data: Vec<Vec<f32>> = (0..2).map(|_| random_f32(n)).collect();
-    let t0 = Instant::now();
-    let results: Vec<Vec<f32>> = std::thread::scope(|s| {
+    let joined = std::sync::Barrier::new(2);
+    let ok = std::sync::Mutex::new([false; 2]);
+    let results: Vec<warpline::Result<Option<Vec<f32>>>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..2)
             .map(|r| {
-                let (set, data, id) = (&set, &data, &id);
-                s.spawn(move || {
-                    let dev = set.device(r).unwrap();
-                    let stream = set.high_priority_stream(r).unwrap();
-                    let comm = Communicator::init_rank_with_timeout(
-                        dev,
-                        &stream,
-                        r,
-                        2,
-                        id,
-                        Duration::from_secs(60),
-                    )
-                    .unwrap();
-                    assert_eq!(comm.is_nonblocking(), mode == CollectivesMode::Nonblocking);
-                    let pool = set.pool(r, 0).unwrap();
-                    let mut b = pool.alloc_async::<f32>(comm.stream(), n).unwrap();
-                    b.copy_from_host(&data[r]).unwrap();
-                    let mut out = Vec::new();
-                    for _ in 0..2 {
-                        // SAFETY: both ranks make the same two all-reduces of `n` floats.
-                        unsafe { comm.all_reduce_sum(&mut b) }.unwrap();
-                        comm.synchronize().unwrap();
-                        out = vec![f32::NAN; n];
-                        b.copy_to_host(&mut out).unwrap();
-                        // The second all-reduce sums the sums: restore the inputs.
-                        b.copy_from_host(&data[r]).unwrap();
-                    }
-                    out
-                })
+                let (set, data, id, joined, ok) = (&set, &data, &id, &joined, &ok);
+                s.spawn(move || rank_on_own_thread(set, r, id, data, joined, ok, mode))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    for (r, got) in results.iter().enumerate() {
-        expect_sum(&format!("init_rank ({mode:?}) rank {r}"), got, &data);
+    for (r, res) in results.into_iter().enumerate() {
+        match res {
+            Ok(Some(got)) => expect_sum(&format!("init_rank ({mode:?}) rank {r}"), &got, &data),
+            Ok(None) => refused.push(format!("init_rank rank {r}: the other rank failed")),
+            Err(e) => refused.push(format!("init_rank ({mode:?}) rank {r}: {e}")),
+        }
     }
-    println!(
-        "own contexts: init_all and init_rank ({mode:?}) all-reduces match the CPU ({:?})",
-        t0.elapsed()
-    );
-    for d in set.devices() {
-        assert!(d.take_deferred_errors().is_empty());
-        d.check_healthy().unwrap();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(240), "took {took:?}");
+    if refused.is_empty() {
+        println!("{OWN_CONTEXTS_WORK} (init_all + group, init_rank {mode:?}; {took:?})");
+        for d in set.devices() {
+            assert!(d.take_deferred_errors().is_empty());
+            d.check_healthy().unwrap();
+        }
+    } else {
+        println!(
+            "{OWN_CONTEXTS_REFUSED} ({mode:?}; {took:?}): {}",
+            refused.join("; ")
+        );
     }
 }
