@@ -520,19 +520,17 @@ pub fn data_parallel_step_with(
             (buckets, tiles, layers, ctas),
         )?);
     }
-    // Waits for the step's own streams only (each GPU's compute stream, then each communicator's
-    // stream with its bound), never whole contexts: a caller's stream that waits on a fence
-    // ticket never submitted would otherwise make the step wait forever (issue 24).
+    // Waits for the step's own streams only, never whole contexts: a caller's stream that waits
+    // on a fence ticket never submitted would otherwise make the step wait forever (issue 24).
+    // The communicators' streams first, each with its bound (a compute stream may wait on their
+    // events, in the sequential mode); the compute streams only if those drained.
     let drain = |gpus: &[DpGpu<'_>]| -> Result<()> {
+        for c in comms {
+            c.synchronize()?;
+        }
         let mut first = Ok(());
         for g in gpus {
             let r = g.compute().synchronize();
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        for c in comms {
-            let r = c.synchronize();
             if first.is_ok() {
                 first = r;
             }

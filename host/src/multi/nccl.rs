@@ -937,20 +937,46 @@ impl Communicator {
 
     /// Waits for the communicator's stream (its collectives and whatever else was queued there),
     /// at most the communicator's bound ([`init_timeout`] for `init_rank`, [`DEFAULT_INIT_TIMEOUT`]
-    /// for `init_all`), with [`crate::ordering::synchronize_timeout`]. Only this stream is waited
-    /// for, never the whole context (a caller's stream blocked on a fence stays blocked).
+    /// for `init_all`). Only this stream is waited for, never the whole context (a caller's
+    /// stream blocked on a fence stays blocked). An event recorded now is polled with
+    /// `cuEventQuery`: yielding the thread for the first 64 polls, then sleeping 20 us doubling to
+    /// 200 us (as [`Stream::synchronize`] does, so a timed loop that ends with it is not
+    /// stretched), until the bound.
     /// Errors: [`Error::Timeout`] (the communicator is then marked timed out: drop aborts it
-    /// before draining), [`Error::Cuda`] / [`Error::ContextPoisoned`].
+    /// before draining, and later collectives are refused), [`Error::Cuda`] /
+    /// [`Error::ContextPoisoned`], [`Error::InHostCallback`].
     pub fn synchronize(&self) -> Result<()> {
-        let r = crate::ordering::synchronize_timeout(
-            &self.stream,
-            self.timeout,
-            crate::ordering::OnTimeout::Abandon,
-        );
-        if matches!(r, Err(Error::Timeout { .. })) && self.health.get() == Health::Usable {
-            self.health.set(Health::TimedOut);
+        crate::device::refuse_in_host_callback("Communicator::synchronize")?;
+        let marker = self.stream.record_marker()?;
+        let since = Instant::now();
+        let mut spins = 0u32;
+        let mut nap = Duration::from_micros(20);
+        while !marker.is_complete()? {
+            let waited = since.elapsed();
+            if waited >= self.timeout {
+                if self.health.get() == Health::Usable {
+                    self.health.set(Health::TimedOut);
+                }
+                return Err(Error::Timeout {
+                    what: format!("{self:?}: its stream"),
+                    waited,
+                    pending: vec![
+                        "a collective or earlier work on the communicator's stream (another \
+                         rank may be gone)"
+                            .into(),
+                    ],
+                    released: false,
+                });
+            }
+            if spins < 64 {
+                spins += 1;
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(nap.min(self.timeout - waited));
+                nap = (nap * 2).min(Duration::from_micros(200));
+            }
         }
-        r
+        Ok(())
     }
 
     /// Whether the communicator was aborted (a grouped collective was cancelled,
