@@ -502,6 +502,11 @@ pub fn data_parallel_step_with(
     // SM until a layer ends. Leave DP_NCCL_SMS SMs free for them, in every mode, so compute-only
     // and overlapped run the same GEMM. (On its own this did not make the step overlap on two
     // H200s; the per-step buffer move below did.)
+    // Compute streams come from each context's stock of spare streams (made when the device
+    // opened), so the step creates no stream while another thread's on-stream wait (a fence
+    // guard, a signal wait) is pending: stream creation is gated then and would fail with
+    // Error::WaitPending (issue 24). Declared before `gpus`, so dropped after them.
+    let mut spares: Vec<crate::stream::SpareStream> = Vec::with_capacity(n);
     let mut gpus: Vec<DpGpu<'_>> = Vec::with_capacity(n);
     for i in 0..n {
         let dev = set.device(i)?;
@@ -510,7 +515,9 @@ pub fn data_parallel_step_with(
             .saturating_sub(DP_NCCL_SMS)
             .max(1)
             .min(tiles.max(1) as u32);
-        let compute = dev.new_stream()?;
+        let spare = crate::stream::SpareStream::take_in(dev.context())?;
+        let compute = spare.stream().clone();
+        spares.push(spare);
         let pool = set.pool(i, u64::MAX)?;
         gpus.push(DpGpu::new(
             dev,
