@@ -64,11 +64,13 @@ mgpu)
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 WARPLINE_REQUIRE_GPUS=2
   { nvidia-smi topo -m
     $B/warpline mgpu info || failed=1
-    for t in multi_gpu ordering_multi; do echo "== tests $t"; timeout 300 $B/tests/$t --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|SKIPPED" || failed=1; done
+    for t in multi_gpu ordering_multi multi_gpu_issue24; do echo "== tests $t"; timeout 300 $B/tests/$t --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|SKIPPED" || failed=1; done
     timeout 300 $B/warpline mgpu seeds --runs 200 || failed=1
     timeout 300 $B/warpline mgpu peer-bw || failed=1
     timeout 300 $B/warpline mgpu allreduce || failed=1
     timeout 300 $B/warpline mgpu allreduce --procs 2 || failed=1
+    echo "== the previous collectives path (nonblocking communicator, issue 24 comparison)"
+    WARPLINE_NCCL_COLLECTIVES=nonblocking timeout 300 $B/warpline mgpu allreduce --procs 2 || failed=1
     timeout 300 $B/warpline mgpu dp-step || failed=1
     # Issue 13 graphs: eager vs CUDA-graph replay of each GPU's compute (NCCL outside), checked.
     timeout 300 $B/warpline mgpu dp-step --graphs --verify || failed=1

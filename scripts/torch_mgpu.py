@@ -40,7 +40,9 @@ def _worker(rank, world, iters, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world)
-    if rank == 0: print("torch.distributed NCCL all-reduce f32, 2 processes, busbw GB/s")
+    if rank == 0:
+        print("torch.distributed NCCL all-reduce f32, 2 processes (one GPU each), rank 0's timing; GB/s")
+        print(f"{'bytes':>12} {'time us':>12} {'algbw':>10} {'busbw':>10}")
     for n in SIZES:
         x = torch.ones(n // 4, device=f"cuda:{rank}")
         for _ in range(3): dist.all_reduce(x)
@@ -51,7 +53,7 @@ def _worker(rank, world, iters, port):
         en.record(); en.synchronize()
         t = st.elapsed_time(en) * 1e-3 / iters
         alg = n / t / 1e9
-        if rank == 0: print(f"{n:>12} {t*1e6:10.1f} us algbw {alg:8.1f} busbw {alg * 2 * (world - 1) / world:8.1f}")
+        if rank == 0: print(f"{n:>12} {t*1e6:>12.1f} {alg:>10.1f} {alg * 2 * (world - 1) / world:>10.1f}")
     dist.destroy_process_group()
 
 def allreduce(iters=20):

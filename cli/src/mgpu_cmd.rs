@@ -314,6 +314,8 @@ pub fn allreduce(iters: usize, procs: usize) -> Result<()> {
         );
         return Ok(());
     }
+    // A bad WARPLINE_NCCL_COLLECTIVES is refused here, before any rank starts.
+    nccl::collectives_mode()?;
     let id = NcclId::new()?;
     let exe = std::env::current_exe().map_err(|e| Error::BadShape {
         what: "mgpu allreduce",
@@ -421,7 +423,12 @@ pub unsafe fn nccl_rank(rank: usize, world: usize, iters: usize) -> Result<()> {
         unsafe { bench::all_reduce_sweep_rank(set.device(0)?, &comm, &sweep_sizes(), iters)? };
     if rank == 0 {
         print_sweep(
-            &format!("{world} processes, one GPU each (ncclCommInitRank), rank 0's timing"),
+            &format!(
+                "{world} processes, one GPU each (ncclCommInitRank), collectives {:?} \
+                 ({}), rank 0's timing",
+                nccl::collectives_mode()?,
+                nccl::COLLECTIVES_ENV
+            ),
             &pts,
         );
     }

@@ -316,6 +316,16 @@ pub enum Error {
         /// The environment variable of the default bound (`WARPLINE_NCCL_INIT_TIMEOUT_S`).
         env: &'static str,
     },
+    /// A communicator was aborted (`ncclCommAbort`) because a grouped collective could not be
+    /// launched on every rank (issue 24): the group was cancelled instead of launching the other
+    /// ranks alone, and every communicator of it is unusable from then on.
+    #[error("NCCL communicator rank {rank} of {world} was aborted (ncclCommAbort): {cause}; allowed: drop it and create new communicators (Communicator::init_all / init_rank)")]
+    NcclAborted {
+        rank: usize,
+        world: usize,
+        /// Why (the failure that cancelled the group, or "aborted earlier" on a later use).
+        cause: String,
+    },
     /// A trace or timeline could not be written (file system, encoder, font) to `path`.
     #[error("trace output {path}: {detail}")]
     TraceOutput { path: String, detail: String },

@@ -179,6 +179,51 @@ pub(crate) unsafe fn comm_abort(comm: sys::ncclComm_t) -> Result<()> {
     nccl("ncclCommAbort", result::comm_abort(comm))
 }
 
+/// `ncclCommSplit(parent, color, key, newcomm, config)` (NCCL API, "Communicator Creation and
+/// Management Functions"). The split is a job of the *parent*: on a nonblocking parent it runs on
+/// NCCL's helper thread and returns [`Progress::InProgress`]; poll the parent with
+/// [`comm_get_async_error`]. NCCL stores the child's handle into `*newcomm` (an atomic release
+/// store) when the job ends, so `newcomm` must stay valid until then (`ncclCommInitRankFunc` in
+/// `src/init.cc`); it is NULL until the split has fully completed.
+///
+/// # Safety
+/// `parent` is live and ready (not `ncclInProgress`); `newcomm` points at a slot that outlives
+/// the split job (leak it if the job may still run); `config` is a live, initialised
+/// `ncclConfig_t` (see [`config_initializer`]).
+pub(crate) unsafe fn comm_split(
+    parent: sys::ncclComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut sys::ncclComm_t,
+    config: &mut sys::ncclConfig_t,
+) -> Result<Progress> {
+    nccl_progress(
+        "ncclCommSplit",
+        sys::ncclCommSplit(parent, color, key, newcomm, config).result(),
+    )
+}
+
+/// `ncclAllReduce` with a NULL communicator, inside a group only: NCCL's argument check
+/// (`CommCheck` in `ncclEnqueueCheck`) fails with `ncclInvalidArgument` and records the error as
+/// the group's (`ncclGroupErrCheck`), so the following `ncclGroupEnd` returns it and discards
+/// every task queued in the group instead of launching them (`ncclGroupEndInternal` in
+/// `src/group.cc`). This is how a group that warpline cannot complete for every rank is
+/// cancelled rather than launched with a rank missing. Returns what NCCL returned (an error).
+pub(crate) fn poison_open_group() -> Result<Progress> {
+    // SAFETY: NCCL checks the NULL communicator before it touches any pointer.
+    nccl_progress("ncclAllReduce (group cancel)", unsafe {
+        result::all_reduce(
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            0,
+            sys::ncclDataType_t::ncclFloat32,
+            sys::ncclRedOp_t::ncclSum,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    })
+}
+
 /// `ncclAllReduce` of `count` f32 with `ncclSum`, enqueued on `stream` ([`Progress::InProgress`]
 /// only on a nonblocking communicator).
 ///

@@ -258,7 +258,11 @@ pub fn all_reduce_sweep(
             algbw,
             busbw,
         });
-        set.synchronize()?;
+        // Only the communicators' streams (everything of this size ran there), each with the
+        // communicator's bound: never the whole contexts (issue 24).
+        for c in comms {
+            c.synchronize()?;
+        }
     }
     Ok(out)
 }
@@ -321,7 +325,7 @@ pub unsafe fn all_reduce_sweep_rank(
             algbw,
             busbw,
         });
-        comm.stream().synchronize()?;
+        comm.synchronize()?;
     }
     Ok(out)
 }
@@ -434,7 +438,7 @@ impl DataParallelReport {
 /// [`Communicator::init_all`] on high-priority streams): per bucket, each GPU computes a gradient
 /// bucket (`layers` batched GEMMs of `tiles` tiles on its compute stream), moves it to the
 /// communication stream (event), and the buckets are all-reduced there (grouped). Each mode runs
-/// `steps` steps after one warm-up step; times are host wall-clock per step with all GPUs drained.
+/// `steps` steps after one warm-up step; times are host wall-clock per step with the step's own streams drained (never whole contexts).
 /// The same as [`data_parallel_step_with`] without graphs or verification.
 pub fn data_parallel_step(
     set: &DeviceSet,
@@ -466,7 +470,8 @@ pub fn data_parallel_step(
 /// graphs with collectives of several GPUs of one process may deadlock; see `multi::graphs`).
 /// With `cfg.verify`, results are checked (see [`DataParallelConfig::verify`]).
 ///
-/// Times: host wall-clock per step, ms, all GPUs drained before and after the timed steps.
+/// Times: host wall-clock per step, ms, the step's streams (compute and communicators') drained
+/// before and after the timed steps; no whole-context wait (issue 24).
 /// Inputs: GPU i holds its own deterministic `x_i`, `w_i`; after a step every bucket of every GPU
 /// holds `sum_i x_i w_i` (per 128x128 tile).
 /// Errors: [`Error::Empty`] (zero buckets, layers or steps), the GEMM's shape errors,
@@ -497,6 +502,11 @@ pub fn data_parallel_step_with(
     // SM until a layer ends. Leave DP_NCCL_SMS SMs free for them, in every mode, so compute-only
     // and overlapped run the same GEMM. (On its own this did not make the step overlap on two
     // H200s; the per-step buffer move below did.)
+    // Compute streams come from each context's stock of spare streams (made when the device
+    // opened), so the step creates no stream while another thread's on-stream wait (a fence
+    // guard, a signal wait) is pending: stream creation is gated then and would fail with
+    // Error::WaitPending (issue 24). Declared before `gpus`, so dropped after them.
+    let mut spares: Vec<crate::stream::SpareStream> = Vec::with_capacity(n);
     let mut gpus: Vec<DpGpu<'_>> = Vec::with_capacity(n);
     for i in 0..n {
         let dev = set.device(i)?;
@@ -505,7 +515,9 @@ pub fn data_parallel_step_with(
             .saturating_sub(DP_NCCL_SMS)
             .max(1)
             .min(tiles.max(1) as u32);
-        let compute = dev.new_stream()?;
+        let spare = crate::stream::SpareStream::take_in(dev.context())?;
+        let compute = spare.stream().clone();
+        spares.push(spare);
         let pool = set.pool(i, u64::MAX)?;
         gpus.push(DpGpu::new(
             dev,
@@ -515,7 +527,24 @@ pub fn data_parallel_step_with(
             (buckets, tiles, layers, ctas),
         )?);
     }
-    set.synchronize()?;
+    // Waits for the step's own streams only, never whole contexts: a caller's stream that waits
+    // on a fence ticket never submitted would otherwise make the step wait forever (issue 24).
+    // The communicators' streams first, each with its bound (a compute stream may wait on their
+    // events, in the sequential mode); the compute streams only if those drained.
+    let drain = |gpus: &[DpGpu<'_>]| -> Result<()> {
+        for c in comms {
+            c.synchronize()?;
+        }
+        let mut first = Ok(());
+        for g in gpus {
+            let r = g.compute().synchronize();
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    };
+    drain(&gpus)?;
     let step = |gpus: &mut [DpGpu<'_>], mode: StepMode, graph: bool| -> Result<()> {
         // The gradient buffers come back to the compute streams once per step (after the
         // previous step's all-reduces, as an optimizer step would). Moving each bucket back at
@@ -546,12 +575,12 @@ pub fn data_parallel_step_with(
     };
     let time = |gpus: &mut [DpGpu<'_>], mode: StepMode, graph: bool| -> Result<f64> {
         step(gpus, mode, graph)?;
-        set.synchronize()?;
+        drain(gpus)?;
         let t0 = Instant::now();
         for _ in 0..steps {
             step(gpus, mode, graph)?;
         }
-        set.synchronize()?;
+        drain(gpus)?;
         Ok(t0.elapsed().as_secs_f64() * 1e3 / steps as f64)
     };
     let overlapped_ms = time(&mut gpus, StepMode::Overlapped, false)?;
@@ -573,7 +602,7 @@ pub fn data_parallel_step_with(
     // One checked step: its buckets (every GPU, every bucket) against the CPU reference.
     let mut checked_step = |gpus: &mut [DpGpu<'_>], graph: bool| -> Result<Vec<Vec<Vec<f32>>>> {
         step(gpus, StepMode::Overlapped, graph)?;
-        set.synchronize()?;
+        drain(gpus)?;
         let got: Vec<Vec<Vec<f32>>> = gpus
             .iter()
             .map(|g| (0..g.buckets()).map(|k| g.read_grad(k)).collect())
@@ -598,7 +627,7 @@ pub fn data_parallel_step_with(
             report.graph_matches_eager = Some(true);
         }
     }
-    set.synchronize()?;
+    drain(&gpus)?;
     Ok(report)
 }
 

@@ -377,6 +377,11 @@ impl DeviceSet {
 
     /// Waits for all work on every GPU of the set (`cuCtxSynchronize` each; every GPU is waited
     /// for before the first error is returned).
+    ///
+    /// This waits for *every* stream of the contexts, the caller's and other threads' included:
+    /// one blocked on a fence ticket or an on-stream wait that is never released makes it wait
+    /// forever. Nothing in `multi` calls it (issue 24): its functions wait for their own streams
+    /// only ([`nccl::Communicator::synchronize`] for a communicator's, bounded).
     pub fn synchronize(&self) -> Result<()> {
         let mut first = Ok(());
         for d in &self.devices {
@@ -409,6 +414,31 @@ pub(crate) fn assert_declared_before(src: &str, item: &str, first: &str, later: 
 #[cfg(test)]
 mod tests {
     use super::first_bit_difference;
+
+    /// Issue 24, item 1: nothing in `multi` waits for whole contexts (`DeviceSet::synchronize`,
+    /// `Device::synchronize`, `cuCtxSynchronize`); functions wait for their own streams only.
+    #[test]
+    fn issue24_item1_no_whole_context_wait_in_multi() {
+        let sources = [
+            ("bench.rs", include_str!("bench.rs")),
+            ("graphs.rs", include_str!("graphs.rs")),
+            ("nccl.rs", include_str!("nccl.rs")),
+            ("pipeline.rs", include_str!("pipeline.rs")),
+            ("seeds.rs", include_str!("seeds.rs")),
+            ("task_graph.rs", include_str!("task_graph.rs")),
+        ];
+        for (name, src) in sources {
+            for bad in [
+                "set.synchronize()",
+                "dev.synchronize()",
+                "d.synchronize()",
+                "ctx_synchronize",
+                "cuCtxSynchronize()",
+            ] {
+                assert!(!src.contains(bad), "{name} calls {bad}");
+            }
+        }
+    }
 
     #[test]
     fn bit_differences_count_signed_zeros_and_nans() {

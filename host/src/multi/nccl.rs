@@ -27,15 +27,37 @@
 //!   `NCCL_CONFIG_INITIALIZER`) and polls `ncclCommGetAsyncError` until it is no longer
 //!   `ncclInProgress`, for at most [`init_timeout`] ([`INIT_TIMEOUT_ENV`], default
 //!   [`DEFAULT_INIT_TIMEOUT`]); on timeout it calls `ncclCommAbort` and returns
-//!   [`Error::NcclTimeout`]. NCCL has no call that makes a communicator blocking again, so later
-//!   calls on it may return `ncclInProgress` too (NCCL launches each collective from a helper
-//!   thread, one per group end); warpline then polls `ncclCommGetAsyncError` (back to back for
-//!   the first 2 ms, then sleeping; same bound) before returning, so callers see blocking
-//!   semantics. `NCCL_COMM_BLOCKING=1` would make NCCL ignore `blocking = 0`, so `init_rank`
-//!   refuses it ([`COMM_BLOCKING_ENV`]). [`Communicator::init_all`] stays blocking
-//!   (`ncclCommInitAll`): all its ranks are in this process and created by this one call, so no
-//!   rank can fail to join, and a nonblocking communicator would put a helper thread and a poll
-//!   behind every grouped all-reduce of the data-parallel step.
+//!   [`Error::NcclTimeout`]. `NCCL_COMM_BLOCKING=1` would make NCCL ignore `blocking = 0`, so
+//!   `init_rank` refuses it ([`COMM_BLOCKING_ENV`]).
+//! - **Blocking collectives (issue 24).** NCCL has no call that makes a communicator blocking
+//!   again, and every collective of a nonblocking one goes through a helper thread that NCCL
+//!   starts at each group end (`ncclGroupEndInternal`, `src/group.cc`), polled here with
+//!   `ncclCommGetAsyncError`: 1 MiB all-reduces took 100-114 us against PyTorch's 28.9 us
+//!   (issue 13). So by default ([`CollectivesMode::Blocking`], [`COLLECTIVES_ENV`]) `init_rank`
+//!   then splits the ready nonblocking communicator into a *blocking* child (`ncclCommSplit`,
+//!   color 0, key = rank, a config with `blocking = 1`, no resource sharing) and keeps only the
+//!   child. The split is a job of the parent (`ncclAsyncLaunch` with the parent in
+//!   `ncclCommInitChildComm`, `src/init.cc`), so on the nonblocking parent it also runs on the
+//!   helper thread and returns `ncclInProgress`: warpline polls the parent with the same bound,
+//!   and on timeout aborts the parent, which also aborts the child's init (NCCL links the child's
+//!   abort flag to the parent's until the child's init has succeeded). On success the parent is
+//!   aborted (a local call; the child no longer shares anything with it). PyTorch's
+//!   ProcessGroupNCCL and nccl-tests also run their collectives on blocking communicators.
+//!   `WARPLINE_NCCL_COLLECTIVES=nonblocking` keeps the old path (collectives on the nonblocking
+//!   communicator, each polled back to back for the first 2 ms, then sleeping; same bound).
+//!   What a blocking communicator cannot bound: connections NCCL makes lazily at the first
+//!   collective of each algorithm (`NCCL_RUNTIME_CONNECT=1`, its default) wait for the peer; a
+//!   peer that dies between init and then makes that call wait. `NCCL_RUNTIME_CONNECT=0` makes
+//!   every connection inside the bounded init.
+//!   [`Communicator::init_all`] stays blocking (`ncclCommInitAll`): all its ranks are in this
+//!   process and created by this one call, so no rank can fail to join.
+//! - **No half-launched group (issue 24).** [`all_reduce_sum_group`] checks every rank (not
+//!   aborted or timed out, its context bound and healthy, its buffer on its stream, lengths)
+//!   before `ncclGroupStart`. If a rank still fails inside the group, the group is cancelled (an
+//!   invalid NCCL call makes `ncclGroupEnd` discard every queued task instead of launching the
+//!   other ranks alone) and every communicator of the group is aborted (`ncclCommAbort`) and
+//!   marked: later use returns [`Error::NcclAborted`]. Every wait of [`Communicator`]'s drop is
+//!   bounded by the communicator's timeout.
 //! - **Graphs.** warpline keeps NCCL outside CUDA graphs: NCCL's documentation warns that
 //!   capturing collectives of several GPUs driven by one thread can deadlock, and the two ways
 //!   out are one capturing thread per GPU or no NCCL in the graph. Each GPU's compute is captured
@@ -66,12 +88,60 @@ pub const NCCL_ID_ENV: &str = "WARPLINE_NCCL_ID";
 /// The NVLS switch of NCCL (`NCCL_NVLS_ENABLE`): warpline keeps it at 0.
 pub const NVLS_ENV: &str = "NCCL_NVLS_ENABLE";
 
-/// Environment variable with the bound, in seconds, of [`Communicator::init_rank`] (and of later
-/// nonblocking NCCL calls of its communicator): a positive decimal number, e.g. `300` or `0.5`.
+/// Environment variable with the bound, in seconds, of [`Communicator::init_rank`] (its init and
+/// split together), of later nonblocking NCCL calls of its communicator, and of the waits of
+/// [`Communicator::synchronize`] and of its drop: a positive decimal number, e.g. `300` or `0.5`.
 pub const INIT_TIMEOUT_ENV: &str = "WARPLINE_NCCL_INIT_TIMEOUT_S";
 
 /// The bound of [`Communicator::init_rank`] when [`INIT_TIMEOUT_ENV`] is not set: 120 s.
 pub const DEFAULT_INIT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Environment variable choosing how [`Communicator::init_rank`]'s collectives run:
+/// `blocking` (the default) or `nonblocking` ([`CollectivesMode`]).
+pub const COLLECTIVES_ENV: &str = "WARPLINE_NCCL_COLLECTIVES";
+
+/// How the collectives of a [`Communicator::init_rank`] communicator run (its initialisation
+/// is nonblocking and bounded either way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CollectivesMode {
+    /// A blocking child of the nonblocking communicator (`ncclCommSplit` with `blocking = 1`):
+    /// collectives are enqueued by the calling thread, as PyTorch and nccl-tests do.
+    #[default]
+    Blocking,
+    /// The nonblocking communicator itself: each collective goes through NCCL's helper thread and
+    /// `ncclInProgress` is polled away (bounded) before the call returns.
+    Nonblocking,
+}
+
+/// Parses a value of [`COLLECTIVES_ENV`] (`None`: unset, [`CollectivesMode::Blocking`]):
+/// `blocking` or `nonblocking`, any case, surrounding white space ignored. Errors:
+/// [`Error::BadShape`] naming the variable and the allowed values.
+pub fn parse_collectives_mode(value: Option<&str>) -> Result<CollectivesMode> {
+    match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("blocking") => Ok(CollectivesMode::Blocking),
+        Some("nonblocking") => Ok(CollectivesMode::Nonblocking),
+        Some(_) => Err(Error::BadShape {
+            what: "WARPLINE_NCCL_COLLECTIVES",
+            detail: format!(
+                "{:?}; allowed: blocking (the default) or nonblocking",
+                value.unwrap_or_default()
+            ),
+        }),
+    }
+}
+
+/// [`COLLECTIVES_ENV`] as [`parse_collectives_mode`] reads it. Errors: as that function (also
+/// for a value that is not UTF-8).
+pub fn collectives_mode() -> Result<CollectivesMode> {
+    match std::env::var(COLLECTIVES_ENV) {
+        Ok(v) => parse_collectives_mode(Some(&v)),
+        Err(std::env::VarError::NotPresent) => parse_collectives_mode(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::BadShape {
+            what: "WARPLINE_NCCL_COLLECTIVES",
+            detail: format!("{v:?} is not UTF-8; allowed: blocking or nonblocking"),
+        }),
+    }
+}
 
 /// Parses a value of [`INIT_TIMEOUT_ENV`] (`None`: unset, [`DEFAULT_INIT_TIMEOUT`]): seconds as a
 /// positive, finite decimal number of at most one year. Errors: [`Error::BadShape`] naming the
@@ -156,6 +226,98 @@ fn poll_ready(
     }
 }
 
+/// Splits the ready nonblocking communicator `parent` into a blocking child with the same ranks
+/// (`ncclCommSplit`, color 0, key = rank, `blocking = 1`, `splitShare` left at NCCL's default 0,
+/// so the child shares no resources with the parent) and returns the child; `parent` is aborted
+/// in every case (it is consumed).
+///
+/// Bounded: the split runs on NCCL's helper thread because the parent is nonblocking, so the
+/// parent is polled ([`poll_ready`]) until `since + timeout`. On timeout or failure the parent is
+/// aborted, which also aborts the child's init (until that succeeds NCCL links the child's abort
+/// flag to the parent, `ncclCommInitChildComm` in `src/init.cc`), and a child handle NCCL has
+/// stored by then is aborted too. NCCL stores the child's handle from its helper thread when the
+/// split ends; the slot it writes is leaked on the error paths, so it outlives that thread.
+/// Errors: [`Error::NcclTimeout`], [`Error::Nccl`].
+fn split_blocking(
+    parent: cudarc::nccl::sys::ncclComm_t,
+    (rank, world): (usize, usize),
+    since: Instant,
+    timeout: Duration,
+) -> Result<cudarc::nccl::sys::ncclComm_t> {
+    use std::sync::atomic::{AtomicPtr, Ordering};
+    let mut config = raw::config_initializer();
+    config.blocking = 1;
+    let slot: &'static AtomicPtr<cudarc::nccl::sys::ncclComm> =
+        Box::leak(Box::new(AtomicPtr::new(std::ptr::null_mut())));
+    // SAFETY: `parent` is live and ready (its init was polled to ncclSuccess); the slot is
+    // leaked until NCCL has finished with it (freed below only once the split has ended).
+    let r = unsafe { raw::comm_split(parent, 0, rank as i32, slot.as_ptr(), &mut config) };
+    let ready = r.and_then(|p| match p {
+        raw::Progress::Done => Ok(()),
+        raw::Progress::InProgress => poll_ready(
+            parent,
+            "ncclCommSplit",
+            (rank, world),
+            since,
+            timeout,
+            "both communicators were aborted (ncclCommAbort)",
+        ),
+    });
+    let child = ready.and_then(|()| {
+        let child = slot.load(Ordering::Acquire);
+        if child.is_null() {
+            return Err(Error::Nccl {
+                call: "ncclCommSplit",
+                result: "no communicator was returned".into(),
+            });
+        }
+        // SAFETY: the child NCCL returned, live.
+        match unsafe { raw::comm_get_async_error(child) } {
+            Ok(cudarc::nccl::sys::ncclResult_t::ncclSuccess) => Ok(child),
+            other => {
+                // SAFETY: the child NCCL returned, not used afterwards.
+                let _ = unsafe { raw::comm_abort(child) };
+                slot.store(std::ptr::null_mut(), Ordering::Release);
+                Err(match other {
+                    Ok(state) => Error::Nccl {
+                        call: "ncclCommSplit",
+                        result: format!(
+                            "{state:?} (state of the child from ncclCommGetAsyncError)"
+                        ),
+                    },
+                    Err(e) => e,
+                })
+            }
+        }
+    });
+    // SAFETY: `parent` is live and not used afterwards; on the error paths this also stops the
+    // split (the child's abort flag is the parent's until the child's init succeeded), and
+    // ncclCommAbort joins the parent's group job.
+    let parent_aborted = unsafe { raw::comm_abort(parent) };
+    match child {
+        Ok(child) => {
+            // The split ended (the child's state was read): NCCL no longer writes the slot.
+            // SAFETY: made by Box::leak above, not shared with NCCL any more.
+            drop(unsafe {
+                Box::from_raw(slot as *const _ as *mut AtomicPtr<cudarc::nccl::sys::ncclComm>)
+            });
+            // The child is usable and shares nothing with the parent: a failed abort of the parent
+            // (which only frees its resources) does not change the outcome.
+            let _ = parent_aborted;
+            Ok(child)
+        }
+        Err(e) => {
+            let late = slot.load(Ordering::Acquire);
+            if !late.is_null() {
+                // SAFETY: a child NCCL stored before the parent's abort joined the split; not used
+                // afterwards.
+                let _ = unsafe { raw::comm_abort(late) };
+            }
+            Err(e)
+        }
+    }
+}
+
 /// How long [`poll_ready`] polls without sleeping.
 const SPIN_FOR: Duration = Duration::from_millis(2);
 
@@ -195,6 +357,12 @@ pub fn comm_blocking_forced(value: Option<&str>) -> bool {
         Err(_) => false,
     }
 }
+
+/// NCCL's environment override of `ncclConfig_t.splitShare` (read like [`COMM_BLOCKING_ENV`],
+/// applied whatever the value, `envConfigOverride` in `src/init.cc`). With 1, the blocking child
+/// of [`Communicator::init_rank`] would share the parent's resources and abort flag, and aborting
+/// the parent after the split would abort the child: refused in [`CollectivesMode::Blocking`].
+pub const SPLIT_SHARE_ENV: &str = "NCCL_COMM_SPLIT_SHARE_RESOURCES";
 
 /// The library names cudarc tries, in order.
 pub fn library_candidates() -> Vec<String> {
@@ -420,8 +588,8 @@ impl NcclId {
 /// One NCCL communicator: a rank on one GPU, bound to one stream (its collectives are enqueued
 /// there; make it a [`DeviceSet::high_priority_stream`] so they do not queue behind compute).
 /// Not `Sync`: NCCL communicators must not be used by two threads at once. Dropped with
-/// `ncclCommAbort` after its stream has drained (errors are kept for
-/// [`Device::take_deferred_errors`]).
+/// `ncclCommAbort` after its stream has drained, every wait bounded by the communicator's
+/// timeout (errors are kept for [`Device::take_deferred_errors`]).
 pub struct Communicator {
     comm: cudarc::nccl::sys::ncclComm_t,
     stream: Stream,
@@ -432,12 +600,22 @@ pub struct Communicator {
     nonblocking: bool,
     /// Bound of the `ncclInProgress` polls of a nonblocking communicator.
     timeout: Duration,
-    /// A poll timed out: work of this communicator may never finish, so drop aborts first.
-    timed_out: Cell<bool>,
+    /// Usable, timed out (work may never finish, so drop aborts first) or already aborted.
+    health: Cell<Health>,
     /// The [`Communicator::init_all`] call that made it (a process-unique number), `None` for
     /// [`Communicator::init_rank`]: all ranks of such a set live in this process, so a group of the
     /// whole set can be checked (lengths, every rank once) before NCCL sees it.
     set_id: Option<u64>,
+}
+
+/// What happened to a [`Communicator`] so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Health {
+    Usable,
+    /// A bounded poll timed out: work of this communicator may never finish.
+    TimedOut,
+    /// `ncclCommAbort` was called (a cancelled group); the handle must not be used again.
+    Aborted,
 }
 
 /// Numbers the sets made by [`Communicator::init_all`].
@@ -472,7 +650,7 @@ impl Drop for Communicator {
                 ordinal: self.ordinal,
                 nonblocking: self.nonblocking,
                 timeout: self.timeout,
-                timed_out: Cell::new(self.timed_out.get()),
+                health: Cell::new(self.health.get()),
                 set_id: self.set_id,
             };
             // ManuallyDrop: a closure that fails to spawn is dropped here, and must not drop
@@ -493,24 +671,36 @@ impl Drop for Communicator {
         // Drain the communicator's stream, then `ncclCommAbort` (as cudarc's own `Comm` does):
         // unlike `ncclCommDestroy`, abort never waits for the other ranks, so dropping the
         // communicators of one process one after another cannot hang. Nothing is pending by then.
-        // After a timed-out poll the stream may hold a collective waiting for a rank that is
-        // gone: abort first (it makes NCCL's kernels quit), then drain.
-        let first_abort = self.timed_out.get();
-        let synced = if first_abort {
-            Ok(())
-        } else {
-            self.stream.synchronize()
+        // Every wait is bounded by the communicator's timeout (issue 24): a stream that does not
+        // drain in time may hold a collective waiting for a rank that is gone, so the
+        // communicator is aborted (NCCL's kernels quit) and the stream drained again, bounded.
+        // After a timed-out poll, abort first; after an abort (a cancelled group), only drain.
+        let bound = self.timeout;
+        let drain = |s: &Stream| {
+            crate::ordering::synchronize_timeout(s, bound, crate::ordering::OnTimeout::Abandon)
         };
-        let bound = bind_context(self.stream.ctx(), "ncclCommAbort");
-        // SAFETY: live communicator, its stream drained (or poisoned, or the communicator timed
-        // out), not used afterwards.
-        let aborted = unsafe { raw::comm_abort(self.comm) };
-        let drained = if first_abort {
-            self.stream.synchronize()
-        } else {
-            Ok(())
+        let health = self.health.get();
+        let synced = match health {
+            Health::Usable => drain(&self.stream),
+            Health::TimedOut | Health::Aborted => Err(Error::Nccl {
+                call: "Communicator drop",
+                result: "not drained before the abort".into(),
+            }),
         };
-        if let Err(e) = synced.and(bound).and(aborted).and(drained) {
+        let mut result = Ok(());
+        if health != Health::Aborted {
+            let bound_ctx = bind_context(self.stream.ctx(), "ncclCommAbort");
+            // SAFETY: live communicator (not aborted before), its stream drained, or the
+            // communicator timed out, or the drain timed out (abort makes NCCL's kernels quit);
+            // not used afterwards.
+            let aborted = unsafe { raw::comm_abort(self.comm) };
+            self.health.set(Health::Aborted);
+            result = bound_ctx.and(aborted);
+        }
+        if synced.is_err() {
+            result = result.and(drain(&self.stream));
+        }
+        if let Err(e) = result {
             defer_error(self.stream.ctx(), &e);
         }
     }
@@ -559,7 +749,7 @@ impl Communicator {
                 ordinal: ordinals[rank] as usize,
                 nonblocking: false,
                 timeout: DEFAULT_INIT_TIMEOUT,
-                timed_out: Cell::new(false),
+                health: Cell::new(Health::Usable),
                 set_id: Some(set_id),
             })
             .collect())
@@ -585,19 +775,23 @@ impl Communicator {
     /// Rank `rank` of `world` on `dev`, bound to `stream` (a stream of `dev`), joining the
     /// communicator of `id`; never blocks longer than about `timeout`.
     ///
-    /// NCCL API followed: `ncclCommInitRankConfig` with `NCCL_CONFIG_INITIALIZER` and
-    /// `blocking = 0` (a nonblocking communicator), then `ncclCommGetAsyncError` polled until the
-    /// state is not `ncclInProgress` (NCCL user guide, "nonblocking communicators"); on timeout,
-    /// `ncclCommAbort` (which stops the background init) and an error. Later collectives of the
-    /// communicator that return `ncclInProgress` are polled the same way, with the same bound,
-    /// so they return only when NCCL has enqueued them, as with a blocking communicator.
+    /// NCCL API followed: `ncclCommInitRankConfig` with `NCCL_CONFIG_INITIALIZER`,
+    /// `blocking = 0` (a nonblocking communicator) and `splitShare = 0`, then
+    /// `ncclCommGetAsyncError` polled until the state is not `ncclInProgress` (NCCL user guide,
+    /// "nonblocking communicators"); on timeout, `ncclCommAbort` (which stops the background init)
+    /// and an error. Then, in [`CollectivesMode::Blocking`] (the default, [`COLLECTIVES_ENV`]),
+    /// `ncclCommSplit` into a blocking child polled through the parent within the same bound
+    /// (the parent is aborted afterwards; see the module docs), so collectives are enqueued by
+    /// the calling thread. In [`CollectivesMode::Nonblocking`] the nonblocking communicator is
+    /// kept, and its collectives that return `ncclInProgress` are polled the same way, with the
+    /// same bound, so they return only when NCCL has enqueued them.
     ///
-    /// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::BadShape`] unless
-    /// `rank < world` and `timeout > 0`, or when [`COMM_BLOCKING_ENV`] is set to 1 (NCCL would
-    /// then ignore `blocking = 0` and could wait forever) or unless `NCCL_NVLS_ENABLE=0`
-    /// ([`require_nvls_off`]), [`Error::WrongContext`]; then
-    /// [`Error::NcclTimeout`] (communicator aborted), [`Error::Nccl`] (init failed; the handle,
-    /// if any, aborted).
+    /// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::BadShape`] for a bad
+    /// [`COLLECTIVES_ENV`], unless `rank < world` and `timeout > 0`, when [`COMM_BLOCKING_ENV`]
+    /// is set to 1 (NCCL would then ignore `blocking = 0` and could wait forever), when
+    /// [`SPLIT_SHARE_ENV`] is 1 in blocking mode, or unless `NCCL_NVLS_ENABLE=0`
+    /// ([`require_nvls_off`]), [`Error::WrongContext`]; then [`Error::NcclTimeout`]
+    /// (communicators aborted), [`Error::Nccl`] (init or split failed; handles aborted).
     pub fn init_rank_with_timeout(
         dev: &Device,
         stream: &Stream,
@@ -607,6 +801,7 @@ impl Communicator {
         timeout: Duration,
     ) -> Result<Communicator> {
         library_available()?;
+        let mode = collectives_mode()?;
         if rank >= world || world > i32::MAX as usize || timeout.is_zero() {
             return Err(Error::BadShape {
                 what: "Communicator::init_rank",
@@ -634,10 +829,25 @@ impl Communicator {
                 ),
             });
         }
+        let share = std::env::var_os(SPLIT_SHARE_ENV).map(|v| v.to_string_lossy().into_owned());
+        // NCCL parses it as it parses NCCL_COMM_BLOCKING (strtoll, base 0).
+        if mode == CollectivesMode::Blocking && comm_blocking_forced(share.as_deref()) {
+            return Err(Error::BadShape {
+                what: "NCCL_COMM_SPLIT_SHARE_RESOURCES",
+                detail: format!(
+                    "{:?}: the blocking child communicator would share the parent's abort flag, \
+                     and aborting the parent after the split would abort it; allowed: unset or \
+                     0, or {COLLECTIVES_ENV}=nonblocking",
+                    share.unwrap_or_default()
+                ),
+            });
+        }
         require_nvls_off()?;
         dev.bind()?;
         let mut config = raw::config_initializer();
         config.blocking = 0;
+        // The blocking child made from it must share nothing with it (see split_blocking).
+        config.splitShare = 0;
         let since = Instant::now();
         let (comm, r) =
             raw::comm_init_rank_config(world as i32, id.raw(), rank as i32, &mut config);
@@ -663,21 +873,26 @@ impl Communicator {
             abort(comm);
             return Err(e);
         }
+        let comm = match mode {
+            CollectivesMode::Nonblocking => comm,
+            CollectivesMode::Blocking => split_blocking(comm, (rank, world), since, timeout)?,
+        };
         Ok(Communicator {
             comm,
             stream: stream.clone(),
             rank,
             world,
             ordinal: dev.ordinal(),
-            nonblocking: true,
+            nonblocking: mode == CollectivesMode::Nonblocking,
             timeout,
-            timed_out: Cell::new(false),
+            health: Cell::new(Health::Usable),
             set_id: None,
         })
     }
 
-    /// Whether the communicator is nonblocking ([`Communicator::init_rank`]) rather than
-    /// blocking ([`Communicator::init_all`]).
+    /// Whether the communicator is nonblocking ([`Communicator::init_rank`] with
+    /// [`CollectivesMode::Nonblocking`]) rather than blocking ([`Communicator::init_all`], or
+    /// `init_rank` in the default [`CollectivesMode::Blocking`]).
     pub fn is_nonblocking(&self) -> bool {
         self.nonblocking
     }
@@ -697,21 +912,90 @@ impl Communicator {
             "the communicator is left as it is and aborted when dropped; do not use it again",
         );
         if matches!(r, Err(Error::NcclTimeout { .. })) {
-            self.timed_out.set(true);
+            self.health.set(Health::TimedOut);
         }
         r
     }
 
+    /// Errors: [`Error::Nccl`] after a timeout, [`Error::NcclAborted`] after an abort.
     fn check_usable(&self, call: &'static str) -> Result<()> {
-        if self.timed_out.get() {
-            return Err(Error::Nccl {
+        match self.health.get() {
+            Health::Usable => Ok(()),
+            Health::TimedOut => Err(Error::Nccl {
                 call,
                 result: "the communicator timed out earlier (Error::NcclTimeout); drop it and \
                          create a new one"
                     .into(),
-            });
+            }),
+            Health::Aborted => Err(Error::NcclAborted {
+                rank: self.rank,
+                world: self.world,
+                cause: format!("{call} refused: aborted earlier, after a cancelled group"),
+            }),
+        }
+    }
+
+    /// Waits for the communicator's stream (its collectives and whatever else was queued there),
+    /// at most the communicator's bound ([`init_timeout`] for `init_rank`, [`DEFAULT_INIT_TIMEOUT`]
+    /// for `init_all`). Only this stream is waited for, never the whole context (a caller's
+    /// stream blocked on a fence stays blocked). An event recorded now is polled with
+    /// `cuEventQuery`: yielding the thread for the first 64 polls, then sleeping 20 us doubling to
+    /// 200 us (as [`Stream::synchronize`] does, so a timed loop that ends with it is not
+    /// stretched), until the bound.
+    /// Errors: [`Error::Timeout`] (the communicator is then marked timed out: drop aborts it
+    /// before draining, and later collectives are refused), [`Error::Cuda`] /
+    /// [`Error::ContextPoisoned`], [`Error::InHostCallback`].
+    pub fn synchronize(&self) -> Result<()> {
+        crate::device::refuse_in_host_callback("Communicator::synchronize")?;
+        let marker = self.stream.record_marker()?;
+        let since = Instant::now();
+        let mut spins = 0u32;
+        let mut nap = Duration::from_micros(20);
+        while !marker.is_complete()? {
+            let waited = since.elapsed();
+            if waited >= self.timeout {
+                if self.health.get() == Health::Usable {
+                    self.health.set(Health::TimedOut);
+                }
+                return Err(Error::Timeout {
+                    what: format!("{self:?}: its stream"),
+                    waited,
+                    pending: vec![
+                        "a collective or earlier work on the communicator's stream (another \
+                         rank may be gone)"
+                            .into(),
+                    ],
+                    released: false,
+                });
+            }
+            if spins < 64 {
+                spins += 1;
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(nap.min(self.timeout - waited));
+                nap = (nap * 2).min(Duration::from_micros(200));
+            }
         }
         Ok(())
+    }
+
+    /// Whether the communicator was aborted (a grouped collective was cancelled,
+    /// [`all_reduce_sum_group`]); every later call returns [`Error::NcclAborted`].
+    pub fn is_aborted(&self) -> bool {
+        self.health.get() == Health::Aborted
+    }
+
+    /// `ncclCommAbort` now (unless done before) and marks the communicator unusable; the
+    /// stream is left to drain in drop (bounded). Errors: [`Error::Nccl`].
+    fn abort_now(&self) -> Result<()> {
+        if self.health.replace(Health::Aborted) == Health::Aborted {
+            return Ok(());
+        }
+        let bound = bind_context(self.stream.ctx(), "ncclCommAbort");
+        // SAFETY: live communicator, aborted once (marked above), never used afterwards
+        // (check_usable refuses every later call; drop only drains the stream).
+        let aborted = unsafe { raw::comm_abort(self.comm) };
+        bound.and(aborted)
     }
 
     /// This communicator's rank.
@@ -744,8 +1028,9 @@ impl Communicator {
     /// produced it). For communicators of [`Communicator::init_rank`] (one rank per process or
     /// thread). The ranks of an [`Communicator::init_all`] set (several GPUs, one
     /// process) go through [`all_reduce_sum_group`], which checks the whole set.
-    /// On a nonblocking communicator, `ncclInProgress` is polled away with
-    /// `ncclCommGetAsyncError` before returning (bounded; see [`Communicator::init_rank`]).
+    /// On a nonblocking communicator ([`CollectivesMode::Nonblocking`]), `ncclInProgress` is
+    /// polled away with `ncclCommGetAsyncError` before returning (bounded; see
+    /// [`Communicator::init_rank`]).
     ///
     /// Errors: [`Error::BadShape`] for a rank of an `init_all` set of two or more (alone, the call
     /// would wait for the other ranks forever); [`Error::WrongStream`]; [`Error::Nccl`];
@@ -799,8 +1084,12 @@ impl Communicator {
 /// Errors, before NCCL is called: [`Error::NcclUnavailable`], [`Error::Empty`],
 /// [`Error::LengthMismatch`] (one buffer per communicator, equal lengths), [`Error::BadShape`]
 /// unless `comms` is a whole `init_all` set with each rank once, [`Error::Nccl`] for a communicator
-/// that timed out, [`Error::WrongStream`]; then [`Error::Nccl`] (the group is always ended),
-/// [`Error::NcclTimeout`] (nonblocking communicators whose work did not settle in time).
+/// that timed out, [`Error::NcclAborted`] for one aborted before, [`Error::WrongStream`],
+/// [`Error::ContextPoisoned`] / [`Error::Cuda`] for a rank whose context cannot be made current
+/// (every rank is checked before `ncclGroupStart`); then [`Error::NcclAborted`] when a rank fails
+/// inside the group or the group does not end cleanly: the group is cancelled rather than
+/// launched without that rank, and every communicator of `comms` is aborted (`ncclCommAbort`)
+/// and refuses later calls (drop them and make new ones).
 pub fn all_reduce_sum_group(
     comms: &[Communicator],
     bufs: &mut [&mut DeviceBuffer<f32>],
@@ -846,28 +1135,114 @@ pub fn all_reduce_sum_group(
             ),
         });
     }
+    // Every rank is checked before ncclGroupStart (issue 24): usable, its buffer on its stream,
+    // its context healthy and bindable. A rank failing inside the group would otherwise leave
+    // the other ranks' collectives to launch alone and wait forever for it.
+    precheck_group(comms, bufs)?;
+    raw::group_start()?;
+    let mut failed = None;
+    for (c, b) in comms.iter().zip(bufs.iter_mut()) {
+        let r = match take_injected_fault(c) {
+            Some(e) => Err(e),
+            None => c.all_reduce_sum_enqueue(b).map(|_| ()),
+        };
+        if let Err(e) = r {
+            failed = Some(e);
+            break;
+        }
+    }
+    if let Some(e) = failed {
+        // Cancel the group: NCCL records the invalid call's error as the group's, and
+        // ncclGroupEnd then discards every queued task instead of launching them.
+        let _ = raw::poison_open_group();
+        let ended = raw::group_end();
+        let cause = match ended {
+            Err(_) => format!("{e} (the group was cancelled before launch)"),
+            Ok(_) => format!("{e} (ncclGroupEnd did not report the cancel)"),
+        };
+        return Err(abort_group(comms, cause));
+    }
+    // Inside a group the calls return ncclSuccess; ncclGroupEnd reports ncclInProgress when a
+    // nonblocking communicator is still working: poll each of those (NCCL user guide).
+    let settled = raw::group_end().and_then(|ended| {
+        if ended == raw::Progress::InProgress {
+            for c in comms.iter().filter(|c| c.nonblocking) {
+                c.settle("ncclGroupEnd", raw::Progress::InProgress)?;
+            }
+        }
+        Ok(())
+    });
+    // A failed or unsettled group end may have launched some ranks only: abort them all.
+    settled.map_err(|e| abort_group(comms, e.to_string()))
+}
+
+/// The checks [`all_reduce_sum_group`] makes on every rank before `ncclGroupStart`: the
+/// communicator is usable (not timed out or aborted), its buffer is bound to its stream, and its
+/// context is healthy and can be made current. Errors: [`Error::Nccl`], [`Error::NcclAborted`],
+/// [`Error::WrongStream`], [`Error::ContextPoisoned`], [`Error::Cuda`].
+fn precheck_group(comms: &[Communicator], bufs: &[&mut DeviceBuffer<f32>]) -> Result<()> {
     for (c, b) in comms.iter().zip(bufs.iter()) {
         c.check_usable("ncclAllReduce")?;
         c.check_buffer(b)?;
-    }
-    raw::group_start()?;
-    let mut first = Ok(());
-    for (c, b) in comms.iter().zip(bufs.iter_mut()) {
-        let r = c.all_reduce_sum_enqueue(b).map(|_| ());
-        if first.is_ok() {
-            first = r;
-        }
-    }
-    let ended = raw::group_end();
-    first?;
-    // Inside a group the calls return ncclSuccess; ncclGroupEnd reports ncclInProgress when a
-    // nonblocking communicator is still working: poll each of those (NCCL user guide).
-    if ended? == raw::Progress::InProgress {
-        for c in comms.iter().filter(|c| c.nonblocking) {
-            c.settle("ncclGroupEnd", raw::Progress::InProgress)?;
-        }
+        bind_context(c.stream.ctx(), "ncclAllReduce")?;
     }
     Ok(())
+}
+
+/// Aborts every communicator of a group that could not be launched whole and returns the error
+/// of the first rank ([`Error::NcclAborted`] with `cause`, plus any abort failure).
+fn abort_group(comms: &[Communicator], cause: String) -> Error {
+    let mut failures = Vec::new();
+    for c in comms {
+        if let Err(e) = c.abort_now() {
+            failures.push(format!("rank {}: {e}", c.rank));
+        }
+    }
+    let cause = if failures.is_empty() {
+        format!("{cause}; every communicator of the group was aborted")
+    } else {
+        format!(
+            "{cause}; aborting the group failed for {}",
+            failures.join(", ")
+        )
+    };
+    Error::NcclAborted {
+        rank: comms[0].rank,
+        world: comms[0].world,
+        cause,
+    }
+}
+
+/// The fault [`inject_group_fault_once`] armed: (set, rank).
+static INJECTED_FAULT: std::sync::Mutex<Option<(u64, usize)>> = std::sync::Mutex::new(None);
+
+/// Test hook (issue 24): the next [`all_reduce_sum_group`] over `comm`'s `init_all` set fails
+/// `comm`'s rank *inside* the group, after the pre-check passed and after the ranks before it
+/// were queued, as a rank whose context got poisoned between the check and the launch would
+/// ([`Error::ContextPoisoned`] from binding it). The group must then be cancelled and every
+/// communicator aborted. Only for tests; a no-op for communicators of `init_rank`.
+#[doc(hidden)]
+pub fn inject_group_fault_once(comm: &Communicator) {
+    if let Some(set) = comm.set_id {
+        *INJECTED_FAULT.lock().unwrap_or_else(|p| p.into_inner()) = Some((set, comm.rank));
+    }
+}
+
+/// The injected fault for `c`, once.
+fn take_injected_fault(c: &Communicator) -> Option<Error> {
+    let mut armed = INJECTED_FAULT.lock().unwrap_or_else(|p| p.into_inner());
+    if c.set_id.is_some() && *armed == c.set_id.map(|s| (s, c.rank)) {
+        *armed = None;
+        return Some(Error::Nccl {
+            call: "ncclAllReduce",
+            result: format!(
+                "fault injected for rank {} inside the group (as a context poisoned after the \
+                 pre-check)",
+                c.rank
+            ),
+        });
+    }
+    None
 }
 
 #[cfg(test)]
@@ -952,6 +1327,70 @@ mod tests {
             assert!(!comm_blocking_forced(Some(not)), "{not:?}");
         }
         assert!(!comm_blocking_forced(None));
+    }
+
+    #[test]
+    fn collectives_mode_defaults_to_blocking_and_refuses_other_words() {
+        assert_eq!(
+            parse_collectives_mode(None).unwrap(),
+            CollectivesMode::Blocking
+        );
+        assert_eq!(CollectivesMode::default(), CollectivesMode::Blocking);
+        assert_eq!(
+            parse_collectives_mode(Some("blocking")).unwrap(),
+            CollectivesMode::Blocking
+        );
+        assert_eq!(
+            parse_collectives_mode(Some("\tNONBLOCKING\n")).unwrap(),
+            CollectivesMode::Nonblocking
+        );
+        for bad in ["", "1", "block", "non-blocking", "async"] {
+            match parse_collectives_mode(Some(bad)) {
+                Err(Error::BadShape { what, detail }) => {
+                    assert_eq!(what, COLLECTIVES_ENV);
+                    assert!(detail.contains("allowed: blocking"), "{detail}");
+                }
+                r => panic!("{bad:?}: {r:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn aborted_error_names_the_rank_and_what_to_do() {
+        let e = Error::NcclAborted {
+            rank: 1,
+            world: 2,
+            cause: "injected".into(),
+        }
+        .to_string();
+        assert!(
+            e.contains("rank 1 of 2") && e.contains("ncclCommAbort"),
+            "{e}"
+        );
+        assert!(e.contains("allowed: drop it"), "{e}");
+    }
+
+    /// Every wait of the drop path is bounded: the source of `Drop for Communicator` and of
+    /// `split_blocking`/`all_reduce_sum_group` has no unbounded stream or context wait.
+    #[test]
+    fn no_unbounded_wait_in_the_drop_path_or_the_group() {
+        let src = include_str!("nccl.rs");
+        let drop_body = &src[src.find("impl Drop for Communicator").unwrap()..][..src
+            [src.find("impl Drop for Communicator").unwrap()..]
+            .find("\nimpl Communicator {")
+            .unwrap()];
+        assert!(
+            !drop_body.contains(".synchronize()"),
+            "unbounded wait in drop"
+        );
+        assert!(drop_body.contains("synchronize_timeout"));
+        let group = &src[src.find("pub fn all_reduce_sum_group").unwrap()..][..src
+            [src.find("pub fn all_reduce_sum_group").unwrap()..]
+            .find("\n}\n")
+            .unwrap()];
+        let pre = group.find("precheck_group(comms, bufs)?").unwrap();
+        let start = group.find("raw::group_start()").unwrap();
+        assert!(pre < start, "every rank is checked before ncclGroupStart");
     }
 
     #[test]
