@@ -552,7 +552,9 @@ fn issue21_decode_bad_input_typed_errors() {
     ));
     // A GEMM form without epilogue entries (unroll 4 with two row tiles).
     let mut bad_gemm = s.cfg;
+    bad_gemm.gemm.unroll = 4;
     bad_gemm.gemm.row_tiles = 2;
+    bad_gemm.gemm.prefetch_a = false;
     assert!(matches!(
         DecodeStep::new(&dev, &stream, s.dims, bad_gemm, &host),
         Err(Error::BadShape { .. })

@@ -237,15 +237,12 @@ fn q_el(x: u32, half: usize) -> f32 {
     f32::from_bits(r)
 }
 
-/// Token rows of chunk `k` of a split that starts at the page-aligned token `t_begin`: a chunk
-/// is up to [`ATTN_CHUNK_ROWS`] consecutive rows of one page (pages of more rows are walked in
-/// chunks, smaller pages are one chunk each). Returns (first token, rows).
+/// Token rows of chunk `k` of a split `[t_begin, t_end)`: [`ATTN_CHUNK_ROWS`] consecutive tokens
+/// (the last chunk fewer), gathered from as many pages as they span. Returns (first token, rows).
 #[inline(always)]
-fn chunk_of(k: u32, t_begin: u32, page_size: u32) -> (u32, u32) {
-    let cpp = page_size.div_ceil(ATTN_CHUNK_ROWS);
-    let off = (k % cpp) * ATTN_CHUNK_ROWS;
-    let tok = t_begin + (k / cpp) * page_size + off;
-    let rows = page_size - off;
+fn chunk_of(k: u32, t_begin: u32, t_end: u32) -> (u32, u32) {
+    let tok = t_begin + k * ATTN_CHUNK_ROWS;
+    let rows = t_end - tok;
     (
         tok,
         if rows < ATTN_CHUNK_ROWS {
@@ -306,11 +303,9 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
     if len.div_ceil(p.page_size) > p.bt_stride {
         trap();
     }
-    // Chunks of this split: whole pages, then the rows of the last (partial) page.
+    // Chunks of this split.
     let chunks = if t_end > t_begin {
-        let n = t_end - t_begin;
-        (n / p.page_size) * p.page_size.div_ceil(ATTN_CHUNK_ROWS)
-            + (n % p.page_size).div_ceil(ATTN_CHUNK_ROWS)
+        (t_end - t_begin).div_ceil(ATTN_CHUNK_ROWS)
     } else {
         0
     };
@@ -346,28 +341,47 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
             let mut st = PipelineState::<ATTN_STAGES>::new();
             let mut k = 0;
             while k < chunks {
-                let (tok, rows) = chunk_of(k, t_begin, p.page_size);
+                let (tok, rows) = chunk_of(k, t_begin, t_end);
                 if !waited && tok + rows > pos {
                     pdl::wait();
                     waited = true;
                 }
-                // SAFETY: tok < len, so tok / page_size < bt_stride (checked): inside the row.
-                let pg = unsafe { bt_row.add((tok / p.page_size) as usize).read() };
-                if pg >= p.num_pages {
-                    trap();
-                }
-                let off = ((pg as usize * p.n_kv as usize + kvh as usize) * p.page_size as usize
-                    + (tok % p.page_size) as usize)
-                    * d as usize;
-                let bytes = rows * row_bytes;
-                let full = pipe.producer_acquire(st, 2 * bytes);
+                let full = pipe.producer_acquire(st, 2 * rows * row_bytes);
                 let dst = ring + st.stage() * stage_bytes;
-                // SAFETY: `rows` rows of one page of one KV head: inside the caches (pg <
-                // num_pages), 16-byte aligned (d * 2 is a multiple of 16), `bytes` a non-zero
-                // multiple of 16; the stage is free (acquired) and holds `half` bytes per cache.
-                unsafe {
-                    bulk::load(dst, p.k_cache.add(off) as *const u8, bytes, full);
-                    bulk::load(dst + half, p.v_cache.add(off) as *const u8, bytes, full);
+                // One bulk copy of K and one of V per page the chunk spans.
+                let mut t = tok;
+                while t < tok + rows {
+                    // SAFETY: t < len, so t / page_size < bt_stride (checked): inside the row.
+                    let pg = unsafe { bt_row.add((t / p.page_size) as usize).read() };
+                    if pg >= p.num_pages {
+                        trap();
+                    }
+                    let in_page = t % p.page_size;
+                    let left = p.page_size - in_page;
+                    let seg = if left < tok + rows - t {
+                        left
+                    } else {
+                        tok + rows - t
+                    };
+                    let off = ((pg as usize * p.n_kv as usize + kvh as usize)
+                        * p.page_size as usize
+                        + in_page as usize)
+                        * d as usize;
+                    let at = dst + (t - tok) * row_bytes;
+                    // SAFETY: `seg` rows of one page of one KV head: inside the caches (pg <
+                    // num_pages), 16-byte aligned (d * 2 is a multiple of 16), a non-zero
+                    // multiple of 16 bytes; the stage is free (acquired) and holds
+                    // ATTN_CHUNK_ROWS rows per cache; the full barrier expects every byte.
+                    unsafe {
+                        bulk::load(at, p.k_cache.add(off) as *const u8, seg * row_bytes, full);
+                        bulk::load(
+                            at + half,
+                            p.v_cache.add(off) as *const u8,
+                            seg * row_bytes,
+                            full,
+                        );
+                    }
+                    t += seg;
                 }
                 st.advance();
                 k += 1;
@@ -404,7 +418,7 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
         let mut st = PipelineState::<ATTN_STAGES>::new();
         let mut k = 0;
         while k < chunks {
-            let (tok, rows) = chunk_of(k, t_begin, p.page_size);
+            let (tok, rows) = chunk_of(k, t_begin, t_end);
             pipe.consumer_wait(st);
             let valid = r < rows && tok + r < t_end;
             // This lane's K and V elements of row r, still packed (bf16 pairs): widened where
@@ -463,24 +477,40 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
             });
             if valid {
                 // Per head, 16 independent FMAs: enough in flight without interleaving heads.
+                // The accumulators are rescaled only when the running maximum grows (after the
+                // first rows of a split, rarely).
                 unroll!(J in [0, 1, 2, 3, 4, 5, 6, 7] {
                     if J < G {
-                        let m_new = if sc[J] > m[J] { sc[J] } else { m[J] };
-                        let corr = exp2_approx(m[J] - m_new);
-                        let pj = exp2_approx(sc[J] - m_new);
-                        l[J] = l[J] * corr + pj;
-                        m[J] = m_new;
-                        unroll!(I in [0, 1] {
-                            if I < NV {
-                                unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
-                                    acc[J][8 * I + E] = crate::device::math::fma(
-                                        pj,
-                                        el(&vw, I, E),
-                                        acc[J][8 * I + E] * corr,
-                                    );
-                                });
-                            }
-                        });
+                        if sc[J] > m[J] {
+                            let corr = exp2_approx(m[J] - sc[J]);
+                            m[J] = sc[J];
+                            l[J] = l[J] * corr + 1.0;
+                            unroll!(I in [0, 1] {
+                                if I < NV {
+                                    unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                        acc[J][8 * I + E] = crate::device::math::fma(
+                                            acc[J][8 * I + E],
+                                            corr,
+                                            el(&vw, I, E),
+                                        );
+                                    });
+                                }
+                            });
+                        } else {
+                            let pj = exp2_approx(sc[J] - m[J]);
+                            l[J] += pj;
+                            unroll!(I in [0, 1] {
+                                if I < NV {
+                                    unroll!(E in [0, 1, 2, 3, 4, 5, 6, 7] {
+                                        acc[J][8 * I + E] = crate::device::math::fma(
+                                            pj,
+                                            el(&vw, I, E),
+                                            acc[J][8 * I + E],
+                                        );
+                                    });
+                                }
+                            });
+                        }
                     }
                 });
             }

@@ -264,12 +264,43 @@ fn split_blocking(
         ),
     });
     let child = ready.and_then(|()| {
-        let child = slot.load(Ordering::Acquire);
-        if child.is_null() {
-            return Err(Error::Nccl {
-                call: "ncclCommSplit",
-                result: "no communicator was returned".into(),
-            });
+        // The parent's state can read ncclSuccess before the split job has stored the child
+        // (H100, NCCL 2.28: "no communicator was returned" when the slot was read at once):
+        // wait for the slot too, within the same bound, watching the parent for a failure.
+        let mut child = slot.load(Ordering::Acquire);
+        let mut nap = Duration::from_micros(50);
+        while child.is_null() {
+            // SAFETY: `parent` is live (aborted only below).
+            match unsafe { raw::comm_get_async_error(parent) }? {
+                cudarc::nccl::sys::ncclResult_t::ncclSuccess
+                | cudarc::nccl::sys::ncclResult_t::ncclInProgress => {}
+                state => {
+                    return Err(Error::Nccl {
+                        call: "ncclCommSplit",
+                        result: format!(
+                            "{state:?} (state of the parent from ncclCommGetAsyncError)"
+                        ),
+                    })
+                }
+            }
+            let waited = since.elapsed();
+            if waited >= timeout {
+                return Err(Error::NcclTimeout {
+                    call: "ncclCommSplit",
+                    rank,
+                    world,
+                    waited,
+                    action: "both communicators were aborted (ncclCommAbort)",
+                    env: INIT_TIMEOUT_ENV,
+                });
+            }
+            if waited < SPIN_FOR {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(nap.min(timeout - waited));
+                nap = (nap * 2).min(Duration::from_millis(10));
+            }
+            child = slot.load(Ordering::Acquire);
         }
         // SAFETY: the child NCCL returned, live.
         match unsafe { raw::comm_get_async_error(child) } {
