@@ -444,7 +444,11 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
             // Element 8 I + E of a packed row.
             let el = |w: &[[u32; 4]; 2], i: usize, e: usize| -> f32 {
                 let x = w[i][e / 2];
-                f32::from_bits(if e % 2 == 0 { x << 16 } else { x & 0xffff_0000 })
+                f32::from_bits(if e.is_multiple_of(2) {
+                    x << 16
+                } else {
+                    x & 0xffff_0000
+                })
             };
             // The G heads side by side at every step (independent chains, so one warp keeps
             // several FMAs, shuffles and ex2 in flight).
