@@ -145,9 +145,10 @@ fn issue21_decode_step_matches_reference() {
     };
     let seed = gemm_seed("decode_step");
     for positions in [vec![16u32], vec![0], vec![0, 15, 16, 31, 40]] {
-        // (KV splits, GEMM configuration): the default (w8, u4); ksplit 1, which gives every
-        // warp several k-blocks, so variant c/e also runs the L2 bulk weight prefetch; and the
-        // other epilogue forms (u2 + A prefetch, with one and with two row tiles).
+        // (KV splits, GEMM configuration): the default (w8, u2, A prefetch, two row tiles up
+        // to 32 sequences); ksplit 1, which gives every warp several k-blocks, so variant c/e
+        // also runs the L2 bulk weight prefetch; and the other epilogue forms (u4 without A
+        // prefetch, and u2 + A prefetch with one row tile).
         let dflt = setup(seed, &[0], 1, None).cfg.gemm;
         let gemms = [
             (Some(1), dflt),
@@ -162,9 +163,9 @@ fn issue21_decode_step_matches_reference() {
                 None,
                 DecodeConfig {
                     warps: 8,
-                    unroll: 2,
-                    row_tiles: 2,
-                    prefetch_a: true,
+                    unroll: 4,
+                    row_tiles: 1,
+                    prefetch_a: false,
                     ..dflt
                 },
             ),
@@ -174,9 +175,9 @@ fn issue21_decode_step_matches_reference() {
                     warps: 4,
                     ksplit: Some(2),
                     unroll: 2,
+                    row_tiles: 1,
                     prefetch_a: true,
                     l2_prefetch: false,
-                    ..dflt
                 },
             ),
         ];

@@ -12,6 +12,7 @@
 
 mod attention_cmd;
 mod cli_json;
+mod decode_cmd;
 mod demo;
 mod fuzz_cmd;
 mod mgpu_cmd;
@@ -100,6 +101,12 @@ enum Cmd {
     /// Attention forward (issue 23; sm_90a, FlashAttention-3 style) on random inputs: time,
     /// TFLOP/s (FlashAttention's count: causal is half), `--verify` against the f64 references.
     Attention(attention_cmd::AttentionArgs),
+    /// One LLM decode step (issue 21; Llama-3.1-8B layer shapes, paged KV cache, one stream):
+    /// microseconds per layer and the ratio to the HBM floor for the variants a plain, b PDL,
+    /// c PDL + weight prefetch, d CUDA graph, e graph + PDL + prefetch; `--timeline`/`--trace`
+    /// show each kernel's prologue against its predecessor's tail (`%globaltimer` stamps);
+    /// `--verify` checks one step against the f64 reference.
+    Decode(decode_cmd::DecodeArgs),
 }
 
 #[derive(Subcommand)]
@@ -592,6 +599,7 @@ fn main() -> ExitCode {
             Cmd::Attention(args) => {
                 no_trace(&ctx, "attention").and_then(|()| attention_cmd::run(&ctx, args))
             }
+            Cmd::Decode(args) => decode_cmd::run(&ctx, args),
         }
     });
     let (kind, msg, code) = match r {

@@ -806,3 +806,78 @@ fn issue23_attention_reports_no_gpu_or_runs_verified() {
         assert!(stderr.contains(says), "{stderr}");
     }
 }
+
+/// Issue 21: `warpline decode` runs (small dims, every variant, verified, timeline) or says "no
+/// GPU"; bad flags are usage errors (exit 2) before the device opens, absurd sizes included.
+#[test]
+fn issue21_decode_reports_no_gpu_or_runs_verified() {
+    let png = std::env::temp_dir().join(format!("warpline-decode-{}.png", std::process::id()));
+    let out = warpline()
+        .args([
+            "decode",
+            "--batch",
+            "5",
+            "--kv-len",
+            "41",
+            "--layers",
+            "2",
+            "--small",
+            "--reps",
+            "2",
+            "--verify",
+            "--timeline",
+        ])
+        .arg(&png)
+        .output()
+        .unwrap();
+    ran_or_no_gpu(
+        &out,
+        &[
+            "e graph+pdl+prefetch",
+            "verified: one step",
+            "wrote timeline",
+        ],
+    );
+    let _ = std::fs::remove_file(&png);
+    for (args, says) in [
+        (&["--batch", "0", "--kv-len", "10"][..], "--batch 0"),
+        (&["--batch", "65", "--kv-len", "10"][..], "--batch 65"),
+        (&["--batch", "1", "--kv-len", "0"][..], "--kv-len 0"),
+        (
+            &["--batch", "1", "--kv-len", "18446744073709551615"][..],
+            "--kv-len",
+        ),
+        (
+            &["--batch", "1", "--kv-len", "8", "--layers", "0"][..],
+            "--layers 0",
+        ),
+        (
+            &["--batch", "1", "--kv-len", "8", "--variant", "abz"][..],
+            "--variant",
+        ),
+        (
+            &["--batch", "1", "--kv-len", "8", "--page", "0"][..],
+            "page",
+        ),
+        (
+            &["--batch", "1", "--kv-len", "8", "--page", "4096"][..],
+            "page",
+        ),
+        (
+            &["--batch", "1", "--kv-len", "8", "--reps", "0"][..],
+            "--reps 0",
+        ),
+        (
+            &[
+                "--batch", "64", "--kv-len", "1048576", "--layers", "256", "--verify",
+            ][..],
+            "host memory",
+        ),
+    ] {
+        let mut all = vec!["decode"];
+        all.extend_from_slice(args);
+        let (code, stderr) = run(&all);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
