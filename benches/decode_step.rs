@@ -12,7 +12,9 @@
 //! Environment: `WARPLINE_DECODE_CASES=BxL,...` (default the 1x1024, 8x1024, 8x4096,
 //! 32x4096, 64x2048), `WARPLINE_DECODE_LAYERS=NL` (default 4), `WARPLINE_DECODE_VARIANTS=abcde`
 //! (default all), `WARPLINE_DECODE_SMALL=1` (the tests' small dims instead of Llama-8B),
-//! `WARPLINE_DECODE_JSON=file` (rows and timeline as JSON), `WARPLINE_DECODE_SPLITS=n` (the attention's KV splits), `WARPLINE_DECODE_TIMELINE=file.png`
+//! `WARPLINE_DECODE_JSON=file` (rows and timeline as JSON), `WARPLINE_DECODE_SPLITS=n` (the
+//! attention's KV splits), `WARPLINE_DECODE_GEMM_QKV`, `_O`, `_GU`, `_DOWN` (one GEMM's
+//! configuration label, over `WARPLINE_DECODE_GEMM`), `WARPLINE_DECODE_TIMELINE=file.png`
 //! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`
 //! in the `wait` colour; variant `WARPLINE_DECODE_TIMELINE_VARIANT`, default `e`), `WARPLINE_DECODE_NPY=dir` (also
 //! write one step's inputs, weights, caches and output for `scripts/torch_decode.py --check
@@ -89,10 +91,24 @@ fn main() -> warpline::Result<()> {
         let mut step = build_step(&dev, &dims, case, &weights, |c| {
             c.stamps = ci == 0;
             c.prefetch_bytes = prefetch;
+            c.gemm = gemm.unwrap_or(c.gemm);
+            for (role, var) in [
+                "WARPLINE_DECODE_GEMM_QKV",
+                "WARPLINE_DECODE_GEMM_O",
+                "WARPLINE_DECODE_GEMM_GU",
+                "WARPLINE_DECODE_GEMM_DOWN",
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                if let Some(l) = env(var) {
+                    c.gemm_roles[role] =
+                        Some(parse_gemm_config(&l, c.gemm).expect("a GEMM configuration label"));
+                }
+            }
             if let Some(s) = env("WARPLINE_DECODE_SPLITS") {
                 c.splits = Some(s.parse().expect("WARPLINE_DECODE_SPLITS: a split count"));
             }
-            c.gemm = gemm.unwrap_or(c.gemm);
         })?;
         let iters = 10;
         let r = run_case(&step, case, &variants, copy, 7, iters)?;

@@ -132,6 +132,10 @@ pub struct StepConfig {
     /// unroll 2 with the A prefetch and two row tiles (up to 32 sequences); `l2_prefetch` is the
     /// `.L2::256B` hint of the weight loads.
     pub gemm: DecodeConfig,
+    /// Per-GEMM overrides of [`Self::gemm`], in step order: qkv, o_proj, gate_up, down (`None`:
+    /// `gemm`). The GEMMs differ in N (6144, 4096, 28672, 4096 at Llama-8B sizes), so the best
+    /// form and k-split differ too; the same epilogue-entry rules apply to each.
+    pub gemm_roles: [Option<DecodeConfig>; 4],
     /// Bytes of each GEMM's weights that variant (c)/(e) prefetches into L2 before
     /// `griddepcontrol.wait`, beyond the first k-block every warp loads into registers, in whole
     /// k-blocks per warp (`(N K 2) / iterations` bytes each; rounded down, so a budget below
@@ -167,9 +171,20 @@ impl StepConfig {
                 row_tiles: if batch <= 32 { 2 } else { 1 },
                 prefetch_a: true,
             },
+            gemm_roles: [None; 4],
             prefetch_bytes: 4 << 20,
             stamps: false,
         }
+    }
+
+    /// The configuration of GEMM `role` (0 qkv, 1 o_proj, 2 gate_up, 3 down): its override in
+    /// [`Self::gemm_roles`], else [`Self::gemm`].
+    pub fn gemm_for(&self, role: usize) -> DecodeConfig {
+        self.gemm_roles
+            .get(role)
+            .copied()
+            .flatten()
+            .unwrap_or(self.gemm)
     }
 }
 
@@ -503,16 +518,16 @@ impl<'d> DecodeStep<'d> {
         }
         let sms = dev.capabilities().sm_count;
         let (splits, pps) = attention_splits(&dims, &cfg, sms)?;
-        let gemm_cfg = cfg.gemm;
         let b = cfg.batch;
         let shape = |n, k| GemmShape { m: b, n, k };
         let s_qkv = shape(dims.qkv_rows(), dims.hidden);
         let s_o = shape(dims.hidden, dims.q_width());
         let s_gu = shape(2 * dims.intermediate, dims.hidden);
         let s_down = shape(dims.hidden, dims.intermediate);
-        let ls = |s| launch_shape(s, true, &gemm_cfg, sms);
-        let (ls_qkv, ls_o, ls_gu, ls_down) = (ls(s_qkv)?, ls(s_o)?, ls(s_gu)?, ls(s_down)?);
-        let epi_kernel = |ls: &DecodeLaunchShape, epi: u32| -> Result<&'static str> {
+        let ls = |s, role: usize| launch_shape(s, true, &cfg.gemm_for(role), sms);
+        let (ls_qkv, ls_o, ls_gu, ls_down) =
+            (ls(s_qkv, 0)?, ls(s_o, 1)?, ls(s_gu, 2)?, ls(s_down, 3)?);
+        let epi_kernel = |ls: &DecodeLaunchShape, epi: u32, role: usize| -> Result<&'static str> {
             gc::EPI_VARIANTS
                 .iter()
                 .find(|v| {
@@ -527,16 +542,16 @@ impl<'d> DecodeStep<'d> {
                     what: "decode step GEMM configuration",
                     detail: format!(
                         "{} for {} sequences has no epilogue entry; allowed: unroll 4 (one row tile, no A prefetch), unroll 2 + A prefetch (one row tile), unroll 2 + A prefetch + two row tiles (up to 32 sequences)",
-                        gemm_cfg.label(),
+                        cfg.gemm_for(role).label(),
                         b
                     ),
                 })
         };
         let epi_kernels = [
-            epi_kernel(&ls_qkv, gc::EPI_QKV)?,
-            epi_kernel(&ls_o, gc::EPI_STORE)?,
-            epi_kernel(&ls_gu, gc::EPI_SWIGLU)?,
-            epi_kernel(&ls_down, gc::EPI_STORE)?,
+            epi_kernel(&ls_qkv, gc::EPI_QKV, 0)?,
+            epi_kernel(&ls_o, gc::EPI_STORE, 1)?,
+            epi_kernel(&ls_gu, gc::EPI_SWIGLU, 2)?,
+            epi_kernel(&ls_down, gc::EPI_STORE, 3)?,
         ];
         let attn_variant = sc::ATTN_VARIANTS
             .iter()
@@ -818,7 +833,7 @@ impl<'d> DecodeStep<'d> {
                 let ls = &gemms[i];
                 let kernel = epi_kernels[i];
                 let mut flags = (slot << gc::STAMP_SLOT_SHIFT)
-                    | if self.cfg.gemm.l2_prefetch {
+                    | if self.cfg.gemm_for(i).l2_prefetch {
                         gc::FLAG_L2_PREFETCH_256
                     } else {
                         0
@@ -1406,6 +1421,25 @@ mod tests {
             check_step_entries(".version 8.0\n.target sm_90\n"),
             Err(Error::MissingKernel { .. })
         ));
+    }
+
+    #[test]
+    fn issue21_gemm_roles_override_the_step_form_one_gemm_at_a_time() {
+        let d = DecodeDims::llama3_8b();
+        let mut cfg = StepConfig::new(&d, 32, 1, 4096);
+        // Up to 32 sequences the default is u2 + A prefetch + two row tiles; above, one tile.
+        assert_eq!((cfg.gemm.unroll, cfg.gemm.row_tiles, cfg.gemm.prefetch_a), (2, 2, true));
+        assert_eq!(StepConfig::new(&d, 33, 1, 4096).gemm.row_tiles, 1);
+        let o = DecodeConfig {
+            ksplit: Some(4),
+            ..cfg.gemm
+        };
+        cfg.gemm_roles[1] = Some(o);
+        for role in 0..4 {
+            let want = if role == 1 { o } else { cfg.gemm };
+            assert_eq!(cfg.gemm_for(role), want, "role {role}");
+        }
+        assert_eq!(cfg.gemm_for(7), cfg.gemm);
     }
 
     #[test]
