@@ -1428,7 +1428,10 @@ mod tests {
         let d = DecodeDims::llama3_8b();
         let mut cfg = StepConfig::new(&d, 32, 1, 4096);
         // Up to 32 sequences the default is u2 + A prefetch + two row tiles; above, one tile.
-        assert_eq!((cfg.gemm.unroll, cfg.gemm.row_tiles, cfg.gemm.prefetch_a), (2, 2, true));
+        assert_eq!(
+            (cfg.gemm.unroll, cfg.gemm.row_tiles, cfg.gemm.prefetch_a),
+            (2, 2, true)
+        );
         assert_eq!(StepConfig::new(&d, 33, 1, 4096).gemm.row_tiles, 1);
         let o = DecodeConfig {
             ksplit: Some(4),
