@@ -338,6 +338,24 @@ fn param_mismatch(ptx: &PtxParam, rust: &RustParam) -> Option<String> {
     })
 }
 
+/// Finds entry `name` among `entries` (as [`ptx_signatures`] parsed them) and checks its
+/// parameter list against `rust` ([`check_signature`]); [`Error::MissingKernel`], listing the
+/// entries there are, when it is absent.
+pub(crate) fn check_entry(entries: &[PtxEntry], name: &str, rust: &[RustParam]) -> Result<()> {
+    let e = entries
+        .iter()
+        .find(|e| e.name == name)
+        .ok_or_else(|| Error::MissingKernel {
+            kernel: name.to_string(),
+            entries: entries
+                .iter()
+                .map(|e| e.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+    check_signature(e, rust)
+}
+
 /// Checks the PTX parameter list of `entry` against `rust`: [`Error::KernelSignatureMismatch`]
 /// naming the kernel, both signatures and the first difference; [`Error::PtxSignature`] when
 /// the PTX declaration could not be read.

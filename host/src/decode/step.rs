@@ -1318,7 +1318,7 @@ fn read(b: &DeviceBuffer<bf16>) -> Result<Vec<bf16>> {
 /// the host passes (without a device). Errors: [`Error::MissingKernel`],
 /// [`Error::KernelSignatureMismatch`].
 pub fn check_step_entries(ptx: &str) -> Result<()> {
-    use crate::module::{check_signature, RustParam, RustParamKind};
+    use crate::module::{check_entry, RustParam, RustParamKind};
     let entries = crate::module::ptx_signatures(ptx);
     let p = |t: &str, size, kind| RustParam {
         rust_type: t.to_string(),
@@ -1394,18 +1394,7 @@ pub fn check_step_entries(ptx: &str) -> Result<()> {
         want.push((v.kernel, &attn));
     }
     for (name, params) in want {
-        let e = entries
-            .iter()
-            .find(|e| e.name == name)
-            .ok_or_else(|| Error::MissingKernel {
-                kernel: name.to_string(),
-                entries: entries
-                    .iter()
-                    .map(|e| e.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
-        check_signature(e, params)?;
+        check_entry(&entries, name, params)?;
     }
     Ok(())
 }

@@ -31,7 +31,7 @@ use crate::device::{Device, Kernel};
 use crate::error::{Error, Result};
 use crate::launch::{launch_raw, LaunchConfig, LaunchLimits, ParamValue};
 use crate::memory::{DeviceBuffer, DeviceView, DeviceViewMut, MemPool};
-use crate::module::{check_signature, Module, RustParam, RustParamKind};
+use crate::module::{check_entry, Module, RustParam, RustParamKind};
 use crate::stream::Stream;
 use crate::tensor_map::{
     L2Promotion, TensorMap, TensorMapDesc, TensorMapTable, TmaElement, TmaSwizzle,
@@ -458,18 +458,7 @@ pub fn check_module_entries(ptx: &str) -> Result<()> {
     let entries = crate::module::ptx_signatures(ptx);
     let rust = rust_params();
     for name in ENTRIES {
-        let e = entries
-            .iter()
-            .find(|e| e.name == name)
-            .ok_or_else(|| Error::MissingKernel {
-                kernel: name.to_string(),
-                entries: entries
-                    .iter()
-                    .map(|e| e.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
-        check_signature(e, &rust)?;
+        check_entry(&entries, name, &rust)?;
     }
     Ok(())
 }

@@ -25,7 +25,7 @@ use super::operands::{check_shapes, BLayout, GemmShape, Matrix, MatrixMut, TcInp
 use crate::device::{Device, Kernel};
 use crate::error::{CudaCall, Error, Result};
 use crate::launch::{launch_raw, LaunchConfig, LaunchLimits, ParamValue};
-use crate::module::{check_signature, RustParam, RustParamKind};
+use crate::module::{check_entry, RustParam, RustParamKind};
 use crate::stream::Stream;
 
 /// Which kernel configuration a [`TcGemm`](super::TcGemm) launch uses.
@@ -411,19 +411,7 @@ pub fn check_module_entries(ptx: &str) -> Result<()> {
     let entries = crate::module::ptx_signatures(ptx);
     let rust = rust_params();
     for v in contract::VARIANTS {
-        let e =
-            entries
-                .iter()
-                .find(|e| e.name == v.kernel)
-                .ok_or_else(|| Error::MissingKernel {
-                    kernel: v.kernel.to_string(),
-                    entries: entries
-                        .iter()
-                        .map(|e| e.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })?;
-        check_signature(e, &rust)?;
+        check_entry(&entries, v.kernel, &rust)?;
     }
     Ok(())
 }

@@ -49,7 +49,7 @@ use crate::device::{Device, Kernel};
 use crate::error::{Error, Result};
 use crate::launch::{launch_raw, LaunchConfig, LaunchLimits, ParamValue};
 use crate::memory::{DeviceView, MemPool};
-use crate::module::{check_signature, Module, RustParam, RustParamKind};
+use crate::module::{check_entry, Module, RustParam, RustParamKind};
 use crate::stream::Stream;
 use crate::tensor_map::{TensorMap, TensorMapTable, TmaElement, TmaSwizzle};
 
@@ -235,18 +235,7 @@ pub fn check_module_entries(ptx: &str) -> Result<()> {
         .chain(FP8_ENTRIES.iter().map(|&n| (n, &rust_fp8)))
         .chain([(FP8_BLOCK_SCALED_ENTRY, &rust_fp8_block)]);
     for (name, rust) in all {
-        let e = entries
-            .iter()
-            .find(|e| e.name == name)
-            .ok_or_else(|| Error::MissingKernel {
-                kernel: name.to_string(),
-                entries: entries
-                    .iter()
-                    .map(|e| e.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })?;
-        check_signature(e, rust)?;
+        check_entry(&entries, name, rust)?;
     }
     Ok(())
 }
