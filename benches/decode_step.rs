@@ -54,10 +54,7 @@ fn main() -> warpline::Result<()> {
     };
     let layers: usize = env("WARPLINE_DECODE_LAYERS").map_or(4, |v| v.parse().expect("NL"));
     let variants: Vec<Variant> = match env("WARPLINE_DECODE_VARIANTS") {
-        Some(s) => s
-            .chars()
-            .map(|c| Variant::parse(&c.to_string()))
-            .collect::<Result<_, _>>()?,
+        Some(s) => Variant::parse_set(&s)?,
         None => Variant::ALL.to_vec(),
     };
     let prefetch: usize = (env("WARPLINE_DECODE_PREFETCH_MB")

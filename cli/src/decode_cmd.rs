@@ -16,7 +16,7 @@ use warpline::decode::bench::{build_step, run_case, timeline, timeline_trace, Ca
 use warpline::decode::reference::{
     normal_bf16, step as reference_step, LayerWeights, RefCache, Rounding,
 };
-use warpline::decode::step::{DecodeStep, HostLayer, StepConfig, Variant};
+use warpline::decode::step::{DecodeStep, HostLayer, Variant};
 use warpline::decode::DecodeDims;
 use warpline::{bf16, Error};
 
@@ -59,31 +59,9 @@ pub struct DecodeArgs {
     reps: usize,
 }
 
-/// The variants of `--variant`. Errors: a usage error naming what is allowed.
-fn parse_variants(s: &str) -> CliResult<Vec<Variant>> {
-    if s == "all" {
-        return Ok(Variant::ALL.to_vec());
-    }
-    let bad = || {
-        usage(format!(
-            "--variant {s:?}: allowed: letters of abcde (e.g. ce) or all"
-        ))
-    };
-    if s.is_empty() {
-        return Err(bad());
-    }
-    let mut out = Vec::new();
-    for c in s.chars() {
-        let v = Variant::parse(&c.to_string()).map_err(|_| bad())?;
-        if !out.contains(&v) {
-            out.push(v);
-        }
-    }
-    Ok(out)
-}
-
 pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
-    let variants = parse_variants(&args.variant)?;
+    let variants =
+        Variant::parse_set(&args.variant).map_err(|e| usage(format!("--variant: {e}")))?;
     if !(1..=64).contains(&args.batch) {
         return Err(usage(format!("--batch {}: allowed 1 to 64", args.batch)));
     }
@@ -153,9 +131,19 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
         case.kv_len,
         args.layers
     );
-    let weights: Vec<HostLayer> = (0..args.layers)
-        .map(|l| HostLayer::random(&dims, ctx.seed.wrapping_add(1 + l as u64)))
-        .collect();
+    // With --verify the reference needs the weights in f32: they are drawn once, as the
+    // reference's, and the timed step runs on the same values.
+    let reference_weights: Option<Vec<LayerWeights>> = args.verify.then(|| {
+        (0..args.layers)
+            .map(|l| LayerWeights::random(&dims, ctx.seed.wrapping_add(100 * l as u64 + 1)))
+            .collect()
+    });
+    let weights: Vec<HostLayer> = match &reference_weights {
+        Some(lw) => lw.iter().map(HostLayer::from_reference).collect(),
+        None => (0..args.layers)
+            .map(|l| HostLayer::random(&dims, ctx.seed.wrapping_add(1 + l as u64)))
+            .collect(),
+    };
     let mut step = build_step(&dev, &dims, case, &weights, |c| c.stamps = ctx.tracing())?;
     let rows = run_case(&step, case, &variants, copy, args.reps, 10)?;
     say!(
@@ -189,24 +177,12 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
             args.layers,
             v.label()
         );
-        let trace = timeline_trace(&t, &title)?;
-        if let Some(p) = &ctx.trace {
-            warpline::trace::write_chrome_json(&trace, p)?;
-            say!("wrote trace {}", p.display());
-        }
-        if let Some(p) = &ctx.timeline {
-            let opts = warpline::trace::timeline::TimelineOptions {
-                title: title.clone(),
-                ..Default::default()
-            };
-            warpline::trace::timeline::write_timeline(&trace, p, &opts)?;
-            say!("wrote timeline {}", p.display());
-        }
-        trace_out = json!({ "variant": v.label(), "kernels": t });
+        let written = ctx.write_trace_outputs(&timeline_trace(&t, &title)?, &title)?;
+        trace_out = json!({ "variant": v.label(), "kernels": t, "outputs": written });
     }
-    drop(step);
-    let verified = if args.verify {
-        let worst = verify(&dev, &dims, case, args.layers, ctx.seed)?;
+    drop(weights);
+    let verified = if let Some(lw) = &reference_weights {
+        let worst = verify(&mut step, lw, case, ctx.seed)?;
         say!("verified: one step (variant e) against the f64 reference, worst error {worst:.3} of the bound");
         json!({ "worst_of_bound": worst })
     } else {
@@ -222,27 +198,23 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
     }))
 }
 
-/// One step of variant e with random weights, random caches and ragged positions (drawn from
-/// `seed` in `0..kv_len`; block-table pages in reverse order) against the f64 reference; returns
-/// the largest error in units of the bound. Errors: [`Error::Verification`] naming the first
-/// element outside the bound.
+/// One more step of variant e on `step` (built with the weights `lw`), with random caches and
+/// ragged positions (drawn from `seed` in `0..kv_len`, the first sequence at `kv_len - 1`;
+/// block-table pages in reverse order), against the f64 reference; returns the largest error in
+/// units of the bound. Errors: [`Error::Verification`] naming the first element outside the
+/// bound.
 fn verify(
-    dev: &warpline::Device,
-    dims: &DecodeDims,
+    step: &mut DecodeStep<'_>,
+    lw: &[LayerWeights],
     case: Case,
-    layers: usize,
     seed: u64,
 ) -> warpline::Result<f64> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed_decd);
-    let cfg = StepConfig::new(dims, case.batch, layers, case.kv_len);
-    let lw: Vec<LayerWeights> = (0..layers)
-        .map(|l| LayerWeights::random(dims, seed.wrapping_add(100 * l as u64 + 1)))
-        .collect();
-    let host: Vec<HostLayer> = lw.iter().map(HostLayer::from_reference).collect();
-    let stream = dev.new_stream()?;
-    let mut step = DecodeStep::new(dev, &stream, *dims, cfg, &host)?;
-    let n = cfg.layout.cache_elems(dims);
+    let dims = *step.dims();
+    let cfg = *step.config();
+    let layers = lw.len();
+    let n = cfg.layout.cache_elems(&dims);
     let bf = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
     let mut caches = Vec::with_capacity(layers);
     for l in 0..layers {
@@ -272,9 +244,9 @@ fn verify(
     step.stream().synchronize()?;
     let got = step.output()?;
     let want = reference_step(
-        dims,
+        &dims,
         &cfg.layout,
-        &lw,
+        lw,
         &mut caches,
         &x,
         &positions,

@@ -517,9 +517,18 @@ impl Ctx {
         let Some(rec) = rec else {
             return Ok(serde_json::Value::Null);
         };
-        let trace = rec.finish()?.with_copy_rows();
+        self.write_trace_outputs(&rec.finish()?.with_copy_rows(), title)
+    }
+
+    /// Writes `trace` to the outputs asked for (`--trace` Chrome JSON, `--timeline` picture
+    /// titled `title`); returns their JSON description.
+    fn write_trace_outputs(
+        &self,
+        trace: &warpline::trace::Trace,
+        title: &str,
+    ) -> Result<serde_json::Value> {
         if let Some(p) = &self.trace {
-            warpline::trace::write_chrome_json(&trace, p)?;
+            warpline::trace::write_chrome_json(trace, p)?;
             say!(
                 "wrote trace {} ({} spans; open in ui.perfetto.dev)",
                 p.display(),
@@ -531,7 +540,7 @@ impl Ctx {
                 title: title.to_string(),
                 ..Default::default()
             };
-            warpline::trace::timeline::write_timeline(&trace, p, &opts)?;
+            warpline::trace::timeline::write_timeline(trace, p, &opts)?;
             say!("wrote timeline {}", p.display());
         }
         Ok(serde_json::json!({

@@ -97,6 +97,29 @@ impl Variant {
         })
     }
 
+    /// Parses a set of variants: `all`, or letters of `abcde` (e.g. `ce`), in the order given,
+    /// each once. Errors: [`Error::BadShape`] naming what is allowed (also for an empty set).
+    pub fn parse_set(s: &str) -> Result<Vec<Self>> {
+        if s == "all" {
+            return Ok(Self::ALL.to_vec());
+        }
+        let bad = || Error::BadShape {
+            what: "decode variants",
+            detail: format!("{s:?}; allowed: letters of abcde (e.g. ce) or all"),
+        };
+        let mut out = Vec::new();
+        for c in s.chars() {
+            let v = Self::parse(c.encode_utf8(&mut [0; 4])).map_err(|_| bad())?;
+            if !out.contains(&v) {
+                out.push(v);
+            }
+        }
+        if out.is_empty() {
+            return Err(bad());
+        }
+        Ok(out)
+    }
+
     /// Whether the variant replays a captured graph.
     pub fn graph(self) -> bool {
         matches!(self, Variant::Graph | Variant::GraphPdlPrefetch)
@@ -1621,5 +1644,16 @@ mod tests {
             assert!(v.label().starts_with(l));
         }
         assert!(Variant::parse("f").is_err());
+        assert_eq!(Variant::parse_set("all").unwrap(), Variant::ALL.to_vec());
+        assert_eq!(
+            Variant::parse_set("ece").unwrap(),
+            vec![Variant::GraphPdlPrefetch, Variant::PdlPrefetch]
+        );
+        for bad in ["", "abz", "All", "a b"] {
+            assert!(
+                matches!(Variant::parse_set(bad), Err(Error::BadShape { .. })),
+                "{bad:?}"
+            );
+        }
     }
 }
