@@ -178,33 +178,48 @@ pub fn init_timeout() -> Result<Duration> {
 }
 
 /// Polls `ncclCommGetAsyncError` on `comm` until its state is not `ncclInProgress` (NCCL user
-/// guide, nonblocking communicators): yielding the thread between polls for the first
-/// [`SPIN_FOR`] (an enqueue that returned `ncclInProgress` is usually ready within microseconds,
-/// and a sleep would add its latency to every small collective), then sleeping 50 us doubling to
-/// 10 ms, for at most `timeout` after `since`. Errors: [`Error::NcclTimeout`] (nothing aborted here; `action`
-/// says what the caller does), [`Error::Nccl`] with the state when the background operation
-/// failed.
+/// guide, nonblocking communicators), with [`poll_bounded`]'s back-off and bound. Errors:
+/// [`Error::NcclTimeout`] (nothing aborted here; `action` says what the caller does),
+/// [`Error::Nccl`] with the state when the background operation failed.
 fn poll_ready(
     comm: cudarc::nccl::sys::ncclComm_t,
     call: &'static str,
-    (rank, world): (usize, usize),
+    rank_world: (usize, usize),
     since: Instant,
     timeout: Duration,
     action: &'static str,
 ) -> Result<()> {
     use cudarc::nccl::sys::ncclResult_t as R;
-    let mut nap = Duration::from_micros(50);
-    loop {
+    poll_bounded(call, rank_world, since, timeout, action, || {
         // SAFETY: a live communicator (the caller aborts it only after this returns).
         match unsafe { raw::comm_get_async_error(comm) }? {
-            R::ncclSuccess => return Ok(()),
-            R::ncclInProgress => {}
-            state => {
-                return Err(Error::Nccl {
-                    call,
-                    result: format!("{state:?} (state from ncclCommGetAsyncError)"),
-                })
-            }
+            R::ncclSuccess => Ok(Some(())),
+            R::ncclInProgress => Ok(None),
+            state => Err(Error::Nccl {
+                call,
+                result: format!("{state:?} (state from ncclCommGetAsyncError)"),
+            }),
+        }
+    })
+}
+
+/// Calls `probe` until it returns a value or an error: yielding the thread between calls for
+/// the first [`SPIN_FOR`] (an enqueue that returned `ncclInProgress` is usually ready within
+/// microseconds, and a sleep would add its latency to every small collective), then sleeping
+/// 50 us doubling to 10 ms, for at most `timeout` after `since`. Errors: `probe`'s, or
+/// [`Error::NcclTimeout`] naming `call`, the rank and `action` (what the caller does about it).
+fn poll_bounded<T>(
+    call: &'static str,
+    (rank, world): (usize, usize),
+    since: Instant,
+    timeout: Duration,
+    action: &'static str,
+    mut probe: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let mut nap = Duration::from_micros(50);
+    loop {
+        if let Some(v) = probe()? {
+            return Ok(v);
         }
         let waited = since.elapsed();
         if waited >= timeout {
@@ -267,41 +282,30 @@ fn split_blocking(
         // The parent's state can read ncclSuccess before the split job has stored the child
         // (H100, NCCL 2.28: "no communicator was returned" when the slot was read at once):
         // wait for the slot too, within the same bound, watching the parent for a failure.
-        let mut child = slot.load(Ordering::Acquire);
-        let mut nap = Duration::from_micros(50);
-        while child.is_null() {
-            // SAFETY: `parent` is live (aborted only below).
-            match unsafe { raw::comm_get_async_error(parent) }? {
-                cudarc::nccl::sys::ncclResult_t::ncclSuccess
-                | cudarc::nccl::sys::ncclResult_t::ncclInProgress => {}
-                state => {
-                    return Err(Error::Nccl {
+        let child = poll_bounded(
+            "ncclCommSplit",
+            (rank, world),
+            since,
+            timeout,
+            "both communicators were aborted (ncclCommAbort)",
+            || {
+                let child = slot.load(Ordering::Acquire);
+                if !child.is_null() {
+                    return Ok(Some(child));
+                }
+                // SAFETY: `parent` is live (aborted only below).
+                match unsafe { raw::comm_get_async_error(parent) }? {
+                    cudarc::nccl::sys::ncclResult_t::ncclSuccess
+                    | cudarc::nccl::sys::ncclResult_t::ncclInProgress => Ok(None),
+                    state => Err(Error::Nccl {
                         call: "ncclCommSplit",
                         result: format!(
                             "{state:?} (state of the parent from ncclCommGetAsyncError)"
                         ),
-                    })
+                    }),
                 }
-            }
-            let waited = since.elapsed();
-            if waited >= timeout {
-                return Err(Error::NcclTimeout {
-                    call: "ncclCommSplit",
-                    rank,
-                    world,
-                    waited,
-                    action: "both communicators were aborted (ncclCommAbort)",
-                    env: INIT_TIMEOUT_ENV,
-                });
-            }
-            if waited < SPIN_FOR {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(nap.min(timeout - waited));
-                nap = (nap * 2).min(Duration::from_millis(10));
-            }
-            child = slot.load(Ordering::Acquire);
-        }
+            },
+        )?;
         // SAFETY: the child NCCL returned, live.
         match unsafe { raw::comm_get_async_error(child) } {
             Ok(cudarc::nccl::sys::ncclResult_t::ncclSuccess) => Ok(child),
