@@ -20,7 +20,7 @@ use crate::context::{bind_context, ContextState};
 use crate::driver::core as drv;
 use crate::error::{CudaCall, Error, Result};
 use crate::ptx::{ptx_signatures, PtxEntry};
-use crate::stream::Stream;
+use crate::stream::{Stream, StreamTrail};
 
 /// What the device offers, read at open.
 #[derive(Clone, Debug)]
@@ -156,61 +156,32 @@ pub(crate) struct ModuleInner {
     _keep: Arc<ModuleKeep>,
 }
 
-/// Streams a module keeps (with a clone) to learn when its launches there completed; beyond
-/// this many, the oldest one's pending launches are marked with an event and the stream let go.
-const KEEP_STREAMS: usize = 8;
-
-#[derive(Default)]
-struct Launched {
-    /// Streams the module's kernels were launched on, most recent last.
-    streams: Vec<Stream>,
-    /// Events after the last launch on streams let go; pruned as they complete.
-    events: Vec<crate::stream::Event>,
-}
-
 /// Keeps a loaded module (`CUmodule`) alive until every launch of its kernels has completed
 /// (issue 19, item 4). Every [`Kernel`] of the module holds it; when the last one (and the
 /// [`Module`]) is gone, its `Drop` records an event on each stream the module's kernels were
-/// launched on and hands the module to the reaper ([`crate::reaper::defer_after`]),
-/// which unloads it (`cuModuleUnload`) once those events completed, with the reaper's gate
-/// closed (the unload may synchronise with the device). The dropping thread never blocks.
+/// launched on ([`StreamTrail`]) and hands the module to the reaper
+/// ([`crate::reaper::defer_after`]), which unloads it (`cuModuleUnload`) once those events
+/// completed, with the reaper's gate closed (the unload may synchronise with the device). The
+/// dropping thread never blocks.
 pub(crate) struct ModuleKeep {
     module: Option<Arc<CudaModule>>,
-    launched: Mutex<Launched>,
+    launched: Mutex<StreamTrail>,
 }
 
 impl ModuleKeep {
     fn new(module: Arc<CudaModule>) -> Self {
         Self {
             module: Some(module),
-            launched: Mutex::new(Launched::default()),
+            launched: Mutex::new(StreamTrail::default()),
         }
     }
 
     /// Notes a launch of one of the module's kernels on `stream` (after it was queued).
     pub(crate) fn launched_on(&self, stream: &Stream) {
-        let mut l = self.launched.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(last) = l.streams.last() {
-            if last.raw() == stream.raw() {
-                return;
-            }
-        }
-        if let Some(i) = l.streams.iter().position(|s| s.raw() == stream.raw()) {
-            let s = l.streams.remove(i);
-            l.streams.push(s);
-            return;
-        }
-        // A thread with a capture open must not query events (the capture would be
-        // invalidated), so the oldest stream is let go only outside captures; the list grows by
-        // at most the streams one capture launches on.
-        if l.streams.len() >= KEEP_STREAMS && !crate::driver::graph::thread_is_capturing() {
-            let old = l.streams.remove(0);
-            l.events.retain(|e| matches!(e.is_complete(), Ok(false)));
-            if let Some(e) = marker_after(&old) {
-                l.events.push(e);
-            }
-        }
-        l.streams.push(stream.clone());
+        self.launched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .note(stream);
     }
 }
 
@@ -218,18 +189,6 @@ impl fmt::Debug for ModuleKeep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ModuleKeep")
     }
-}
-
-/// An event after everything queued on `s` so far; `None` on a poisoned context (which runs no
-/// more work) and on a stream that is capturing a graph (a record there would become a node of
-/// the user's graph: the captured launches are the graph's to keep, see docs/safety.md).
-fn marker_after(s: &Stream) -> Option<crate::stream::Event> {
-    crate::context::bind_context(s.ctx(), "cuStreamIsCapturing").ok()?;
-    // SAFETY: a live stream of the context bound just above.
-    if unsafe { crate::driver::graph::stream_is_capturing(s.raw()) }.unwrap_or(true) {
-        return None;
-    }
-    s.record_marker().ok()
 }
 
 impl Drop for ModuleKeep {
@@ -251,11 +210,9 @@ impl Drop for ModuleKeep {
             });
             return;
         }
-        let mut after = l.events;
         // An event after everything queued on each stream so far, the module's launches
         // included.
-        after.extend(l.streams.iter().filter_map(marker_after));
-        drop(l.streams);
+        let after = l.into_markers();
         crate::reaper::defer_after(after, true, move || {
             // `cuModuleUnload`, under the driver's resource lock (see `crate::driver::resource_lock`).
             let _lock = crate::driver::resource_lock();

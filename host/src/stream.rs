@@ -151,6 +151,72 @@ impl Stream {
 
 static LIVE_EVENTS: AtomicUsize = AtomicUsize::new(0);
 
+/// How many streams a [`StreamTrail`] keeps before it lets the oldest go (marked by an event).
+const TRAIL_STREAMS: usize = 8;
+
+/// The streams a resource's work was queued on, so that the resource is destroyed only after
+/// that work has completed: a module's launches (`loaded::ModuleKeep`, issue 19 item 4) or an
+/// owned pool's stream-ordered frees (`memory::MemPool`, issue 19: `cuMemPoolDestroy` while frees
+/// of its memory were still queued crashed inside the driver under compute-sanitizer). It keeps
+/// the last [`TRAIL_STREAMS`] streams; an older one is let go with an event after everything
+/// queued on it so far. [`StreamTrail::into_markers`] turns the trail into events to defer the
+/// destroy on ([`crate::reaper::defer_after`]).
+#[derive(Default)]
+pub(crate) struct StreamTrail {
+    /// Streams work was queued on, most recent last.
+    streams: Vec<Stream>,
+    /// Events after the last work on streams let go; pruned as they complete.
+    events: Vec<Event>,
+}
+
+impl StreamTrail {
+    /// Notes work queued on `stream` (after it was queued).
+    pub(crate) fn note(&mut self, stream: &Stream) {
+        if let Some(last) = self.streams.last() {
+            if last.raw() == stream.raw() {
+                return;
+            }
+        }
+        if let Some(i) = self.streams.iter().position(|s| s.raw() == stream.raw()) {
+            let s = self.streams.remove(i);
+            self.streams.push(s);
+            return;
+        }
+        // A thread with a capture open must not query events (the capture would be
+        // invalidated), so the oldest stream is let go only outside captures; the list grows by
+        // at most the streams one capture queues work on.
+        if self.streams.len() >= TRAIL_STREAMS && !crate::driver::graph::thread_is_capturing() {
+            let old = self.streams.remove(0);
+            self.events.retain(|e| matches!(e.is_complete(), Ok(false)));
+            if let Some(e) = marker_after(&old) {
+                self.events.push(e);
+            }
+        }
+        self.streams.push(stream.clone());
+    }
+
+    /// Events after everything queued so far on every stream of the trail (the noted work
+    /// included). A stream that is capturing or whose context is poisoned gives none (see
+    /// [`marker_after`]).
+    pub(crate) fn into_markers(self) -> Vec<Event> {
+        let mut after = self.events;
+        after.extend(self.streams.iter().filter_map(marker_after));
+        after
+    }
+}
+
+/// An event after everything queued on `s` so far; `None` on a poisoned context (which runs no
+/// more work) and on a stream that is capturing a graph (a record there would become a node of
+/// the user's graph: the captured work is the graph's to keep, see docs/safety.md).
+pub(crate) fn marker_after(s: &Stream) -> Option<Event> {
+    bind_context(s.ctx(), "cuStreamIsCapturing").ok()?;
+    // SAFETY: a live stream of the context bound just above.
+    if unsafe { crate::driver::graph::stream_is_capturing(s.raw()) }.unwrap_or(true) {
+        return None;
+    }
+    s.record_marker().ok()
+}
+
 /// Events warpline holds at the moment, process-wide (created by [`Stream::record`], not yet
 /// dropped). For tests and leak checks.
 pub fn live_events() -> usize {

@@ -25,7 +25,20 @@ pub struct DeviceBuffer<T> {
     len: usize,
     stream: Stream,
     ctx: Arc<CudaContext>,
+    /// The owned pool the memory came from, kept alive until this buffer's free is queued and
+    /// told where (`None` for the device's default pool, which is never destroyed).
+    pool: Option<Arc<dyn PoolFrees>>,
     _t: PhantomData<T>,
+}
+
+/// What a pool of warpline's own ([`super::MemPool::new`]) learns of the frees of its memory: each
+/// buffer holds its pool until its `cuMemFreeAsync` is queued and reports the stream, and the
+/// pool's `cuMemPoolDestroy` waits for events after those frees (issue 19: a destroy while frees
+/// of the pool's memory were still queued crashed inside the driver under compute-sanitizer
+/// memcheck, H100, sessions 8 and 9).
+pub(crate) trait PoolFrees: Send + Sync {
+    /// A free of the pool's memory was queued on `stream`.
+    fn freed_on(&self, stream: &Stream);
 }
 
 // SAFETY: the buffer owns device memory; moving the handle between threads is fine, and all access
@@ -41,10 +54,16 @@ impl<T> Drop for DeviceBuffer<T> {
             // invariant), so the stream-ordered free follows them.
             unsafe { drv::mem_free_async(self.ptr, self.stream.raw()) }
         });
-        if let Err(e) = r {
+        match r {
+            Ok(()) => {
+                if let Some(pool) = self.pool.take() {
+                    // Before the (maybe last) pool handle goes: its destroy waits for this free.
+                    pool.freed_on(&self.stream);
+                }
+            }
             // Cannot be returned from drop: kept for Device::take_deferred_errors. The memory then
             // stays in the pool until the context goes.
-            defer_error(&self.ctx, &e);
+            Err(e) => defer_error(&self.ctx, &e),
         }
     }
 }
@@ -64,18 +83,20 @@ impl<T> std::fmt::Debug for DeviceBuffer<T> {
 impl<T: Pod> DeviceBuffer<T> {
     /// # Safety
     /// `ptr` is a live stream-ordered allocation of at least `len` T, usable on `stream`, owned by
-    /// the returned buffer.
+    /// the returned buffer; `pool` is the pool it came from if that pool is ever destroyed.
     pub(crate) unsafe fn from_raw(
         ptr: sys::CUdeviceptr,
         len: usize,
         stream: Stream,
         ctx: Arc<CudaContext>,
+        pool: Option<Arc<dyn PoolFrees>>,
     ) -> Self {
         Self {
             ptr,
             len,
             stream,
             ctx,
+            pool,
             _t: PhantomData,
         }
     }

@@ -1,16 +1,18 @@
 //! `MemPool`: the stream-ordered allocator's pool (CUDA driver API, "Stream Ordered Memory
 //! Allocator": cuMemAllocFromPoolAsync / cuMemFreeAsync / cuMemPoolSetAttribute).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytemuck::Pod;
 use cudarc::driver::{sys, CudaContext};
 
+use super::buffer::PoolFrees;
 use super::DeviceBuffer;
+use crate::context::in_host_callback;
 use crate::device::{bind_context, bind_context_unchecked, defer_error, Device};
 use crate::driver::core as drv;
 use crate::error::{Error, Result};
-use crate::stream::Stream;
+use crate::stream::{Event, Stream, StreamTrail};
 
 /// A memory pool of one device. Allocation and free are ordered on streams: an allocation made on
 /// stream S is usable by work queued on S after it, and its memory returns to the pool when S
@@ -26,6 +28,18 @@ struct PoolHandle {
     /// For the device's default pool: the release threshold it had before, put back on drop.
     restore_threshold: Option<u64>,
     ctx: Arc<CudaContext>,
+    /// The streams frees of this pool's memory were queued on (owned pools): the destroy waits
+    /// for events after them.
+    frees: Mutex<StreamTrail>,
+}
+
+impl PoolFrees for PoolHandle {
+    fn freed_on(&self, stream: &Stream) {
+        self.frees
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .note(stream);
+    }
 }
 
 // SAFETY: a CUmemoryPool handle may be used from any thread of the process (driver API objects
@@ -45,30 +59,44 @@ struct PoolDestroy {
 // SAFETY: as for `PoolHandle`: the handle may be used from any thread.
 unsafe impl Send for PoolDestroy {}
 
+impl PoolDestroy {
+    /// Hands the destroy to the reaper thread, to run once every free queued before it has run:
+    /// every buffer of the pool held a handle until its `cuMemFreeAsync` was queued, so when the
+    /// last handle goes no allocation is left and the trail's events follow every free. Under
+    /// compute-sanitizer memcheck (H100, sessions 8 and 9) `cuMemPoolDestroy` with frees still
+    /// queued crashed inside the driver, while every other thread was outside it. The destroy
+    /// never blocks, so the gate is not needed.
+    fn schedule(self, frees: StreamTrail) {
+        let after = frees.into_markers();
+        crate::reaper::defer_after::<Event>(after, false, move || {
+            let d = self;
+            let r = bind_context_unchecked(&d.ctx).and_then(|()| {
+                // SAFETY: the pool was created by us and nothing uses the handle after this (the
+                // `MemPool`, every clone of it and every buffer allocated from it are gone).
+                unsafe { drv::mem_pool_destroy(d.pool) }
+            });
+            if let Err(e) = r {
+                defer_error(&d.ctx, &e);
+            }
+        });
+    }
+}
+
 impl Drop for PoolHandle {
     fn drop(&mut self) {
         if self.owned {
-            // The destroy runs on the reaper thread, after the frees handed to it before: under
-            // compute-sanitizer memcheck (H100, session 8), `cuMemPoolDestroy` on a fuzz thread
-            // while the reaper was inside `cuMemFreeHost` crashed in the driver (SIGSEGV, core
-            // stacks) in 3 to 7 of 8 processes. It never blocks (buffers still allocated from
-            // the pool keep working, the driver releases its resources once they are freed), so
-            // nothing waits for it; the gate is not needed.
             let d = PoolDestroy {
                 pool: self.pool,
                 ctx: self.ctx.clone(),
             };
-            crate::reaper::defer_after::<cudarc::driver::CudaEvent>(Vec::new(), false, move || {
-                let d = d;
-                let r = bind_context_unchecked(&d.ctx).and_then(|()| {
-                    // SAFETY: the pool was created by us and nothing uses the handle after this
-                    // (the `MemPool` and every clone of it are gone).
-                    unsafe { drv::mem_pool_destroy(d.pool) }
-                });
-                if let Err(e) = r {
-                    defer_error(&d.ctx, &e);
-                }
-            });
+            let frees = std::mem::take(self.frees.get_mut().unwrap_or_else(|e| e.into_inner()));
+            if in_host_callback() {
+                // No event can be recorded inside a host callback (issue 19, item 9): the reaper
+                // thread records them.
+                crate::reaper::defer_after(Vec::<Event>::new(), false, move || d.schedule(frees));
+            } else {
+                d.schedule(frees);
+            }
             return;
         }
         let r = bind_context_unchecked(&self.ctx).and_then(|()| {
@@ -119,6 +147,7 @@ impl MemPool {
                 owned: false,
                 restore_threshold: Some(old),
                 ctx: dev.context().clone(),
+                frees: Mutex::default(),
             }),
         };
         p.set_release_threshold(release_threshold)?;
@@ -126,8 +155,9 @@ impl MemPool {
     }
 
     /// A new pool of device memory on `dev` (`cuMemPoolCreate`, device-located, pinned
-    /// allocation type) with the given release threshold (bytes). Destroyed when the last clone
-    /// is dropped (memory still allocated from it is released once freed).
+    /// allocation type) with the given release threshold (bytes). Every buffer allocated from it
+    /// keeps it alive: it is destroyed (`cuMemPoolDestroy`, on the reaper thread) once the last
+    /// clone and the last buffer are dropped and every free of its memory has run on the GPU.
     ///
     /// Errors: [`Error::MemoryPoolsUnsupported`]; [`Error::Cuda`].
     pub fn new(dev: &Device, release_threshold: u64) -> Result<Self> {
@@ -148,6 +178,7 @@ impl MemPool {
                 owned: true,
                 restore_threshold: None,
                 ctx: dev.context().clone(),
+                frees: Mutex::default(),
             }),
         };
         p.set_release_threshold(release_threshold)?;
@@ -276,8 +307,15 @@ impl MemPool {
             }
             r => r?,
         };
+        // An owned pool is destroyed only after this buffer's free (see `PoolDestroy::schedule`).
+        let keep = self
+            .inner
+            .owned
+            .then(|| self.inner.clone() as Arc<dyn PoolFrees>);
         // SAFETY: `ptr` is a fresh stream-ordered allocation of `len` T on `stream`, whose context
         // is the pool's (checked above).
-        Ok(unsafe { DeviceBuffer::from_raw(ptr, len, stream.clone(), self.inner.ctx.clone()) })
+        Ok(unsafe {
+            DeviceBuffer::from_raw(ptr, len, stream.clone(), self.inner.ctx.clone(), keep)
+        })
     }
 }
