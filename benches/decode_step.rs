@@ -88,7 +88,11 @@ fn main() -> warpline::Result<()> {
         let mut step = build_step(&dev, &dims, case, &weights, |c| {
             c.stamps = ci == 0;
             c.prefetch_bytes = prefetch;
-            c.gemm = gemm.unwrap_or(c.gemm);
+            if let Some(g) = gemm {
+                // One form for every GEMM: the default per-GEMM forms step aside too.
+                c.gemm = g;
+                c.gemm_roles = [None; 4];
+            }
             for (role, var) in [
                 "WARPLINE_DECODE_GEMM_QKV",
                 "WARPLINE_DECODE_GEMM_O",

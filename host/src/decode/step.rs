@@ -182,21 +182,49 @@ impl StepConfig {
             },
             max_pos: pages * dims.page_size,
             splits: None,
-            // Measured on the H100 (2026-11-25, benches/decode_step, variant e): the A-prefetch
-            // forms beat the default `u4` at every batch, two row tiles up to 32 sequences
-            // (8 x 4096: 258.8 vs 278.9 us per layer; 32 x 4096: 577 vs 716), one above
-            // (64 x 2048: 749 vs 1387).
-            gemm: DecodeConfig {
-                warps: 8,
-                ksplit: None,
-                unroll: 2,
-                l2_prefetch: true,
-                row_tiles: if batch <= 32 { 2 } else { 1 },
-                prefetch_a: true,
-            },
-            gemm_roles: [None; 4],
+            gemm: Self::default_gemm(batch),
+            gemm_roles: Self::default_roles(batch),
             prefetch_bytes: 4 << 20,
             stamps: false,
+        }
+    }
+
+    /// The GEMM form every GEMM of the step takes unless [`Self::gemm_roles`] overrides it.
+    /// Measured on the H100 (2026-11-25, benches/decode_step, variant e): the A-prefetch forms
+    /// beat the default `u4` at every batch, two row tiles up to 32 sequences (8 x 4096: 258.8
+    /// vs 278.9 us per layer; 32 x 4096: 577 vs 716), one above (64 x 2048: 749 vs 1387).
+    pub fn default_gemm(batch: usize) -> DecodeConfig {
+        DecodeConfig {
+            warps: 8,
+            ksplit: None,
+            unroll: 2,
+            l2_prefetch: true,
+            row_tiles: if batch <= 32 { 2 } else { 1 },
+            prefetch_a: true,
+        }
+    }
+
+    /// The per-GEMM forms that differ from [`Self::gemm`] by default. From 17 to 32 sequences
+    /// (two row tiles of 16 tokens), measured on the H200 (2026-11-28, benches/decode_step,
+    /// 32 x 4096, 4 layers, the per-kernel weight GB/s of the variant-c timeline): qkv on 4
+    /// warps (two CTAs per SM; 42 -> 26 us, 1.19 -> 1.94 TB/s) and gate_up with a k-split of 2
+    /// (86 -> 75 us, 2.74 -> 3.15 TB/s); together 401 -> 375 us per layer in variant e. o_proj
+    /// and down kept the shared form (no swept form was faster). Fewer sequences keep
+    /// [`Self::gemm`] for every GEMM (not swept there).
+    pub fn default_roles(batch: usize) -> [Option<DecodeConfig>; 4] {
+        let base = Self::default_gemm(batch);
+        if (17..=32).contains(&batch) {
+            [
+                Some(DecodeConfig { warps: 4, ..base }),
+                None,
+                Some(DecodeConfig {
+                    ksplit: Some(2),
+                    ..base
+                }),
+                None,
+            ]
+        } else {
+            [None; 4]
         }
     }
 
@@ -1438,13 +1466,15 @@ mod tests {
     #[test]
     fn issue21_gemm_roles_override_the_step_form_one_gemm_at_a_time() {
         let d = DecodeDims::llama3_8b();
-        let mut cfg = StepConfig::new(&d, 32, 1, 4096);
+        let mut cfg = StepConfig::new(&d, 16, 1, 4096);
         // Up to 32 sequences the default is u2 + A prefetch + two row tiles; above, one tile.
         assert_eq!(
             (cfg.gemm.unroll, cfg.gemm.row_tiles, cfg.gemm.prefetch_a),
             (2, 2, true)
         );
         assert_eq!(StepConfig::new(&d, 33, 1, 4096).gemm.row_tiles, 1);
+        // Up to 16 sequences no GEMM has a form of its own by default.
+        assert_eq!(cfg.gemm_roles, [None; 4]);
         let o = DecodeConfig {
             ksplit: Some(4),
             ..cfg.gemm
@@ -1455,6 +1485,27 @@ mod tests {
             assert_eq!(cfg.gemm_for(role), want, "role {role}");
         }
         assert_eq!(cfg.gemm_for(7), cfg.gemm);
+    }
+
+    #[test]
+    fn issue21_default_roles_from_17_to_32_sequences() {
+        let d = DecodeDims::llama3_8b();
+        for batch in [1, 8, 16, 33, 64] {
+            assert_eq!(
+                StepConfig::new(&d, batch, 1, 64).gemm_roles,
+                [None; 4],
+                "{batch}"
+            );
+        }
+        for batch in [17, 24, 32] {
+            let cfg = StepConfig::new(&d, batch, 1, 64);
+            let qkv = cfg.gemm_for(0);
+            assert_eq!((qkv.warps, qkv.ksplit), (4, None), "{batch}");
+            assert_eq!(cfg.gemm_for(1), cfg.gemm, "{batch}");
+            let gu = cfg.gemm_for(2);
+            assert_eq!((gu.warps, gu.ksplit), (8, Some(2)), "{batch}");
+            assert_eq!(cfg.gemm_for(3), cfg.gemm, "{batch}");
+        }
     }
 
     #[test]
