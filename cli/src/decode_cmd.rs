@@ -12,12 +12,15 @@
 
 use clap::Args;
 use serde_json::{json, Value};
-use warpline::decode::bench::{build_step, run_case, timeline, timeline_trace, Case};
+use warpline::decode::bench::{
+    build_step, parse_gemm_config, run_case, timeline, timeline_trace, Case,
+};
 use warpline::decode::reference::{
     normal_bf16, step as reference_step, LayerWeights, RefCache, Rounding,
 };
-use warpline::decode::step::{DecodeStep, HostLayer, Variant};
+use warpline::decode::step::{DecodeStep, HostLayer, StepConfig, Variant};
 use warpline::decode::DecodeDims;
+use warpline::kernels::DecodeConfig;
 use warpline::{bf16, Error};
 
 use super::{cli_json, say, usage, CliResult, Ctx};
@@ -57,6 +60,57 @@ pub struct DecodeArgs {
     /// Timed repetitions (the median is reported), each of 10 steps.
     #[arg(long, default_value_t = 7)]
     reps: usize,
+    /// One decode-GEMM form for every GEMM of the step (the per-GEMM defaults step aside):
+    /// `_`-joined tokens `w4|w8|w16` (warps), `ksN` (k-split), `u2|u4` (unroll), `r1|r2` (row
+    /// tiles), `pa|nopa` (A prefetch), `pf|nopf` (L2 hint), e.g. `w8_u2_r2_pa`.
+    #[arg(long, value_name = "FORM")]
+    gemm: Option<String>,
+    /// The qkv GEMM's form (tokens as for --gemm), over --gemm and the default.
+    #[arg(long, value_name = "FORM")]
+    gemm_qkv: Option<String>,
+    /// The o_proj GEMM's form.
+    #[arg(long, value_name = "FORM")]
+    gemm_o: Option<String>,
+    /// The gate_up GEMM's form.
+    #[arg(long, value_name = "FORM")]
+    gemm_gu: Option<String>,
+    /// The down GEMM's form.
+    #[arg(long, value_name = "FORM")]
+    gemm_down: Option<String>,
+}
+
+/// The step's GEMM forms from the flags, checked before the device opens: `(all, per role)`.
+type GemmForms = (
+    Option<DecodeConfig>,
+    [Option<(&'static str, DecodeConfig)>; 4],
+);
+
+fn gemm_forms(args: &DecodeArgs, batch: usize) -> CliResult<GemmForms> {
+    let dims = DecodeDims::small();
+    let base = StepConfig::new(&dims, batch, 1, 1).gemm;
+    let parse = |flag: &str, label: &str, base| {
+        parse_gemm_config(label, base).map_err(|e| usage(format!("--{flag} {label:?}: {e}")))
+    };
+    let all = args
+        .gemm
+        .as_deref()
+        .map(|l| parse("gemm", l, base))
+        .transpose()?;
+    let mut roles = [None; 4];
+    for (role, (flag, label)) in [
+        ("gemm-qkv", &args.gemm_qkv),
+        ("gemm-o", &args.gemm_o),
+        ("gemm-gu", &args.gemm_gu),
+        ("gemm-down", &args.gemm_down),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if let Some(l) = label {
+            roles[role] = Some((flag, parse(flag, l, all.unwrap_or(base))?));
+        }
+    }
+    Ok((all, roles))
 }
 
 pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
@@ -80,6 +134,7 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
     if args.reps == 0 || args.reps > 1000 {
         return Err(usage(format!("--reps {}: allowed 1 to 1000", args.reps)));
     }
+    let (gemm_all, gemm_roles) = gemm_forms(&args, args.batch)?;
     let mut dims = if args.small {
         DecodeDims::small()
     } else {
@@ -144,7 +199,26 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
             .map(|l| HostLayer::random(&dims, ctx.seed.wrapping_add(1 + l as u64)))
             .collect(),
     };
-    let mut step = build_step(&dev, &dims, case, &weights, |c| c.stamps = ctx.tracing())?;
+    let mut step = build_step(&dev, &dims, case, &weights, |c| {
+        c.stamps = ctx.tracing();
+        if let Some(g) = gemm_all {
+            c.gemm = g;
+            c.gemm_roles = [None; 4];
+        }
+        for (role, form) in gemm_roles.iter().enumerate() {
+            if let Some((_, g)) = form {
+                c.gemm_roles[role] = Some(*g);
+            }
+        }
+    })?;
+    let forms: Vec<String> = (0..4).map(|r| step.config().gemm_for(r).label()).collect();
+    say!(
+        "GEMM forms: qkv {}, o_proj {}, gate_up {}, down {}",
+        forms[0],
+        forms[1],
+        forms[2],
+        forms[3]
+    );
     let rows = run_case(&step, case, &variants, copy, args.reps, 10)?;
     say!(
         "{:>22} {:>6} {:>12} {:>12} {:>12} {:>8}",
@@ -193,6 +267,7 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
         "copy_gbps": copy,
         "dims": format!("{dims:?}"),
         "rows": rows,
+        "gemm_forms": forms,
         "timeline": trace_out,
         "verified": verified,
     }))

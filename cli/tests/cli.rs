@@ -825,6 +825,8 @@ fn issue21_decode_reports_no_gpu_or_runs_verified() {
             "--reps",
             "2",
             "--verify",
+            "--gemm-gu",
+            "w8_u2_r2_pa_ks2",
             "--timeline",
         ])
         .arg(&png)
@@ -833,6 +835,7 @@ fn issue21_decode_reports_no_gpu_or_runs_verified() {
     ran_or_no_gpu(
         &out,
         &[
+            "gate_up w8_ks2_u2_pf_r2_pa",
             "e graph+pdl+prefetch",
             "verified: one step",
             "wrote timeline",
@@ -866,6 +869,14 @@ fn issue21_decode_reports_no_gpu_or_runs_verified() {
         (
             &["--batch", "1", "--kv-len", "8", "--reps", "0"][..],
             "--reps 0",
+        ),
+        (
+            &["--batch", "24", "--kv-len", "8", "--gemm-qkv", "w4_bogus"][..],
+            "--gemm-qkv \"w4_bogus\"",
+        ),
+        (
+            &["--batch", "24", "--kv-len", "8", "--gemm", "u2_zz"][..],
+            "allowed: wN, ksN",
         ),
         (
             &[
