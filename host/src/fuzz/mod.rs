@@ -356,7 +356,8 @@ impl FuzzReport {
         })
     }
 
-    /// The one summary line.
+    /// The one summary line; with a failure it ends with the first one (seed, thread, op,
+    /// class and what happened), so that the last line of a run's log says what failed.
     pub fn summary(&self) -> String {
         let map = |m: &BTreeMap<String, u64>| {
             m.iter()
@@ -383,7 +384,17 @@ impl FuzzReport {
             if fails.is_empty() { "none".into() } else { map(&fails) },
             if self.stopped_early { "; stopped early by a hang" } else { "" },
             self.time.as_secs_f64()
-        )
+        ) + &self.failures.first().map_or(String::new(), |x| {
+            format!(
+                "; first: seed {} thread {} op {} ({}): {}: {}",
+                x.seed,
+                x.thread,
+                x.index,
+                x.op,
+                x.kind.name(),
+                x.detail
+            )
+        })
     }
 }
 

@@ -571,3 +571,53 @@ fn issue19_fuzz_caught_panics_keep_their_message() {
     assert_eq!(literal, Obs::Panic("a literal".into()));
     assert_eq!(caught(|| Obs::Ok), Obs::Ok);
 }
+
+/// The summary line ends with the first failure (seed, thread, op, class, detail), so that the
+/// last line of a run's log says what failed (session 10 lost one to a log filter); without a
+/// failure it is unchanged.
+#[test]
+fn summary_line_names_the_first_failure() {
+    let program = generate(7, 10, 1);
+    let mut rep = super::FuzzReport {
+        device: "test".into(),
+        caps: Caps {
+            tc_gemm: false,
+            pdl: false,
+            signals: false,
+        },
+        notes: Vec::new(),
+        options: FuzzOptions::default(),
+        seeds_run: 1,
+        ops: 10,
+        skipped: 0,
+        errors: Default::default(),
+        failures_by_kind: Default::default(),
+        failed_seeds: Vec::new(),
+        failures: Vec::new(),
+        stopped_early: false,
+        time: std::time::Duration::ZERO,
+    };
+    let clean = rep.summary();
+    assert!(clean.contains("failures: 0 (none)"), "{clean}");
+    assert!(!clean.contains("first:"), "{clean}");
+    rep.failed_seeds.push(7);
+    rep.failures_by_kind.insert("unexpected_error", 1);
+    rep.failures.push(super::Failure {
+        seed: 7,
+        thread: 0,
+        index: 3,
+        op: "graph",
+        kind: FailKind::UnexpectedError,
+        detail: "expected Ok, got Cuda: capture invalidated".into(),
+        program,
+        minimized: false,
+        minimize_note: None,
+    });
+    let s = rep.summary();
+    assert!(
+        s.ends_with(
+            "; first: seed 7 thread 0 op 3 (graph): unexpected_error: expected Ok, got Cuda: capture invalidated"
+        ),
+        "{s}"
+    );
+}
