@@ -196,24 +196,8 @@ impl Drop for ModuleKeep {
         let Some(module) = self.module.take() else {
             return;
         };
-        let l = std::mem::take(self.launched.get_mut().unwrap_or_else(|e| e.into_inner()));
-        if crate::context::in_host_callback() {
-            // No event can be recorded inside a host callback (issue 19, item 9), and without
-            // them the unload would not wait for the queued launches: the reaper thread drops
-            // the keep-alive instead, recording the events there.
-            let keep = ModuleKeep {
-                module: Some(module),
-                launched: Mutex::new(l),
-            };
-            crate::reaper::defer_after(Vec::<crate::stream::Event>::new(), false, move || {
-                drop(keep)
-            });
-            return;
-        }
-        // An event after everything queued on each stream so far, the module's launches
-        // included.
-        let after = l.into_markers();
-        crate::reaper::defer_after(after, true, move || {
+        let launched = std::mem::take(self.launched.get_mut().unwrap_or_else(|e| e.into_inner()));
+        launched.then_on_reaper(true, move || {
             // `cuModuleUnload`, under the driver's resource lock (see `crate::driver::resource_lock`).
             let _lock = crate::driver::resource_lock();
             drop(module)

@@ -159,8 +159,8 @@ const TRAIL_STREAMS: usize = 8;
 /// owned pool's stream-ordered frees (`memory::MemPool`, issue 19: `cuMemPoolDestroy` while frees
 /// of its memory were still queued crashed inside the driver under compute-sanitizer). It keeps
 /// the last [`TRAIL_STREAMS`] streams; an older one is let go with an event after everything
-/// queued on it so far. [`StreamTrail::into_markers`] turns the trail into events to defer the
-/// destroy on ([`crate::reaper::defer_after`]).
+/// queued on it so far. [`StreamTrail::then_on_reaper`] runs the destroy once that work has
+/// completed.
 #[derive(Default)]
 pub(crate) struct StreamTrail {
     /// Streams work was queued on, most recent last.
@@ -195,20 +195,29 @@ impl StreamTrail {
         self.streams.push(stream.clone());
     }
 
-    /// Events after everything queued so far on every stream of the trail (the noted work
-    /// included). A stream that is capturing or whose context is poisoned gives none (see
-    /// [`marker_after`]).
-    pub(crate) fn into_markers(self) -> Vec<Event> {
+    /// Runs `work` on the reaper thread ([`crate::reaper::defer_after`], with its gate closed
+    /// when `gated`) once everything queued so far on every stream of the trail (the noted work
+    /// included) has completed, marked by an event per stream; a stream that is capturing or
+    /// whose context is poisoned gives none (see [`marker_after`]). Never blocks. Inside a task
+    /// graph host callback no event may be recorded (issue 19, item 9): the reaper thread
+    /// records them first.
+    pub(crate) fn then_on_reaper(self, gated: bool, work: impl FnOnce() + Send + 'static) {
+        if in_host_callback() {
+            crate::reaper::defer_after(Vec::<Event>::new(), false, move || {
+                self.then_on_reaper(gated, work)
+            });
+            return;
+        }
         let mut after = self.events;
         after.extend(self.streams.iter().filter_map(marker_after));
-        after
+        crate::reaper::defer_after(after, gated, work);
     }
 }
 
 /// An event after everything queued on `s` so far; `None` on a poisoned context (which runs no
 /// more work) and on a stream that is capturing a graph (a record there would become a node of
 /// the user's graph: the captured work is the graph's to keep, see docs/safety.md).
-pub(crate) fn marker_after(s: &Stream) -> Option<Event> {
+fn marker_after(s: &Stream) -> Option<Event> {
     bind_context(s.ctx(), "cuStreamIsCapturing").ok()?;
     // SAFETY: a live stream of the context bound just above.
     if unsafe { crate::driver::graph::stream_is_capturing(s.raw()) }.unwrap_or(true) {

@@ -8,11 +8,10 @@ use cudarc::driver::{sys, CudaContext};
 
 use super::buffer::PoolFrees;
 use super::DeviceBuffer;
-use crate::context::in_host_callback;
 use crate::device::{bind_context, bind_context_unchecked, defer_error, Device};
 use crate::driver::core as drv;
 use crate::error::{Error, Result};
-use crate::stream::{Event, Stream, StreamTrail};
+use crate::stream::{Stream, StreamTrail};
 
 /// A memory pool of one device. Allocation and free are ordered on streams: an allocation made on
 /// stream S is usable by work queued on S after it, and its memory returns to the pool when S
@@ -59,44 +58,32 @@ struct PoolDestroy {
 // SAFETY: as for `PoolHandle`: the handle may be used from any thread.
 unsafe impl Send for PoolDestroy {}
 
-impl PoolDestroy {
-    /// Hands the destroy to the reaper thread, to run once every free queued before it has run:
-    /// every buffer of the pool held a handle until its `cuMemFreeAsync` was queued, so when the
-    /// last handle goes no allocation is left and the trail's events follow every free. Under
-    /// compute-sanitizer memcheck (H100, sessions 8 and 9) `cuMemPoolDestroy` with frees still
-    /// queued crashed inside the driver, while every other thread was outside it. The destroy
-    /// never blocks, so the gate is not needed.
-    fn schedule(self, frees: StreamTrail) {
-        let after = frees.into_markers();
-        crate::reaper::defer_after::<Event>(after, false, move || {
-            let d = self;
-            let r = bind_context_unchecked(&d.ctx).and_then(|()| {
-                // SAFETY: the pool was created by us and nothing uses the handle after this (the
-                // `MemPool`, every clone of it and every buffer allocated from it are gone).
-                unsafe { drv::mem_pool_destroy(d.pool) }
-            });
-            if let Err(e) = r {
-                defer_error(&d.ctx, &e);
-            }
-        });
-    }
-}
-
 impl Drop for PoolHandle {
     fn drop(&mut self) {
         if self.owned {
+            // Every buffer of the pool held a handle until its `cuMemFreeAsync` was queued, so
+            // no allocation is left and the trail's streams hold every free: the destroy runs on
+            // the reaper thread once those frees have run. Under compute-sanitizer memcheck
+            // (H100, sessions 8 and 9) `cuMemPoolDestroy` with frees still queued crashed inside
+            // the driver, while every other thread was outside it. It never blocks, so the gate
+            // is not needed.
             let d = PoolDestroy {
                 pool: self.pool,
                 ctx: self.ctx.clone(),
             };
             let frees = std::mem::take(self.frees.get_mut().unwrap_or_else(|e| e.into_inner()));
-            if in_host_callback() {
-                // No event can be recorded inside a host callback (issue 19, item 9): the reaper
-                // thread records them.
-                crate::reaper::defer_after(Vec::<Event>::new(), false, move || d.schedule(frees));
-            } else {
-                d.schedule(frees);
-            }
+            frees.then_on_reaper(false, move || {
+                let d = d;
+                let r = bind_context_unchecked(&d.ctx).and_then(|()| {
+                    // SAFETY: the pool was created by us and nothing uses the handle after this
+                    // (the `MemPool`, every clone of it and every buffer allocated from it are
+                    // gone).
+                    unsafe { drv::mem_pool_destroy(d.pool) }
+                });
+                if let Err(e) = r {
+                    defer_error(&d.ctx, &e);
+                }
+            });
             return;
         }
         let r = bind_context_unchecked(&self.ctx).and_then(|()| {
@@ -307,7 +294,7 @@ impl MemPool {
             }
             r => r?,
         };
-        // An owned pool is destroyed only after this buffer's free (see `PoolDestroy::schedule`).
+        // An owned pool is destroyed only after this buffer's free (see `PoolHandle`'s `Drop`).
         let keep = self
             .inner
             .owned
