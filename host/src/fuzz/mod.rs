@@ -178,6 +178,22 @@ pub struct Failure {
     pub minimize_note: Option<String>,
 }
 
+impl Failure {
+    /// `seed S thread T op I (kind): class: detail`, the one line that names the failure (the
+    /// report's `FAIL` lines and the end of its summary).
+    pub fn headline(&self) -> String {
+        format!(
+            "seed {} thread {} op {} ({}): {}: {}",
+            self.seed,
+            self.thread,
+            self.index,
+            self.op,
+            self.kind.name(),
+            self.detail
+        )
+    }
+}
+
 /// What a seed did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SeedResult {
@@ -384,17 +400,10 @@ impl FuzzReport {
             if fails.is_empty() { "none".into() } else { map(&fails) },
             if self.stopped_early { "; stopped early by a hang" } else { "" },
             self.time.as_secs_f64()
-        ) + &self.failures.first().map_or(String::new(), |x| {
-            format!(
-                "; first: seed {} thread {} op {} ({}): {}: {}",
-                x.seed,
-                x.thread,
-                x.index,
-                x.op,
-                x.kind.name(),
-                x.detail
-            )
-        })
+        ) + &self
+            .failures
+            .first()
+            .map_or(String::new(), |x| format!("; first: {}", x.headline()))
     }
 }
 
@@ -404,16 +413,7 @@ impl fmt::Display for FuzzReport {
             writeln!(f, "note: {n}")?;
         }
         for x in &self.failures {
-            writeln!(
-                f,
-                "FAIL seed {} thread {} op {} ({}): {}: {}",
-                x.seed,
-                x.thread,
-                x.index,
-                x.op,
-                x.kind.name(),
-                x.detail
-            )?;
+            writeln!(f, "FAIL {}", x.headline())?;
             if x.minimized || x.minimize_note.is_some() {
                 if let Some(n) = &x.minimize_note {
                     writeln!(f, "  minimiser: {n}")?;
