@@ -88,11 +88,8 @@ fn main() -> warpline::Result<()> {
         let mut step = build_step(&dev, &dims, case, &weights, |c| {
             c.stamps = ci == 0;
             c.prefetch_bytes = prefetch;
-            if let Some(g) = gemm {
-                // One form for every GEMM: the default per-GEMM forms step aside too.
-                c.gemm = g;
-                c.gemm_roles = [None; 4];
-            }
+            let base = gemm.unwrap_or(c.gemm);
+            let mut roles = [None; 4];
             for (role, var) in [
                 "WARPLINE_DECODE_GEMM_QKV",
                 "WARPLINE_DECODE_GEMM_O",
@@ -103,10 +100,11 @@ fn main() -> warpline::Result<()> {
             .enumerate()
             {
                 if let Some(l) = env(var) {
-                    c.gemm_roles[role] =
-                        Some(parse_gemm_config(&l, c.gemm).expect("a GEMM configuration label"));
+                    roles[role] =
+                        Some(parse_gemm_config(&l, base).expect("a GEMM configuration label"));
                 }
             }
+            c.set_gemm_forms(gemm, roles);
             if let Some(s) = env("WARPLINE_DECODE_SPLITS") {
                 c.splits = Some(s.parse().expect("WARPLINE_DECODE_SPLITS: a split count"));
             }

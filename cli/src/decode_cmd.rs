@@ -79,23 +79,20 @@ pub struct DecodeArgs {
     gemm_down: Option<String>,
 }
 
-/// The step's GEMM forms from the flags, checked before the device opens: `(all, per role)`.
-type GemmForms = (
-    Option<DecodeConfig>,
-    [Option<(&'static str, DecodeConfig)>; 4],
-);
+/// The step's GEMM forms from the flags, checked before the device opens: the form for every
+/// GEMM and each GEMM's own (for [`StepConfig::set_gemm_forms`]).
+type GemmForms = (Option<DecodeConfig>, [Option<DecodeConfig>; 4]);
 
-fn gemm_forms(args: &DecodeArgs, batch: usize) -> CliResult<GemmForms> {
-    let dims = DecodeDims::small();
-    let base = StepConfig::new(&dims, batch, 1, 1).gemm;
+fn gemm_forms(args: &DecodeArgs) -> CliResult<GemmForms> {
     let parse = |flag: &str, label: &str, base| {
         parse_gemm_config(label, base).map_err(|e| usage(format!("--{flag} {label:?}: {e}")))
     };
     let all = args
         .gemm
         .as_deref()
-        .map(|l| parse("gemm", l, base))
+        .map(|l| parse("gemm", l, StepConfig::default_gemm(args.batch)))
         .transpose()?;
+    let base = all.unwrap_or(StepConfig::default_gemm(args.batch));
     let mut roles = [None; 4];
     for (role, (flag, label)) in [
         ("gemm-qkv", &args.gemm_qkv),
@@ -107,7 +104,7 @@ fn gemm_forms(args: &DecodeArgs, batch: usize) -> CliResult<GemmForms> {
     .enumerate()
     {
         if let Some(l) = label {
-            roles[role] = Some((flag, parse(flag, l, all.unwrap_or(base))?));
+            roles[role] = Some(parse(flag, l, base)?);
         }
     }
     Ok((all, roles))
@@ -134,7 +131,7 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
     if args.reps == 0 || args.reps > 1000 {
         return Err(usage(format!("--reps {}: allowed 1 to 1000", args.reps)));
     }
-    let (gemm_all, gemm_roles) = gemm_forms(&args, args.batch)?;
+    let (gemm_all, gemm_roles) = gemm_forms(&args)?;
     let mut dims = if args.small {
         DecodeDims::small()
     } else {
@@ -201,15 +198,7 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
     };
     let mut step = build_step(&dev, &dims, case, &weights, |c| {
         c.stamps = ctx.tracing();
-        if let Some(g) = gemm_all {
-            c.gemm = g;
-            c.gemm_roles = [None; 4];
-        }
-        for (role, form) in gemm_roles.iter().enumerate() {
-            if let Some((_, g)) = form {
-                c.gemm_roles[role] = Some(*g);
-            }
-        }
+        c.set_gemm_forms(gemm_all, gemm_roles);
     })?;
     let forms: Vec<String> = (0..4).map(|r| step.config().gemm_for(r).label()).collect();
     say!(

@@ -228,6 +228,21 @@ impl StepConfig {
         }
     }
 
+    /// Sets the GEMM forms a caller chose: `all` (if any) for every GEMM, the default per-GEMM
+    /// forms stepping aside, then each `Some` of `roles` (0 qkv, 1 o_proj, 2 gate_up, 3 down)
+    /// for its GEMM. For the bench's and the CLI's form flags.
+    pub fn set_gemm_forms(&mut self, all: Option<DecodeConfig>, roles: [Option<DecodeConfig>; 4]) {
+        if let Some(g) = all {
+            self.gemm = g;
+            self.gemm_roles = [None; 4];
+        }
+        for (slot, form) in self.gemm_roles.iter_mut().zip(roles) {
+            if form.is_some() {
+                *slot = form;
+            }
+        }
+    }
+
     /// The configuration of GEMM `role` (0 qkv, 1 o_proj, 2 gate_up, 3 down): its override in
     /// [`Self::gemm_roles`], else [`Self::gemm`].
     pub fn gemm_for(&self, role: usize) -> DecodeConfig {
@@ -1506,6 +1521,32 @@ mod tests {
             assert_eq!((gu.warps, gu.ksplit), (8, Some(2)), "{batch}");
             assert_eq!(cfg.gemm_for(3), cfg.gemm, "{batch}");
         }
+    }
+
+    #[test]
+    fn issue21_set_gemm_forms_all_then_roles() {
+        let d = DecodeDims::llama3_8b();
+        let mut cfg = StepConfig::new(&d, 24, 1, 64);
+        let o = DecodeConfig {
+            ksplit: Some(4),
+            ..cfg.gemm
+        };
+        // Roles only: the defaults of the other GEMMs stay.
+        cfg.set_gemm_forms(None, [None, Some(o), None, None]);
+        assert_eq!(cfg.gemm_for(0).warps, 4);
+        assert_eq!(cfg.gemm_for(1), o);
+        assert_eq!(cfg.gemm_for(2).ksplit, Some(2));
+        // One form for all: the default per-GEMM forms step aside, roles still apply.
+        let all = DecodeConfig {
+            unroll: 4,
+            ..cfg.gemm
+        };
+        cfg.set_gemm_forms(Some(all), [None, None, None, Some(o)]);
+        assert_eq!(cfg.gemm, all);
+        for role in 0..3 {
+            assert_eq!(cfg.gemm_for(role), all, "role {role}");
+        }
+        assert_eq!(cfg.gemm_for(3), o);
     }
 
     #[test]
