@@ -544,3 +544,78 @@ fn issue19_fuzz_capture_after_launches_on_many_streams_is_not_invalidated() {
         fresh.synchronize().unwrap();
     }
 }
+
+/// `warpline fuzz` under memcheck on the H200 (issue 19): a task-graph capture was invalidated
+/// (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` at its next `cuEventRecord`) while the reaper thread
+/// destroyed a pool or freed pinned memory. Such frees now wait until no capture is open in any
+/// thread, and a capture waits for a free that is running. Here a kernel closure (run during the
+/// capture) has another thread drop pinned buffers and an owned pool with its buffers, and calls
+/// `reaper::flush` itself (which returns at once in a capturing thread instead of waiting for
+/// frees that wait for its capture). The capture must succeed and replay correctly, and every
+/// deferred free must run after it (the final `flush` returns within the bound). Run under
+/// memcheck by scripts/sanitize.sh (label soundness_graphs).
+#[test]
+fn issue19_fuzz_frees_during_a_capture_do_not_invalidate_it() {
+    let Some(dev) = gpu_or_skip("issue 19 frees during a capture") else {
+        return;
+    };
+    let dev = Arc::new(dev);
+    let streams: Vec<Stream> = (0..2).map(|_| dev.new_stream().unwrap()).collect();
+    let sig = Signal::<u64>::new(&dev, "frees during a capture").unwrap();
+    for round in 0..20 {
+        let mut g = TaskGraph::new();
+        let l = g.lane("l");
+        let s = g.signal("s");
+        g.add(l, "add before", s, 1).unwrap();
+        let dev2 = dev.clone();
+        let stream2 = streams[1].clone();
+        g.kernel(
+            l,
+            "frees on another thread, flush on this one",
+            move |_ctx| {
+                let (dev, stream) = (dev2.clone(), stream2.clone());
+                std::thread::spawn(move || {
+                    let pinned: Vec<_> = (0..4)
+                        .map(|i| warpline::PinnedBuffer::<f32>::new(&dev, 1000 + i).unwrap())
+                        .collect();
+                    let pool = MemPool::new(&dev, 0).unwrap();
+                    let mut bufs = Vec::new();
+                    for _ in 0..3 {
+                        let mut b = pool.alloc_async::<f32>(&stream, 4096).unwrap();
+                        b.fill_async(2.0).unwrap();
+                        bufs.push(b);
+                    }
+                    drop(pool);
+                    drop(bufs);
+                    drop(pinned);
+                })
+                .join()
+                .unwrap();
+                let t0 = Instant::now();
+                warpline::memory::reaper::flush();
+                assert!(
+                    t0.elapsed() < Duration::from_secs(1),
+                    "flush inside a capture waited"
+                );
+                // Give the reaper time to reach the frees while the capture is still open.
+                std::thread::sleep(Duration::from_millis(5));
+                Ok(())
+            },
+        )
+        .unwrap();
+        g.add(l, "add after", s, 2).unwrap();
+        // SAFETY: the closure enqueues nothing on the capture's streams and allocates nothing
+        // that the graph touches (its allocations are on another stream and freed inside it).
+        let mut captured = unsafe { g.capture_unchecked(&dev, &streams[..1], &[&sig]) }
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let run = captured.launch().unwrap();
+        synchronize_timeout(&run, BOUND, OnTimeout::Abandon).unwrap();
+        assert_eq!(sig.read().unwrap(), 3, "round {round}");
+    }
+    let t0 = Instant::now();
+    warpline::memory::reaper::flush();
+    assert!(t0.elapsed() < BOUND, "the deferred frees never ran");
+    streams[1].synchronize().unwrap();
+    assert!(dev.take_deferred_errors().is_empty());
+    dev.check_healthy().unwrap();
+}

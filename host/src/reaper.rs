@@ -109,13 +109,25 @@ unsafe extern "C" {
     fn atexit(f: extern "C" fn()) -> core::ffi::c_int;
 }
 
-fn run(job: Job) {
+/// Runs `job`, or hands it back when it must wait: a gated job (a free or unload that may
+/// synchronise the context) runs with the gate closed and only while no stream capture is open
+/// in any thread ([`crate::driver::graph::CapturesExcluded`]); a barrier needs the gate alone.
+fn try_run(job: Job) -> Option<Job> {
     if job.gated {
-        let _free = Gate::close_for_free();
+        let free = Gate::close_for_free();
+        if job.barrier {
+            (job.work)();
+            return None;
+        }
+        let Some(_excluded) = crate::driver::graph::exclude_captures() else {
+            drop(free);
+            return Some(job);
+        };
         (job.work)();
     } else {
         (job.work)();
     }
+    None
 }
 
 fn sender() -> &'static Mutex<Sender<Job>> {
@@ -171,8 +183,15 @@ fn sender() -> &'static Mutex<Sender<Job>> {
                         };
                         if ready {
                             if let Some(job) = waiting.remove(i) {
-                                run(job);
-                                progressed = true;
+                                match try_run(job) {
+                                    None => progressed = true,
+                                    Some(job) => {
+                                        // A capture is open: retried on a later pass.
+                                        waiting.insert(i, job);
+                                        blocked = true;
+                                        i += 1;
+                                    }
+                                }
                             }
                         } else {
                             blocked = true;
@@ -229,9 +248,15 @@ pub(crate) fn defer_after<E: Polled>(
 /// Blocks until every job handed over before this call has run (tests, and callers that want
 /// the memory back), including jobs that wait for GPU work (`defer_after`). Do not call while
 /// holding an unreleased on-stream wait. Inside a task graph host callback it returns at once
-/// without waiting (a free behind that callback's stream could never run; issue 19, item 9).
+/// without waiting (a free behind that callback's stream could never run; issue 19, item 9), and
+/// so it does while this thread has a stream capture open (frees wait for every capture of the
+/// process to end).
 pub fn flush() {
     if refuse_in_host_callback("reaper::flush").is_err() {
+        return;
+    }
+    // Frees wait for every open capture to end; this thread's own could never end meanwhile.
+    if crate::driver::graph::thread_is_capturing() {
         return;
     }
     let (tx, rx) = channel::<()>();

@@ -17,9 +17,77 @@ use crate::error::{CudaCall, Result};
 /// `stream` is a live stream of the current context.
 pub(crate) unsafe fn stream_begin_capture(stream: sys::CUstream) -> Result<()> {
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    sys::cuStreamBeginCapture_v2(stream, mode).call("cuStreamBeginCapture_v2")?;
+    capture_opens();
+    if let Err(e) = sys::cuStreamBeginCapture_v2(stream, mode).call("cuStreamBeginCapture_v2") {
+        capture_closes();
+        return Err(e);
+    }
     CAPTURES_OPEN.with(|n| n.set(n.get() + 1));
     Ok(())
+}
+
+/// Process-wide: how many captures begun through [`stream_begin_capture`] are open in any
+/// thread, and whether a call that may synchronise the whole context is running
+/// ([`CapturesExcluded`]).
+struct CaptureCensus {
+    open: usize,
+    excluded: bool,
+}
+
+static CENSUS: std::sync::Mutex<CaptureCensus> = std::sync::Mutex::new(CaptureCensus {
+    open: 0,
+    excluded: false,
+});
+static CENSUS_CV: std::sync::Condvar = std::sync::Condvar::new();
+
+fn census() -> std::sync::MutexGuard<'static, CaptureCensus> {
+    CENSUS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Counts a capture about to begin; waits while a [`CapturesExcluded`] is held (a free or an
+/// unload on the reaper thread, which waits for GPU work alone).
+fn capture_opens() {
+    let mut c = census();
+    while c.excluded {
+        c = CENSUS_CV.wait(c).unwrap_or_else(|e| e.into_inner());
+    }
+    c.open += 1;
+}
+
+/// A capture counted by [`capture_opens`] has ended (or never began).
+fn capture_closes() {
+    {
+        let mut c = census();
+        c.open = c.open.saturating_sub(1);
+    }
+    CENSUS_CV.notify_all();
+}
+
+/// Held while a driver call that may synchronise the context runs (`cuMemFreeHost`,
+/// `cuMemPoolDestroy`, `cuModuleUnload` on the reaper thread): [`exclude_captures`] gives one only
+/// while no capture is open in any thread of the process, and no capture begins until it drops.
+/// Under compute-sanitizer memcheck such a call on the reaper thread invalidated another thread's
+/// thread-local capture (`CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` at the next `cuEventRecord` of a
+/// task-graph capture; `warpline fuzz` on the H200, issue 19). Captures begun outside warpline
+/// (a raw `cuStreamBeginCapture` through interop) are not counted.
+pub(crate) struct CapturesExcluded(());
+
+/// A [`CapturesExcluded`], or `None` at once while a capture is open (the caller retries later:
+/// it never waits on a capture, which may itself wait on the caller).
+pub(crate) fn exclude_captures() -> Option<CapturesExcluded> {
+    let mut c = census();
+    if c.open > 0 || c.excluded {
+        return None;
+    }
+    c.excluded = true;
+    Some(CapturesExcluded(()))
+}
+
+impl Drop for CapturesExcluded {
+    fn drop(&mut self) {
+        census().excluded = false;
+        CENSUS_CV.notify_all();
+    }
 }
 
 thread_local! {
@@ -45,6 +113,7 @@ pub(crate) unsafe fn stream_end_capture(stream: sys::CUstream) -> (sys::CUgraph,
     let mut graph: sys::CUgraph = null_mut();
     let r = sys::cuStreamEndCapture(stream, &mut graph).call("cuStreamEndCapture");
     CAPTURES_OPEN.with(|n| n.set(n.get().saturating_sub(1)));
+    capture_closes();
     (graph, r)
 }
 
@@ -256,4 +325,41 @@ mod finding_09_graph_handles_are_send_but_not_sync {
     assert_impl_all!(super::CudaGraph: Send);
     assert_not_impl_any!(super::GraphExec: Sync);
     assert_not_impl_any!(super::CudaGraph: Sync);
+}
+
+/// The capture census (issue 19): a context-synchronising call is excluded while any capture is
+/// open, and a capture that begins while one runs waits for it.
+#[cfg(test)]
+mod capture_census {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    #[test]
+    fn issue19_frees_wait_for_open_captures_and_captures_wait_for_running_frees() {
+        capture_opens();
+        assert!(exclude_captures().is_none(), "a free ran during a capture");
+        capture_opens();
+        capture_closes();
+        assert!(exclude_captures().is_none(), "one capture is still open");
+        capture_closes();
+        let excluded = exclude_captures().expect("no capture is open");
+        assert!(exclude_captures().is_none(), "two frees at once");
+        let begun = Arc::new(AtomicBool::new(false));
+        let b = begun.clone();
+        let t = std::thread::spawn(move || {
+            capture_opens();
+            b.store(true, Ordering::SeqCst);
+            capture_closes();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !begun.load(Ordering::SeqCst),
+            "a capture began during a free"
+        );
+        drop(excluded);
+        t.join().unwrap();
+        assert!(begun.load(Ordering::SeqCst));
+        assert!(exclude_captures().is_some(), "the census is back to zero");
+    }
 }
