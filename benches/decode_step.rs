@@ -13,7 +13,8 @@
 //! 32x4096, 64x2048), `WARPLINE_DECODE_LAYERS=NL` (default 4), `WARPLINE_DECODE_VARIANTS=abcde`
 //! (default all), `WARPLINE_DECODE_SMALL=1` (the tests' small dims instead of Llama-8B),
 //! `WARPLINE_DECODE_JSON=file` (rows and timeline as JSON), `WARPLINE_DECODE_SPLITS=n` (the
-//! attention's KV splits), `WARPLINE_DECODE_GEMM_QKV`, `_O`, `_GU`, `_DOWN` (one GEMM's
+//! attention's KV splits), `WARPLINE_DECODE_ATTN=tc|cuda` (the attention's form, default
+//! tensor cores), `WARPLINE_DECODE_GEMM_QKV`, `_O`, `_GU`, `_DOWN` (one GEMM's
 //! configuration label, over `WARPLINE_DECODE_GEMM`), `WARPLINE_DECODE_TIMELINE=file.png`
 //! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`
 //! in the `wait` colour; variant `WARPLINE_DECODE_TIMELINE_VARIANT`, default `e`), `WARPLINE_DECODE_NPY=dir` (also
@@ -28,7 +29,7 @@ use warpline::decode::bench::{
     Row,
 };
 use warpline::decode::reference::normal_bf16;
-use warpline::decode::step::{HostLayer, Variant};
+use warpline::decode::step::{AttnForm, HostLayer, Variant};
 use warpline::decode::DecodeDims;
 use warpline_suite::support::gpu_or_skip;
 
@@ -105,6 +106,9 @@ fn main() -> warpline::Result<()> {
                 }
             }
             c.set_gemm_forms(gemm, roles);
+            if let Some(a) = env("WARPLINE_DECODE_ATTN") {
+                c.attention = AttnForm::parse(&a).expect("WARPLINE_DECODE_ATTN: tc or cuda");
+            }
             if let Some(s) = env("WARPLINE_DECODE_SPLITS") {
                 c.splits = Some(s.parse().expect("WARPLINE_DECODE_SPLITS: a split count"));
             }

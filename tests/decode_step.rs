@@ -19,7 +19,7 @@
 
 use warpline::bf16;
 use warpline::decode::reference::{self, normal_bf16, LayerWeights, RefCache, Rounding};
-use warpline::decode::step::{Activation, DecodeStep, HostLayer, StepConfig, Variant};
+use warpline::decode::step::{Activation, AttnForm, DecodeStep, HostLayer, StepConfig, Variant};
 use warpline::decode::{DecodeDims, KvLayout};
 use warpline::kernels::decode_gemm::DecodeConfig;
 use warpline::{Device, Error};
@@ -39,22 +39,32 @@ struct Setup {
 /// `batch` sequences at `positions`, `layers` layers, block tables of 3 pages per sequence
 /// (capacity 48 tokens) laid out in reverse over a cache of `3 * batch + 2` pages.
 fn setup(seed: u64, positions: &[u32], layers: usize, splits: Option<u32>) -> Setup {
-    let dims = DecodeDims::small();
+    setup_with(DecodeDims::small(), 3, seed, positions, layers, splits)
+}
+
+/// As [`setup`] with other dims and `cols` pages per sequence.
+fn setup_with(
+    dims: DecodeDims,
+    cols: usize,
+    seed: u64,
+    positions: &[u32],
+    layers: usize,
+    splits: Option<u32>,
+) -> Setup {
     let batch = positions.len();
-    let cols = 3;
     let layout = KvLayout {
         num_pages: cols * batch + 2,
         max_pages_per_seq: cols,
     };
     let cfg = StepConfig {
         layout,
-        max_pos: 64,
+        max_pos: (cols * dims.page_size).max(64),
         splits,
         // With ksplit 1 (see the tests) every warp has 2 to 4 k-blocks: 1 MiB prefetches the
         // second one into L2 before the wait.
         prefetch_bytes: 1 << 20,
         stamps: true,
-        ..StepConfig::new(&dims, batch, layers, 48)
+        ..StepConfig::new(&dims, batch, layers, cols * dims.page_size)
     };
     let block_table: Vec<u32> = (0..batch * cols)
         .map(|i| (layout.num_pages - 1 - i) as u32)
@@ -281,6 +291,67 @@ fn issue21_decode_step_kernels_match_reference() {
         check("rmsnorm2", &mid.normed, &cat(|t| &t.normed2));
         check("silu(gate) * up", &mid.act, &cat(|t| &t.act));
         check("layer output", &out, &h);
+    }
+}
+
+/// Both attention forms (tensor cores, the default, and CUDA cores) at the Llama head dim 128
+/// with 4 query heads per KV head and at head dim 64 with 8, over KV lengths of up to 301
+/// tokens (10 chunks of the ring, ragged: 1, 32, 33, 34, 101, 256, 301 tokens, so chunk and
+/// page boundaries and partial last chunks), with one split, three, and the automatic count:
+/// the attention output and the layer output against the reference.
+#[test]
+fn issue21_decode_attention_forms_match_reference_at_llama_head_dims() {
+    let Some(dev) = gpu_or_skip("issue21_decode_attention_forms_match_reference") else {
+        return;
+    };
+    let seed = gemm_seed("decode_step attention forms");
+    let d128 = DecodeDims {
+        hidden: 1024,
+        heads: 8,
+        kv_heads: 2,
+        head_dim: 128,
+        ..DecodeDims::small()
+    };
+    let d64_g8 = DecodeDims {
+        hidden: 512,
+        heads: 8,
+        kv_heads: 1,
+        head_dim: 64,
+        ..DecodeDims::small()
+    };
+    let positions = [0u32, 31, 32, 33, 100, 255, 300];
+    for dims in [d128, d64_g8] {
+        for form in [AttnForm::TensorCores, AttnForm::CudaCores] {
+            for splits in [Some(1), Some(3), None] {
+                let mut s = setup_with(dims, 20, seed, &positions, 1, splits);
+                s.cfg.attention = form;
+                let mut step = build(&dev, &s);
+                let mut rc = ref_caches(&s);
+                let mut h: Vec<f64> = s.x.iter().map(|&v| v as f64).collect();
+                let traces = reference::layer(
+                    &s.dims,
+                    &s.cfg.layout,
+                    &s.weights[0],
+                    &mut rc[0],
+                    &mut h,
+                    &s.positions,
+                    &s.block_table,
+                    Rounding::Bf16,
+                );
+                let out = run_and_read(&mut step, Variant::PdlPrefetch);
+                let mid = step.intermediates().unwrap();
+                let attn: Vec<f64> = traces.iter().flat_map(|t| t.attn.clone()).collect();
+                eprintln!(
+                    "head dim {}, group {}, form {}, splits {}",
+                    dims.head_dim,
+                    dims.group(),
+                    form.name(),
+                    step.splits()
+                );
+                check("attention", &mid.attn, &attn);
+                check("layer output", &out, &h);
+            }
+        }
     }
 }
 

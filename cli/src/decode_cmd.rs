@@ -18,7 +18,7 @@ use warpline::decode::bench::{
 use warpline::decode::reference::{
     normal_bf16, step as reference_step, LayerWeights, RefCache, Rounding,
 };
-use warpline::decode::step::{DecodeStep, HostLayer, StepConfig, Variant};
+use warpline::decode::step::{AttnForm, DecodeStep, HostLayer, StepConfig, Variant};
 use warpline::decode::DecodeDims;
 use warpline::kernels::DecodeConfig;
 use warpline::{bf16, Error};
@@ -77,6 +77,9 @@ pub struct DecodeArgs {
     /// The down GEMM's form.
     #[arg(long, value_name = "FORM")]
     gemm_down: Option<String>,
+    /// The decode attention's form: `tc` (tensor cores, the default) or `cuda` (CUDA cores).
+    #[arg(long, value_name = "FORM", default_value = "tc")]
+    attn: String,
 }
 
 /// The step's GEMM forms from the flags, checked before the device opens: the form for every
@@ -132,6 +135,8 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
         return Err(usage(format!("--reps {}: allowed 1 to 1000", args.reps)));
     }
     let (gemm_all, gemm_roles) = gemm_forms(&args)?;
+    let attn_form =
+        AttnForm::parse(&args.attn).map_err(|e| usage(format!("--attn {:?}: {e}", args.attn)))?;
     let mut dims = if args.small {
         DecodeDims::small()
     } else {
@@ -199,14 +204,16 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
     let mut step = build_step(&dev, &dims, case, &weights, |c| {
         c.stamps = ctx.tracing();
         c.set_gemm_forms(gemm_all, gemm_roles);
+        c.attention = attn_form;
     })?;
     let forms: Vec<String> = (0..4).map(|r| step.config().gemm_for(r).label()).collect();
     say!(
-        "GEMM forms: qkv {}, o_proj {}, gate_up {}, down {}",
+        "GEMM forms: qkv {}, o_proj {}, gate_up {}, down {}; attention {}",
         forms[0],
         forms[1],
         forms[2],
-        forms[3]
+        forms[3],
+        attn_form.name()
     );
     let rows = run_case(&step, case, &variants, copy, args.reps, 10)?;
     say!(

@@ -55,6 +55,78 @@ pub fn mma_m16n8k16_f32_f16(a: [u32; 4], b: [u32; 2], c: [f32; 4]) -> [f32; 4] {
     d
 }
 
+/// `mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32` (PTX ISA 8.0 §9.7.13.4.7, fragments of
+/// `m16n8k8` with `.bf16`): `d = A * B + c` on one warp. A (16 x 8, row-major): `a[0]` = row `g`,
+/// cols `2t, 2t+1`; `a[1]` = row `g+8`, the same cols. B (8 x 8, "col"): `b` = rows `2t, 2t+1` of
+/// column `g`. C/D as for `m16n8k16`. The accumulator fragment of an `m16n8k*` product (cols
+/// `2t, 2t+1` of rows `g`, `g+8`), packed to bf16 pairs, is exactly this A fragment: how
+/// attention feeds the probabilities of `S = Q K^T` into `P V` without shared memory
+/// (FlashAttention-2 §3.3). All 32 lanes execute it together, converged.
+#[inline(always)]
+pub fn mma_m16n8k8_f32_bf16(a: [u32; 2], b: u32, c: [f32; 4]) -> [f32; 4] {
+    let mut d = c;
+    // SAFETY: a register-only warp instruction; the caller's warp executes it converged.
+    unsafe {
+        asm!(
+            "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {{{d0}, {d1}, {d2}, {d3}}}, {{{a0}, {a1}}}, {{{b0}}}, {{{d0}, {d1}, {d2}, {d3}}};",
+            d0 = inout(reg32) d[0], d1 = inout(reg32) d[1], d2 = inout(reg32) d[2], d3 = inout(reg32) d[3],
+            a0 = in(reg32) a[0], a1 = in(reg32) a[1], b0 = in(reg32) b,
+            options(pure, nomem, nostack)
+        )
+    };
+    d
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x4.shared.b16` (PTX ISA 8.0 §9.7.13.4.15): four 8 x 8 matrices of
+/// 16-bit elements from shared memory. Lane `8 i + r` gives the shared-window address of row `r`
+/// of matrix `i` (16 contiguous bytes, 16-byte aligned); register `i` of lane `l` receives
+/// elements `2 (l % 4)` and `2 (l % 4) + 1` of row `l / 4` of matrix `i` (low half first): the B
+/// fragment of `mma.m16n8k*` when the matrix rows are B's columns (K contiguous). Rows whose
+/// addresses fall in distinct 16-byte bank groups are read in one pass (8 rows of one matrix at a
+/// stride of 128 bytes or a multiple collide: swizzle them).
+///
+/// # Safety
+/// Every lane's address is a 16-byte aligned shared-window address of 16 bytes of this CTA's
+/// shared memory that no thread writes concurrently; all 32 lanes execute it together, converged.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
+    let r: [u32; 4];
+    // SAFETY: the caller's contract above.
+    unsafe {
+        let (r0, r1, r2, r3): (u32, u32, u32, u32);
+        asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{r0}, {r1}, {r2}, {r3}}}, [{a}];",
+            r0 = out(reg32) r0, r1 = out(reg32) r1, r2 = out(reg32) r2, r3 = out(reg32) r3,
+            a = in(reg32) addr, options(readonly, nostack)
+        );
+        r = [r0, r1, r2, r3];
+    }
+    r
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16`: as [`ldmatrix_x4`], each matrix transposed:
+/// register `i` of lane `l` receives rows `2 (l % 4)` and `2 (l % 4) + 1` of column `l / 4` of
+/// matrix `i` (low half first): the B fragment of `mma.m16n8k8` (or half of `m16n8k16`'s) when
+/// the matrix rows are B's rows (N contiguous), as V's rows are in `P V`.
+///
+/// # Safety
+/// As [`ldmatrix_x4`].
+#[inline(always)]
+pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
+    let r: [u32; 4];
+    // SAFETY: the caller's contract (as ldmatrix_x4).
+    unsafe {
+        let (r0, r1, r2, r3): (u32, u32, u32, u32);
+        asm!(
+            "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{r0}, {r1}, {r2}, {r3}}}, [{a}];",
+            r0 = out(reg32) r0, r1 = out(reg32) r1, r2 = out(reg32) r2, r3 = out(reg32) r3,
+            a = in(reg32) addr, options(readonly, nostack)
+        );
+        r = [r0, r1, r2, r3];
+    }
+    r
+}
+
 /// `ld.global.nc.L1::no_allocate.v4.b32`: 16 bytes from global memory through the read-only
 /// path without allocating in L1 (data read once: streamed weights).
 ///

@@ -1179,6 +1179,26 @@ pub mod decode_step {
     /// The score scale's initial running maximum (finite, so empty states combine without NaN).
     pub const M_INIT: f32 = -1.0e30;
 
+    /// Consumer warps per tensor-core attention CTA (`AttnVariant::tc_kernel`): each scores 8
+    /// rows of every chunk (`mma.m16n8k16`, the `G` query heads as the rows of A) and folds them
+    /// into its output (`mma.m16n8k8`, the probabilities as A, straight from the scores'
+    /// registers).
+    pub const ATTN_TC_WARPS: u32 = ATTN_CHUNK_ROWS / 8;
+    /// Threads per tensor-core attention CTA: the consumer warps and one loader warp (its 32
+    /// lanes copy one chunk row each by `cp.async`, 16 bytes at a time, XOR-swizzled).
+    pub const ATTN_TC_THREADS: u32 = (ATTN_TC_WARPS + 1) * 32;
+    /// The tensor-core attention's launch bound, CTAs per SM (`.minnctapersm`).
+    pub const ATTN_TC_CTAS_PER_SM: u32 = 2;
+
+    /// Dynamic shared memory of a tensor-core attention CTA: the ring (as the CUDA-core
+    /// entry's, rows XOR-swizzled in 16-byte units by `row % 8`) and the merge area over it
+    /// (per consumer warp and head, `head_dim` accumulators plus the running max and sum, f32).
+    pub const fn attn_tc_smem_bytes(head_dim: usize, group: usize) -> usize {
+        let ring = ATTN_STAGES as usize * 2 * ATTN_CHUNK_ROWS as usize * head_dim * 2;
+        let merge = ATTN_TC_WARPS as usize * group * (head_dim + 2) * 4;
+        ATTN_RING_OFFSET + if ring > merge { ring } else { merge }
+    }
+
     /// One attention entry: head dim and query heads per KV head. Parameter list: `q, k_cache,
     /// v_cache, block_table, positions, out, part_o, part_ml: u64`, `n_kv, page_size, bt_stride,
     /// num_pages, splits_pps: u32` (`splits | pages_per_split << 16`), `scale_log2: f32`, `stamps: u64`, `flags: u32`.
@@ -1190,6 +1210,9 @@ pub mod decode_step {
         pub head_dim: usize,
         /// Query heads per KV head.
         pub group: usize,
+        /// The tensor-core entry for the same shapes and parameter list
+        /// ([`ATTN_TC_THREADS`], [`attn_tc_smem_bytes`]).
+        pub tc_kernel: &'static str,
     }
 
     const fn a(kernel: &'static str, head_dim: usize, group: usize) -> AttnVariant {
@@ -1197,6 +1220,20 @@ pub mod decode_step {
             kernel,
             head_dim,
             group,
+            tc_kernel: tc_name(head_dim, group),
+        }
+    }
+
+    const fn tc_name(head_dim: usize, group: usize) -> &'static str {
+        match (head_dim, group) {
+            (64, 1) => "decode_attn_tc_bf16_d64_g1",
+            (64, 2) => "decode_attn_tc_bf16_d64_g2",
+            (64, 4) => "decode_attn_tc_bf16_d64_g4",
+            (64, 8) => "decode_attn_tc_bf16_d64_g8",
+            (128, 1) => "decode_attn_tc_bf16_d128_g1",
+            (128, 2) => "decode_attn_tc_bf16_d128_g2",
+            (128, 4) => "decode_attn_tc_bf16_d128_g4",
+            _ => "",
         }
     }
 
@@ -1239,6 +1276,13 @@ pub mod decode_step {
         assert!(attn_smem_bytes(128, 4) <= 100 * 1024);
         assert!(attn_smem_bytes(64, 8) <= 100 * 1024);
         assert!(2 * ATTN_STAGES as usize * 8 <= ATTN_RING_OFFSET);
+        assert!(ATTN_CHUNK_ROWS == 32 && ATTN_TC_WARPS * 8 == ATTN_CHUNK_ROWS);
+        assert!(ATTN_TC_CTAS_PER_SM as usize * attn_tc_smem_bytes(128, 4) <= 227 * 1024);
+        let mut i = 0;
+        while i < ATTN_VARIANTS.len() {
+            assert!(!ATTN_VARIANTS[i].tc_kernel.is_empty());
+            i += 1;
+        }
     };
 }
 

@@ -25,10 +25,14 @@
 
 use crate::contract::decode_step::*;
 use crate::device::bulk;
+use crate::device::cp_async;
 use crate::device::math::{exp2_approx, pack_bf16x2};
-use crate::device::mma::ld_global_nc_v4;
+use crate::device::mbarrier::fence_init;
+use crate::device::mma::{
+    ld_global_nc_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16_f32_bf16, mma_m16n8k8_f32_bf16,
+};
 use crate::device::pdl;
-use crate::device::pipeline::{PipelineState, TmaPipeline};
+use crate::device::pipeline::{Pipeline, PipelineState, TmaPipeline};
 use crate::device::smem::{dynamic_smem_base, dynamic_smem_size, Shared};
 use crate::device::thread::{block_dim_x, block_idx_x, sync_threads, thread_idx_x};
 use crate::device::warp::{reduce_sum_f32, shfl_xor_f32, sync_warp};
@@ -267,48 +271,22 @@ fn chunk_of(k: u32, t_begin: u32, t_end: u32) -> (u32, u32) {
 unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
     const { assert!(NV >= 1 && NV <= 2 && G >= 1 && G <= 8 && G * NV <= 8) };
     let d = 64 * NV as u32;
-    let slot = p.flags >> STAMP_SLOT_SHIFT;
-    // SAFETY: the launch contract (stamps).
-    unsafe { stamp(p.stamps, slot, 0) };
+    // SAFETY: the launch contract.
+    let c = unsafe { attn_cta::<G>(&p, ATTN_THREADS, attn_smem_bytes(d as usize, G)) };
+    let AttnCta {
+        slot,
+        b,
+        kvh,
+        heads,
+        pos,
+        t_begin,
+        t_end,
+        chunks,
+        ..
+    } = c;
     let tid = thread_idx_x();
-    if block_dim_x() != ATTN_THREADS
-        || p.splits == 0
-        || p.page_size == 0
-        || (dynamic_smem_size() as usize) < attn_smem_bytes(d as usize, G)
-    {
-        trap();
-    }
     let (warp, lane) = (tid / 32, tid % 32);
     let (grp, sub) = (lane / 8, lane % 8);
-    let cta = block_idx_x();
-    let split = cta % p.splits;
-    let rest = cta / p.splits;
-    let kvh = rest % p.n_kv;
-    let b = rest / p.n_kv;
-    let heads = p.n_kv * G as u32;
-    // Positions and block tables are written by the host only: readable before the wait.
-    // SAFETY: b < batch (grid = batch * n_kv * splits; launch contract).
-    let pos = unsafe { p.positions.add(b as usize).read() };
-    let len = pos + 1;
-    let bt_row = p
-        .block_table
-        .wrapping_add(b as usize * p.bt_stride as usize);
-    let span = p.pages_per_split * p.page_size;
-    let t_begin = split * span;
-    let t_end = if t_begin + span < len {
-        t_begin + span
-    } else {
-        len
-    };
-    if len.div_ceil(p.page_size) > p.bt_stride {
-        trap();
-    }
-    // Chunks of this split.
-    let chunks = if t_end > t_begin {
-        (t_end - t_begin).div_ceil(ATTN_CHUNK_ROWS)
-    } else {
-        0
-    };
 
     let base = dynamic_smem_base();
     // SAFETY: the barriers take the first `TmaPipeline::BYTES` (< ATTN_RING_OFFSET) bytes of
@@ -351,11 +329,8 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
                 // One bulk copy of K and one of V per page the chunk spans.
                 let mut t = tok;
                 while t < tok + rows {
-                    // SAFETY: t < len, so t / page_size < bt_stride (checked): inside the row.
-                    let pg = unsafe { bt_row.add((t / p.page_size) as usize).read() };
-                    if pg >= p.num_pages {
-                        trap();
-                    }
+                    // SAFETY: t < t_end <= len.
+                    let off = unsafe { cache_row(&p, &c, t, d) };
                     let in_page = t % p.page_size;
                     let left = p.page_size - in_page;
                     let seg = if left < tok + rows - t {
@@ -363,10 +338,6 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
                     } else {
                         tok + rows - t
                     };
-                    let off = ((pg as usize * p.n_kv as usize + kvh as usize)
-                        * p.page_size as usize
-                        + in_page as usize)
-                        * d as usize;
                     let at = dst + (t - tok) * row_bytes;
                     // SAFETY: `seg` rows of one page of one KV head: inside the caches (pg <
                     // num_pages), 16-byte aligned (d * 2 is a multiple of 16), a non-zero
@@ -562,9 +533,116 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
             }
         });
     }
+    // SAFETY: every thread of the CTA reaches it; the states are written.
+    unsafe { attn_merge::<G>(&p, &c, ring, d, ATTN_WARPS * ATTN_TOKENS_PER_WARP) };
+}
+
+/// Where one attention CTA works (both attention forms): its sequence `b`, KV head `kvh`, split,
+/// the sequence's last position `pos`, its block-table row, and the split's tokens `[t_begin,
+/// t_end)` in `chunks` chunks of [`ATTN_CHUNK_ROWS`].
+#[derive(Clone, Copy)]
+struct AttnCta {
+    slot: u32,
+    b: u32,
+    kvh: u32,
+    split: u32,
+    heads: u32,
+    pos: u32,
+    bt_row: *const u32,
+    t_begin: u32,
+    t_end: u32,
+    chunks: u32,
+}
+
+/// Stamps the CTA's start, checks the launch shape (`threads` per CTA, at least `smem` bytes of
+/// dynamic shared memory, non-zero splits and page size, a length inside the block table; traps
+/// otherwise) and finds the CTA's work. Positions and block tables are written by the host only,
+/// so this runs before `griddepcontrol.wait`.
+///
+/// # Safety
+/// The launch contract of the attention entries.
+#[inline(always)]
+unsafe fn attn_cta<const G: usize>(p: &Attn, threads: u32, smem: usize) -> AttnCta {
+    let slot = p.flags >> STAMP_SLOT_SHIFT;
+    // SAFETY: the launch contract (stamps).
+    unsafe { stamp(p.stamps, slot, 0) };
+    if block_dim_x() != threads
+        || p.splits == 0
+        || p.page_size == 0
+        || (dynamic_smem_size() as usize) < smem
+    {
+        trap();
+    }
+    let cta = block_idx_x();
+    let split = cta % p.splits;
+    let rest = cta / p.splits;
+    let kvh = rest % p.n_kv;
+    let b = rest / p.n_kv;
+    // SAFETY: b < batch (grid = batch * n_kv * splits; launch contract).
+    let pos = unsafe { p.positions.add(b as usize).read() };
+    let len = pos + 1;
+    let span = p.pages_per_split * p.page_size;
+    let t_begin = split * span;
+    let t_end = if t_begin + span < len {
+        t_begin + span
+    } else {
+        len
+    };
+    if len.div_ceil(p.page_size) > p.bt_stride {
+        trap();
+    }
+    AttnCta {
+        slot,
+        b,
+        kvh,
+        split,
+        heads: p.n_kv * G as u32,
+        pos,
+        bt_row: p
+            .block_table
+            .wrapping_add(b as usize * p.bt_stride as usize),
+        t_begin,
+        t_end,
+        chunks: if t_end > t_begin {
+            (t_end - t_begin).div_ceil(ATTN_CHUNK_ROWS)
+        } else {
+            0
+        },
+    }
+}
+
+/// Element offset of token `t`'s row (head dim `d`) of the CTA's KV head in either cache: the
+/// page from the block table (a page `>= num_pages` traps).
+///
+/// # Safety
+/// `t < len` of the CTA's sequence (so `t / page_size < bt_stride`, checked by [`attn_cta`]).
+#[inline(always)]
+unsafe fn cache_row(p: &Attn, c: &AttnCta, t: u32, d: u32) -> usize {
+    // SAFETY: t < len, so t / page_size < bt_stride (checked): inside the row.
+    let pg = unsafe { c.bt_row.add((t / p.page_size) as usize).read() };
+    if pg >= p.num_pages {
+        trap();
+    }
+    ((pg as usize * p.n_kv as usize + c.kvh as usize) * p.page_size as usize
+        + (t % p.page_size) as usize)
+        * d as usize
+}
+
+/// The end of both attention forms: merges the CTA's `states` online-softmax states, stored at
+/// `ring` as `[state][head][d + 2]` f32 (accumulators, then running max and sum), into the
+/// output (one split) or the split's partial output, max and sum; stamps the CTA's end.
+///
+/// # Safety
+/// Every thread of the CTA calls it, convergently, after writing its states (it starts with a
+/// CTA barrier); the launch contract.
+#[inline(always)]
+unsafe fn attn_merge<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32, states: u32) {
+    let smem = Shared::<f32>::at(ring);
+    let row_len = d + 2;
+    let (b, kvh, split, heads, slot) = (c.b, c.kvh, c.split, c.heads, c.slot);
+    let tid = thread_idx_x();
     // SAFETY: every thread of the CTA reaches this barrier.
     unsafe { sync_threads() };
-    let states = ATTN_WARPS * ATTN_TOKENS_PER_WARP;
     let mut idx = tid;
     while idx < G as u32 * d {
         let (j, e) = (idx / d, idx % d);
@@ -621,8 +699,259 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
     unsafe { stamp(p.stamps, slot, 3) };
 }
 
+/// The tensor-core attention body for head dim `64 * NV` and `G` query heads per KV head (the
+/// `tc_kernel` of each `AttnVariant`; same parameters, grid and outputs as [`attn`]).
+///
+/// Roles: warp [`ATTN_TC_WARPS`] is the loader: its lane `r` copies row `r` of each chunk, K
+/// and V, by `cp.async` in 16-byte pieces into the stage (piece `i` of row `r` at slot `i ^ (r %
+/// 8)`, so the 8 rows an `ldmatrix` reads lie in distinct bank groups; rows past the split are
+/// zero-filled), and commits with `cp.async.mbarrier.arrive.noinc` on the stage's full barrier
+/// (32 arrivals per phase). Warps `0..ATTN_TC_WARPS` are the consumers: warp `w` takes rows `8 w
+/// .. 8 w + 8` of every chunk:
+/// - `S = Q K^T` by `mma.m16n8k16` (A: the `G` query heads as rows `0..G` of 16, the rest zero,
+///   held in registers for the whole split; B: the 8 K rows by `ldmatrix`), two accumulators over
+///   alternate k-steps;
+/// - the online softmax per head in base 2 on the accumulator fragment (each quad of lanes holds
+///   one head's 8 scores; max by two shuffles; the sum kept per lane and reduced at the end);
+/// - `O += P V` by `mma.m16n8k8`: P is the scores' fragment packed to bf16 (as FlashAttention-2
+///   does), V's rows by `ldmatrix.trans`, one n-tile per 8 output columns.
+/// Each warp's state (per head, `d` accumulators, max, sum) is merged through shared memory at
+/// the end, as in [`attn`].
+///
+/// # Safety
+/// The launch contract of [`crate::contract::decode_step`] attention entries, with
+/// [`ATTN_TC_THREADS`] threads and [`attn_tc_smem_bytes`] bytes.
+#[inline(always)]
+unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
+    const { assert!(NV >= 1 && NV <= 2 && G >= 1 && G <= 8) };
+    let d = 64 * NV as u32;
+    // SAFETY: the launch contract.
+    let c = unsafe { attn_cta::<G>(&p, ATTN_TC_THREADS, attn_tc_smem_bytes(d as usize, G)) };
+    let tid = thread_idx_x();
+    let (warp, lane) = (tid / 32, tid % 32);
+    let base = dynamic_smem_base();
+    // SAFETY: the barriers take the first `Pipeline::BYTES` (< ATTN_RING_OFFSET) bytes of the
+    // dynamic shared memory (size checked), used for nothing else; per stage and phase the 32
+    // loader lanes commit once each and every consumer warp releases once.
+    let pipe = unsafe { Pipeline::<ATTN_STAGES>::at(base) };
+    if tid == 0 {
+        // SAFETY: one thread, before any other use; published by the barrier below.
+        unsafe { pipe.init(32, ATTN_TC_WARPS) };
+        fence_init();
+    }
+    // SAFETY: every thread, convergently.
+    unsafe { sync_threads() };
+    let ring = base + ATTN_RING_OFFSET as u32;
+    let row_bytes = d * 2;
+    let half = ATTN_CHUNK_ROWS * row_bytes;
+    let stage_bytes = 2 * half;
+    // Per lane: quad `g = lane / 4` is head g (rows >= G are padding), `t = lane % 4`.
+    let (g, t) = (lane / 4, lane % 4);
+    let mut m = M_INIT;
+    let mut l = 0.0f32;
+    let mut acc = [[0.0f32; 2]; 16];
+    if warp == ATTN_TC_WARPS {
+        pdl::launch_dependents();
+        // Loader: lane r copies row r of every chunk. Without FLAG_EARLY every copy waits for the
+        // predecessor; with it, only the chunk holding row `pos` (written by the QKV GEMM).
+        let r = lane;
+        let mut waited = p.flags & FLAG_EARLY == 0;
+        if waited {
+            pdl::wait();
+        }
+        let mut st = PipelineState::<ATTN_STAGES>::new();
+        let mut k = 0;
+        while k < c.chunks {
+            let (tok, rows) = chunk_of(k, c.t_begin, c.t_end);
+            if !waited && tok + rows > c.pos {
+                pdl::wait();
+                waited = true;
+            }
+            pipe.producer_acquire(st);
+            let dst = ring + st.stage() * stage_bytes + r * row_bytes;
+            let (off, n) = if r < rows {
+                // SAFETY: tok + r < t_end <= len.
+                (unsafe { cache_row(&p, &c, tok + r, d) }, 16)
+            } else {
+                (0, 0)
+            };
+            let mut i = 0;
+            while i < row_bytes / 16 {
+                let at = dst + 16 * (i ^ (r % 8));
+                // SAFETY: row r of the acquired stage (inside the ring, 16-byte aligned); the
+                // sources are 16-byte aligned rows of one page of the caches (or, zero-filled,
+                // the caches' first bytes, a valid address).
+                unsafe {
+                    cp_async::copy_16_zfill(
+                        at,
+                        p.k_cache.add(off + 8 * i as usize) as *const f32,
+                        n,
+                    );
+                    cp_async::copy_16_zfill(
+                        at + half,
+                        p.v_cache.add(off + 8 * i as usize) as *const f32,
+                        n,
+                    );
+                }
+                i += 1;
+            }
+            pipe.producer_commit_cp_async(st);
+            st.advance();
+            k += 1;
+        }
+        // Every lane's copies complete before the consumers pass the last full barrier.
+        cp_async::wait_all();
+    } else {
+        pdl::wait();
+        // SAFETY: as in `attn`.
+        unsafe {
+            stamp(p.stamps, c.slot, 1);
+            stamp(p.stamps, c.slot, 2);
+        }
+        pdl::launch_dependents();
+        // Q as the A fragment of m16n8k16 for each k-step: row g (head g < G) cols 2t, 2t+1 and
+        // 2t+8, 2t+9; rows g + 8 are zero.
+        let mut qa = [[0u32; 2]; 8];
+        if g < G as u32 {
+            let off =
+                (c.b as usize * c.heads as usize + (c.kvh * G as u32 + g) as usize) * d as usize;
+            unroll!(KS in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if KS < 4 * NV {
+                    // SAFETY: q holds batch x heads x d bf16 (launch contract); 4-byte aligned.
+                    unsafe {
+                        let at = p.q.add(off + 16 * KS + 2 * t as usize) as *const u32;
+                        qa[KS] = [at.read(), at.add(4).read()];
+                    }
+                }
+            });
+        }
+        let i8 = lane % 8;
+        let quarter = lane / 8;
+        let row = warp * 8 + i8;
+        let mut st = PipelineState::<ATTN_STAGES>::new();
+        let mut k = 0;
+        while k < c.chunks {
+            let (_, rows) = chunk_of(k, c.t_begin, c.t_end);
+            pipe.consumer_wait(st);
+            let kbase = ring + st.stage() * stage_bytes + row * row_bytes;
+            // S = Q K^T: ldmatrix j gives B of k-steps 2j (regs 0, 1) and 2j + 1 (regs 2, 3).
+            let mut s0 = [0.0f32; 4];
+            let mut s1 = [0.0f32; 4];
+            unroll!(J in [0, 1, 2, 3] {
+                if J < 2 * NV {
+                    let piece = 4 * J as u32 + quarter;
+                    // SAFETY: rows of the stage the full barrier completed; 16-byte pieces at
+                    // their swizzled slots; the whole warp, converged.
+                    let kf = unsafe { ldmatrix_x4(kbase + 16 * (piece ^ i8)) };
+                    s0 = mma_m16n8k16_f32_bf16([qa[2 * J][0], 0, qa[2 * J][1], 0], [kf[0], kf[1]], s0);
+                    s1 = mma_m16n8k16_f32_bf16(
+                        [qa[2 * J + 1][0], 0, qa[2 * J + 1][1], 0],
+                        [kf[2], kf[3]],
+                        s1,
+                    );
+                }
+            });
+            // Scores of tokens 8 w + 2t and 8 w + 2t + 1 for head g (base 2); rows past the
+            // chunk are masked.
+            let tok0 = warp * 8 + 2 * t;
+            let mut x0 = (s0[0] + s1[0]) * p.scale_log2;
+            let mut x1 = (s0[1] + s1[1]) * p.scale_log2;
+            if tok0 >= rows {
+                x0 = f32::NEG_INFINITY;
+            }
+            if tok0 + 1 >= rows {
+                x1 = f32::NEG_INFINITY;
+            }
+            let mut mx = if x0 > x1 { x0 } else { x1 };
+            unroll!(X in [1, 2] {
+                // SAFETY: every lane of the warp runs every chunk; full-mask shuffle in the quad.
+                let o = unsafe { shfl_xor_f32(mx, X as u32) };
+                mx = if o > mx { o } else { mx };
+            });
+            let m_new = if mx > m { mx } else { m };
+            let p0 = exp2_approx(x0 - m_new);
+            let p1 = exp2_approx(x1 - m_new);
+            // Rescaled on every chunk (1 when the maximum stays): no branch around the MMAs,
+            // which the whole warp must reach converged.
+            let corr = exp2_approx(m - m_new);
+            m = m_new;
+            l = l * corr + (p0 + p1);
+            unroll!(N in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                if N < 8 * NV {
+                    acc[N][0] *= corr;
+                    acc[N][1] *= corr;
+                }
+            });
+            let pa = [pack_bf16x2(p0, p1), 0u32];
+            // O += P V: ldmatrix.trans j gives B of n-tiles 4j .. 4j + 3 (8 columns each).
+            let vbase = kbase + half;
+            unroll!(J in [0, 1, 2, 3] {
+                if J < 2 * NV {
+                    let piece = 4 * J as u32 + quarter;
+                    // SAFETY: as above.
+                    let vf = unsafe { ldmatrix_x4_trans(vbase + 16 * (piece ^ i8)) };
+                    unroll!(Q in [0, 1, 2, 3] {
+                        let n = 4 * J + Q;
+                        let o = mma_m16n8k8_f32_bf16(pa, vf[Q], [acc[n][0], acc[n][1], 0.0, 0.0]);
+                        acc[n] = [o[0], o[1]];
+                    });
+                }
+            });
+            // SAFETY: the whole warp reconverges; then one release per warp.
+            unsafe { sync_warp() };
+            if lane == 0 {
+                pipe.consumer_release(st);
+            }
+            st.advance();
+            k += 1;
+        }
+        // The quad's sum.
+        unroll!(X in [1, 2] {
+            // SAFETY: as above.
+            l += unsafe { shfl_xor_f32(l, X as u32) };
+        });
+    }
+    // Every chunk the loader issued was waited for by the consumers (and the loader waited for
+    // its own copies): the merge area over the ring is free once every warp is past this barrier.
+    // SAFETY: every thread of the CTA reaches it, warp-convergent.
+    unsafe { sync_threads() };
+    let smem = Shared::<f32>::at(ring);
+    let row_len = d + 2;
+    if warp < ATTN_TC_WARPS && g < G as u32 {
+        let sbase = (warp * G as u32 + g) * row_len;
+        unroll!(N in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            if N < 8 * NV {
+                // SAFETY: inside attn_tc_smem_bytes (checked); columns 8 N + 2t, + 1 of head g.
+                unsafe {
+                    smem.add(sbase + 8 * N as u32 + 2 * t).store(acc[N][0]);
+                    smem.add(sbase + 8 * N as u32 + 2 * t + 1).store(acc[N][1]);
+                }
+            }
+        });
+        if t == 0 {
+            // SAFETY: as above.
+            unsafe {
+                smem.add(sbase + d).store(m);
+                smem.add(sbase + d + 1).store(l);
+            }
+        }
+    }
+    // SAFETY: every thread of the CTA calls it; the states are written.
+    unsafe { attn_merge::<G>(&p, &c, ring, d, ATTN_TC_WARPS) };
+}
+
 macro_rules! attn_entry {
     ($name:ident, $nv:literal, $g:literal) => {
+        attn_entry!(
+            $name,
+            attn,
+            $nv,
+            $g,
+            ATTN_THREADS,
+            attn_ctas_per_sm(64 * $nv, $g)
+        );
+    };
+    ($name:ident, $body:ident, $nv:literal, $g:literal, $threads:expr, $ctas:expr) => {
         /// Decode attention entry of [`crate::contract::decode_step`] (`ATTN_VARIANTS`).
         ///
         /// # Safety
@@ -674,11 +1003,11 @@ macro_rules! attn_entry {
                 flags,
             };
             // SAFETY: the caller's launch contract.
-            unsafe { attn::<$nv, $g>(p) }
+            unsafe { $body::<$nv, $g>(p) }
         }
-        // `attn_ctas_per_sm` CTAs per SM: ptxas keeps the entry within 65536 / (that *
-        // ATTN_THREADS) registers; the ring keeps its loads in flight whatever the count.
-        crate::device::launch_bounds!($name, ATTN_THREADS, attn_ctas_per_sm(64 * $nv, $g));
+        // `$ctas` CTAs per SM: ptxas keeps the entry within 65536 / (that * `$threads`)
+        // registers; the ring keeps its loads in flight whatever the count.
+        crate::device::launch_bounds!($name, $threads, $ctas);
     };
 }
 
@@ -689,6 +1018,62 @@ attn_entry!(decode_attn_bf16_d64_g8, 1, 8);
 attn_entry!(decode_attn_bf16_d128_g1, 2, 1);
 attn_entry!(decode_attn_bf16_d128_g2, 2, 2);
 attn_entry!(decode_attn_bf16_d128_g4, 2, 4);
+attn_entry!(
+    decode_attn_tc_bf16_d64_g1,
+    attn_tc,
+    1,
+    1,
+    ATTN_TC_THREADS,
+    ATTN_TC_CTAS_PER_SM
+);
+attn_entry!(
+    decode_attn_tc_bf16_d64_g2,
+    attn_tc,
+    1,
+    2,
+    ATTN_TC_THREADS,
+    ATTN_TC_CTAS_PER_SM
+);
+attn_entry!(
+    decode_attn_tc_bf16_d64_g4,
+    attn_tc,
+    1,
+    4,
+    ATTN_TC_THREADS,
+    ATTN_TC_CTAS_PER_SM
+);
+attn_entry!(
+    decode_attn_tc_bf16_d64_g8,
+    attn_tc,
+    1,
+    8,
+    ATTN_TC_THREADS,
+    ATTN_TC_CTAS_PER_SM
+);
+attn_entry!(
+    decode_attn_tc_bf16_d128_g1,
+    attn_tc,
+    2,
+    1,
+    ATTN_TC_THREADS,
+    ATTN_TC_CTAS_PER_SM
+);
+attn_entry!(
+    decode_attn_tc_bf16_d128_g2,
+    attn_tc,
+    2,
+    2,
+    ATTN_TC_THREADS,
+    ATTN_TC_CTAS_PER_SM
+);
+attn_entry!(
+    decode_attn_tc_bf16_d128_g4,
+    attn_tc,
+    2,
+    4,
+    ATTN_TC_THREADS,
+    ATTN_TC_CTAS_PER_SM
+);
 
 /// `ld.global.cg.f32`: a load cached in L2 only (PTX ISA §9.7.9.8), so a line another kernel
 /// wrote is never read stale from this SM's L1; weak, so the compiler may batch independent

@@ -166,6 +166,67 @@ pub struct StepConfig {
     pub prefetch_bytes: usize,
     /// Stamp `%globaltimer` per kernel ([`DecodeStep::stamps`]); costs a few atomics per CTA.
     pub stamps: bool,
+    /// The decode attention's form ([`AttnForm::TensorCores`] unless set).
+    pub attention: AttnForm,
+}
+
+/// The two forms of the paged GQA decode attention (`gpu/src/kernels/decode_step.rs`; the same
+/// parameters, grid and outputs, so every test and variant runs either).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttnForm {
+    /// 8 consumer warps score each row on CUDA cores (8 lanes per row, FMAs), the KV ring
+    /// filled by `cp.async.bulk` (`AttnVariant::kernel`, `ATTN_THREADS`, 1 CTA per SM).
+    CudaCores,
+    /// 4 consumer warps score 8 rows each by `mma.m16n8k16` and fold them into the output by
+    /// `mma.m16n8k8` (P from the scores' registers, as FlashAttention-2), the ring filled by
+    /// `cp.async` with an XOR swizzle for `ldmatrix` (`AttnVariant::tc_kernel`,
+    /// `ATTN_TC_THREADS`, 2 CTAs per SM).
+    #[default]
+    TensorCores,
+}
+
+impl AttnForm {
+    /// The names `warpline decode --attn` and `WARPLINE_DECODE_ATTN` take: `tc`, `cuda`.
+    pub const NAMES: [&'static str; 2] = ["tc", "cuda"];
+
+    /// Parses [`Self::NAMES`]. Errors: [`Error::BadShape`] naming the allowed values.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "tc" => Ok(Self::TensorCores),
+            "cuda" => Ok(Self::CudaCores),
+            other => Err(Error::BadShape {
+                what: "decode attention form",
+                detail: format!("{other:?}; allowed: {}", Self::NAMES.join(", ")),
+            }),
+        }
+    }
+
+    /// The CLI name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TensorCores => "tc",
+            Self::CudaCores => "cuda",
+        }
+    }
+
+    /// Entry point, threads per CTA, dynamic shared memory bytes and CTAs per SM of `v` in this
+    /// form.
+    pub fn launch(self, v: &sc::AttnVariant) -> (&'static str, u32, usize, u32) {
+        match self {
+            Self::CudaCores => (
+                v.kernel,
+                sc::ATTN_THREADS,
+                sc::attn_smem_bytes(v.head_dim, v.group),
+                sc::attn_ctas_per_sm(v.head_dim, v.group),
+            ),
+            Self::TensorCores => (
+                v.tc_kernel,
+                sc::ATTN_TC_THREADS,
+                sc::attn_tc_smem_bytes(v.head_dim, v.group),
+                sc::ATTN_TC_CTAS_PER_SM,
+            ),
+        }
+    }
 }
 
 impl StepConfig {
@@ -186,6 +247,7 @@ impl StepConfig {
             gemm_roles: Self::default_roles(batch),
             prefetch_bytes: 4 << 20,
             stamps: false,
+            attention: AttnForm::default(),
         }
     }
 
@@ -490,7 +552,11 @@ pub fn attention_splits(dims: &DecodeDims, cfg: &StepConfig, sms: u32) -> Result
             // the attention streams, so a partial last wave idles the other SMs) times a CTA's
             // time, its pages plus a fixed cost of `CTA_COST_PAGES` (prologue, merge); at least
             // `MIN_PAGES_PER_SPLIT` pages per split; ties go to fewer splits (less combine).
-            let slots = sms.max(1) * sc::attn_ctas_per_sm(dims.head_dim, dims.group());
+            let per_sm = match cfg.attention {
+                AttnForm::CudaCores => sc::attn_ctas_per_sm(dims.head_dim, dims.group()),
+                AttnForm::TensorCores => sc::ATTN_TC_CTAS_PER_SM,
+            };
+            let slots = sms.max(1) * per_sm;
             let base = (cfg.batch * dims.kv_heads).max(1) as u32;
             let mut best = (u64::MAX, 1u32);
             for s in 1..=pages.clamp(1, sc::MAX_SPLITS) {
@@ -636,8 +702,9 @@ impl<'d> DecodeStep<'d> {
             })?;
 
         // The attention's KV ring takes more than the default 48 KiB.
-        dev.kernel(attn_variant.kernel)?
-            .raise_max_dynamic_shared_memory(sc::attn_smem_bytes(dims.head_dim, dims.group()))?;
+        let (attn_kernel, _, attn_smem, _) = cfg.attention.launch(attn_variant);
+        dev.kernel(attn_kernel)?
+            .raise_max_dynamic_shared_memory(attn_smem)?;
         // 16-warp CTAs with 8 token tiles need 64 KiB for the split-K exchange.
         for v in gc::EPI_VARIANTS {
             dev.kernel(v.kernel)?
@@ -972,14 +1039,15 @@ impl<'d> DecodeStep<'d> {
                 * (self.cfg.batch * self.cfg.layout.max_pages_per_seq * d.page_size) as u64
                 * (d.kv_heads * d.head_dim * 2) as u64;
             let scale_log2 = (std::f64::consts::LOG2_E / (d.head_dim as f64).sqrt()) as f32;
+            let (attn_kernel, attn_threads, attn_smem, _) = self.cfg.attention.launch(attn_variant);
             push(
                 chain,
                 "attn",
-                attn_variant.kernel,
+                attn_kernel,
                 LaunchConfig::linear(
                     b * d.kv_heads as u32 * self.splits,
-                    sc::ATTN_THREADS,
-                    sc::attn_smem_bytes(d.head_dim, d.group()) as u32,
+                    attn_threads,
+                    attn_smem as u32,
                 ),
                 &[
                     u64a(self.q.device_ptr()),
@@ -1458,6 +1526,7 @@ pub fn check_step_entries(ptx: &str) -> Result<()> {
     }
     for v in sc::ATTN_VARIANTS {
         want.push((v.kernel, &attn));
+        want.push((v.tc_kernel, &attn));
     }
     for (name, params) in want {
         check_entry(&entries, name, params)?;
@@ -1553,6 +1622,13 @@ mod tests {
     fn issue21_attention_splits() {
         let d = DecodeDims::llama3_8b();
         let mut cfg = StepConfig::new(&d, 1, 1, 1024);
+        // The tensor-core form: two CTAs per SM, so at 8 x 8 CTAs 4 splits fill 256 of 264
+        // slots in one wave of 20 page-costs (2 splits: one wave of 36).
+        cfg.batch = 8;
+        assert_eq!(attention_splits(&d, &cfg, 132).unwrap(), (4, 16));
+        cfg.batch = 1;
+        assert_eq!(attention_splits(&d, &cfg, 132).unwrap(), (16, 4));
+        cfg.attention = AttnForm::CudaCores;
         // 1 x 8 CTAs per split, one CTA per SM (d 128, 4 heads per KV head): 16 splits of 4
         // pages fill 128 of 132 slots in one wave.
         let (s, pps) = attention_splits(&d, &cfg, 132).unwrap();
