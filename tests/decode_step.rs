@@ -114,6 +114,23 @@ fn ref_caches(s: &Setup) -> Vec<RefCache> {
         .collect()
 }
 
+/// The reference's one-layer step of `s` (its first layer): per-sequence traces and the output.
+fn layer_reference(s: &Setup) -> (Vec<reference::LayerTrace>, Vec<f64>) {
+    let mut rc = ref_caches(s);
+    let mut h: Vec<f64> = s.x.iter().map(|&v| v as f64).collect();
+    let traces = reference::layer(
+        &s.dims,
+        &s.cfg.layout,
+        &s.weights[0],
+        &mut rc[0],
+        &mut h,
+        &s.positions,
+        &s.block_table,
+        Rounding::Bf16,
+    );
+    (traces, h)
+}
+
 /// Checks `got` (bf16) against `want` with the module's bound; returns the largest error in
 /// units of the bound.
 fn check(what: &str, got: &[bf16], want: &[f64]) -> f64 {
@@ -268,18 +285,7 @@ fn issue21_decode_step_kernels_match_reference() {
     for splits in [Some(1), Some(2), None] {
         let s = setup(seed, &[0, 15, 16, 31, 40], 1, splits);
         let mut step = build(&dev, &s);
-        let mut rc = ref_caches(&s);
-        let mut h: Vec<f64> = s.x.iter().map(|&v| v as f64).collect();
-        let traces = reference::layer(
-            &s.dims,
-            &s.cfg.layout,
-            &s.weights[0],
-            &mut rc[0],
-            &mut h,
-            &s.positions,
-            &s.block_table,
-            Rounding::Bf16,
-        );
+        let (traces, h) = layer_reference(&s);
         let out = run_and_read(&mut step, Variant::PdlPrefetch);
         let mid = step.intermediates().unwrap();
         let cat = |f: fn(&reference::LayerTrace) -> &Vec<f64>| -> Vec<f64> {
@@ -326,18 +332,7 @@ fn issue21_decode_attention_forms_match_reference_at_llama_head_dims() {
                 let mut s = setup_with(dims, 20, seed, &positions, 1, splits);
                 s.cfg.attention = form;
                 let mut step = build(&dev, &s);
-                let mut rc = ref_caches(&s);
-                let mut h: Vec<f64> = s.x.iter().map(|&v| v as f64).collect();
-                let traces = reference::layer(
-                    &s.dims,
-                    &s.cfg.layout,
-                    &s.weights[0],
-                    &mut rc[0],
-                    &mut h,
-                    &s.positions,
-                    &s.block_table,
-                    Rounding::Bf16,
-                );
+                let (traces, h) = layer_reference(&s);
                 let out = run_and_read(&mut step, Variant::PdlPrefetch);
                 let mid = step.intermediates().unwrap();
                 let attn: Vec<f64> = traces.iter().flat_map(|t| t.attn.clone()).collect();
