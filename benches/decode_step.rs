@@ -14,7 +14,7 @@
 //! (default all), `WARPLINE_DECODE_SMALL=1` (the tests' small dims instead of Llama-8B),
 //! `WARPLINE_DECODE_JSON=file` (rows and timeline as JSON), `WARPLINE_DECODE_SPLITS=n` (the
 //! attention's KV splits), `WARPLINE_DECODE_ATTN=tc|cuda` (the attention's form, default
-//! tensor cores), `WARPLINE_DECODE_GEMM_QKV`, `_O`, `_GU`, `_DOWN` (one GEMM's
+//! CUDA cores), `WARPLINE_DECODE_GEMM_QKV`, `_O`, `_GU`, `_DOWN` (one GEMM's
 //! configuration label, over `WARPLINE_DECODE_GEMM`), `WARPLINE_DECODE_TIMELINE=file.png`
 //! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`
 //! in the `wait` colour; variant `WARPLINE_DECODE_TIMELINE_VARIANT`, default `e`), `WARPLINE_DECODE_NPY=dir` (also

@@ -421,13 +421,13 @@ fn issue21_decode_step_kernels_read_dependent_inputs_after_the_wait() {
             "{}: no bulk copy of the KV ring",
             v.kernel
         );
-        // The tensor-core form: the same contract, its ring filled by `cp.async` committed on
-        // the stage's mbarrier, its products on `mma.sync` fed by `ldmatrix`.
+        // The tensor-core form: the same contract, its ring filled by `cp.async` in commit
+        // groups, its products on `mma.sync` fed by `ldmatrix`.
         cases.push((v.tc_kernel, vec!["param_0"], vec![]));
         let body = entry_body(v.tc_kernel);
         for needle in [
             "cp.async.cg.shared.global",
-            "cp.async.mbarrier.arrive.noinc.shared::cta.b64",
+            "cp.async.wait_group",
             "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
             "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
             "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",

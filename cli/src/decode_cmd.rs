@@ -77,8 +77,8 @@ pub struct DecodeArgs {
     /// The down GEMM's form.
     #[arg(long, value_name = "FORM")]
     gemm_down: Option<String>,
-    /// The decode attention's form: `tc` (tensor cores, the default) or `cuda` (CUDA cores).
-    #[arg(long, value_name = "FORM", default_value = "tc")]
+    /// The decode attention's form: `cuda` (CUDA cores, the default) or `tc` (tensor cores).
+    #[arg(long, value_name = "FORM", default_value = "cuda")]
     attn: String,
 }
 

@@ -263,7 +263,7 @@ fn chunk_of(k: u32, t_begin: u32, t_end: u32) -> (u32, u32) {
 /// each chunk's K and V rows into the next stage of an [`ATTN_STAGES`]-deep ring, `cp.async.bulk`
 /// completing on the stage's full mbarrier); warps `0..ATTN_WARPS` are the consumers (each
 /// 8-lane group scores one row of the chunk against all `G` query heads and folds it into its
-/// online softmax, then each warp releases the stage on its empty mbarrier).
+/// online softmax, then every lane of the warp releases the stage on its empty mbarrier).
 ///
 /// # Safety
 /// The launch contract of [`crate::contract::decode_step`] attention entries.
@@ -291,10 +291,10 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
     let base = dynamic_smem_base();
     // SAFETY: the barriers take the first `TmaPipeline::BYTES` (< ATTN_RING_OFFSET) bytes of
     // the dynamic shared memory (size checked above), used for nothing else; one release per
-    // consumer warp per stage and phase; one producer arming exactly the bytes it copies.
+    // consumer lane per stage and phase; one producer arming exactly the bytes it copies.
     let pipe = unsafe { TmaPipeline::<ATTN_STAGES>::at(base) };
     // SAFETY: every thread, convergently, before any other use.
-    unsafe { pipe.init_cta(ATTN_WARPS) };
+    unsafe { pipe.init_cta(ATTN_WARPS * 32) };
     let ring = base + ATTN_RING_OFFSET as u32;
     let row_bytes = d * 2;
     let half = ATTN_CHUNK_ROWS * row_bytes;
@@ -489,11 +489,13 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
                     }
                 });
             }
-            // SAFETY: the whole warp reconverges; then one release per warp.
+            // SAFETY: the whole warp reconverges. Then every lane releases the stage itself
+            // (the empty barrier counts 32 per consumer warp): a release by lane 0 alone after
+            // `bar.warp.sync` left the other lanes' reads outside the barrier's ordering for
+            // racecheck, which reported hazards once the ring wrapped (head dims 128/g4 and
+            // 64/g8 over 10 chunks, H200, session 11).
             unsafe { sync_warp() };
-            if lane == 0 {
-                pipe.consumer_release_local(st);
-            }
+            pipe.consumer_release_local(st);
             st.advance();
             k += 1;
         }
@@ -702,10 +704,12 @@ unsafe fn attn_merge<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32, s
 /// The tensor-core attention body for head dim `64 * NV` and `G` query heads per KV head (the
 /// `tc_kernel` of each `AttnVariant`; same parameters, grid and outputs as [`attn`]).
 ///
-/// Roles: warp [`ATTN_TC_WARPS`] is the loader: its lane `r` copies row `r` of each chunk, K
-/// and V, by `cp.async` in 16-byte pieces into the stage (piece `i` of row `r` at slot `i ^ (r %
-/// 8)`, so the 8 rows an `ldmatrix` reads lie in distinct bank groups; rows past the split are
-/// zero-filled), and commits with `cp.async.mbarrier.arrive.noinc` on the stage's full barrier
+/// Roles: warp [`ATTN_TC_WARPS`] is the loader: its lanes copy each chunk's K and V rows by
+/// `cp.async` in 16-byte pieces, whole rows per step (coalesced), into the stage (piece `i` of row
+/// `r` at slot `i ^ (r % 8)`, so the 8 rows an `ldmatrix` reads lie in distinct bank groups; rows
+/// past the split are zero-filled); each chunk is one commit group, and each lane arrives on the
+/// chunk's full barrier once `cp.async.wait_group` says the group completed, up to
+/// `ATTN_STAGES - 1` chunks later
 /// (32 arrivals per phase). Warps `0..ATTN_TC_WARPS` are the consumers: warp `w` takes rows `8 w
 /// .. 8 w + 8` of every chunk:
 /// - `S = Q K^T` by `mma.m16n8k16` (A: the `G` query heads as rows `0..G` of 16, the rest zero,
@@ -732,11 +736,11 @@ unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
     let base = dynamic_smem_base();
     // SAFETY: the barriers take the first `Pipeline::BYTES` (< ATTN_RING_OFFSET) bytes of the
     // dynamic shared memory (size checked), used for nothing else; per stage and phase the 32
-    // loader lanes commit once each and every consumer warp releases once.
+    // loader lanes commit once each and every consumer lane releases once.
     let pipe = unsafe { Pipeline::<ATTN_STAGES>::at(base) };
     if tid == 0 {
         // SAFETY: one thread, before any other use; published by the barrier below.
-        unsafe { pipe.init(32, ATTN_TC_WARPS) };
+        unsafe { pipe.init(32, ATTN_TC_WARPS * 32) };
         fence_init();
     }
     // SAFETY: every thread, convergently.
@@ -752,14 +756,22 @@ unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
     let mut acc = [[0.0f32; 2]; 16];
     if warp == ATTN_TC_WARPS {
         pdl::launch_dependents();
-        // Loader: lane r copies row r of every chunk. Without FLAG_EARLY every copy waits for the
-        // predecessor; with it, only the chunk holding row `pos` (written by the QKV GEMM).
-        let r = lane;
+        // Loader: the 32 lanes copy each chunk row by row, `32 / pieces` rows per step (a row is
+        // `pieces` 16-byte pieces: each step reads whole rows, coalesced). Without FLAG_EARLY
+        // every copy waits for the predecessor; with it, only the chunk holding row `pos`
+        // (written by the QKV GEMM). Each chunk's copies are one commit group; a chunk's full
+        // barrier gets this lane's plain arrival once its group completed (`wait_group`), up to
+        // `LAG` chunks behind the copies, so `LAG + 1` chunks are in flight.
+        const LAG: u32 = ATTN_STAGES - 1;
+        let pieces = row_bytes / 16;
+        let per_step = 32 / pieces;
+        let piece = lane % pieces;
         let mut waited = p.flags & FLAG_EARLY == 0;
         if waited {
             pdl::wait();
         }
         let mut st = PipelineState::<ATTN_STAGES>::new();
+        let mut arr = PipelineState::<ATTN_STAGES>::new();
         let mut k = 0;
         while k < c.chunks {
             let (tok, rows) = chunk_of(k, c.t_begin, c.t_end);
@@ -768,39 +780,43 @@ unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
                 waited = true;
             }
             pipe.producer_acquire(st);
-            let dst = ring + st.stage() * stage_bytes + r * row_bytes;
-            let (off, n) = if r < rows {
-                // SAFETY: tok + r < t_end <= len.
-                (unsafe { cache_row(&p, &c, tok + r, d) }, 16)
-            } else {
-                (0, 0)
-            };
-            let mut i = 0;
-            while i < row_bytes / 16 {
-                let at = dst + 16 * (i ^ (r % 8));
-                // SAFETY: row r of the acquired stage (inside the ring, 16-byte aligned); the
-                // sources are 16-byte aligned rows of one page of the caches (or, zero-filled,
-                // the caches' first bytes, a valid address).
+            let stage = ring + st.stage() * stage_bytes;
+            let mut r = lane / pieces;
+            while r < ATTN_CHUNK_ROWS {
+                let (off, n) = if r < rows {
+                    // SAFETY: tok + r < t_end <= len.
+                    (unsafe { cache_row(&p, &c, tok + r, d) }, 16)
+                } else {
+                    (0, 0)
+                };
+                let at = stage + r * row_bytes + 16 * (piece ^ (r % 8));
+                let src = off + 8 * piece as usize;
+                // SAFETY: piece `piece` of row r of the acquired stage at its swizzled slot
+                // (inside the ring, 16-byte aligned); the sources are 16-byte aligned pieces of
+                // one cache row (or, zero-filled, the caches' first bytes, a valid address).
                 unsafe {
-                    cp_async::copy_16_zfill(
-                        at,
-                        p.k_cache.add(off + 8 * i as usize) as *const f32,
-                        n,
-                    );
-                    cp_async::copy_16_zfill(
-                        at + half,
-                        p.v_cache.add(off + 8 * i as usize) as *const f32,
-                        n,
-                    );
+                    cp_async::copy_16_zfill(at, p.k_cache.add(src) as *const f32, n);
+                    cp_async::copy_16_zfill(at + half, p.v_cache.add(src) as *const f32, n);
                 }
-                i += 1;
+                r += per_step;
             }
-            pipe.producer_commit_cp_async(st);
+            cp_async::commit_group();
+            if k >= LAG {
+                cp_async::wait_group::<LAG>();
+                pipe.producer_commit(arr);
+                arr.advance();
+            }
             st.advance();
             k += 1;
         }
-        // Every lane's copies complete before the consumers pass the last full barrier.
+        // The trailing chunks: every copy completes, then their arrivals.
         cp_async::wait_all();
+        let mut k = if c.chunks > LAG { c.chunks - LAG } else { 0 };
+        while k < c.chunks {
+            pipe.producer_commit(arr);
+            arr.advance();
+            k += 1;
+        }
     } else {
         pdl::wait();
         // SAFETY: as in `attn`.
@@ -897,11 +913,9 @@ unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
                     });
                 }
             });
-            // SAFETY: the whole warp reconverges; then one release per warp.
+            // SAFETY: the whole warp reconverges; every lane releases (as in `attn`).
             unsafe { sync_warp() };
-            if lane == 0 {
-                pipe.consumer_release(st);
-            }
+            pipe.consumer_release(st);
             st.advance();
             k += 1;
         }

@@ -166,7 +166,8 @@ pub struct StepConfig {
     pub prefetch_bytes: usize,
     /// Stamp `%globaltimer` per kernel ([`DecodeStep::stamps`]); costs a few atomics per CTA.
     pub stamps: bool,
-    /// The decode attention's form ([`AttnForm::TensorCores`] unless set).
+    /// The decode attention's form ([`AttnForm::CudaCores`] unless set: the tensor-core form
+    /// measured slower on the H200, docs/perf-notes.md, session 11).
     pub attention: AttnForm,
 }
 
@@ -176,12 +177,12 @@ pub struct StepConfig {
 pub enum AttnForm {
     /// 8 consumer warps score each row on CUDA cores (8 lanes per row, FMAs), the KV ring
     /// filled by `cp.async.bulk` (`AttnVariant::kernel`, `ATTN_THREADS`, 1 CTA per SM).
+    #[default]
     CudaCores,
     /// 4 consumer warps score 8 rows each by `mma.m16n8k16` and fold them into the output by
     /// `mma.m16n8k8` (P from the scores' registers, as FlashAttention-2), the ring filled by
     /// `cp.async` with an XOR swizzle for `ldmatrix` (`AttnVariant::tc_kernel`,
     /// `ATTN_TC_THREADS`, 2 CTAs per SM).
-    #[default]
     TensorCores,
 }
 
@@ -1624,6 +1625,7 @@ mod tests {
         let mut cfg = StepConfig::new(&d, 1, 1, 1024);
         // The tensor-core form: two CTAs per SM, so at 8 x 8 CTAs 4 splits fill 256 of 264
         // slots in one wave of 20 page-costs (2 splits: one wave of 36).
+        cfg.attention = AttnForm::TensorCores;
         cfg.batch = 8;
         assert_eq!(attention_splits(&d, &cfg, 132).unwrap(), (4, 16));
         cfg.batch = 1;
