@@ -719,6 +719,7 @@ unsafe fn attn_merge<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32, s
 ///   one head's 8 scores; max by two shuffles; the sum kept per lane and reduced at the end);
 /// - `O += P V` by `mma.m16n8k8`: P is the scores' fragment packed to bf16 (as FlashAttention-2
 ///   does), V's rows by `ldmatrix.trans`, one n-tile per 8 output columns.
+///
 /// Each warp's state (per head, `d` accumulators, max, sum) is merged through shared memory at
 /// the end, as in [`attn`].
 ///
@@ -811,7 +812,7 @@ unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
         }
         // The trailing chunks: every copy completes, then their arrivals.
         cp_async::wait_all();
-        let mut k = if c.chunks > LAG { c.chunks - LAG } else { 0 };
+        let mut k = c.chunks.saturating_sub(LAG);
         while k < c.chunks {
             pipe.producer_commit(arr);
             arr.advance();
