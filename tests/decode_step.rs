@@ -114,8 +114,9 @@ fn ref_caches(s: &Setup) -> Vec<RefCache> {
         .collect()
 }
 
-/// The reference's one-layer step of `s` (its first layer): per-sequence traces and the output.
-fn layer_reference(s: &Setup) -> (Vec<reference::LayerTrace>, Vec<f64>) {
+/// The reference's one-layer step of `s` (its first layer): per-sequence traces, the output and
+/// the caches after the step.
+fn layer_reference(s: &Setup) -> (Vec<reference::LayerTrace>, Vec<f64>, Vec<RefCache>) {
     let mut rc = ref_caches(s);
     let mut h: Vec<f64> = s.x.iter().map(|&v| v as f64).collect();
     let traces = reference::layer(
@@ -128,7 +129,7 @@ fn layer_reference(s: &Setup) -> (Vec<reference::LayerTrace>, Vec<f64>) {
         &s.block_table,
         Rounding::Bf16,
     );
-    (traces, h)
+    (traces, h, rc)
 }
 
 /// Checks `got` (bf16) against `want` with the module's bound; returns the largest error in
@@ -285,7 +286,7 @@ fn issue21_decode_step_kernels_match_reference() {
     for splits in [Some(1), Some(2), None] {
         let s = setup(seed, &[0, 15, 16, 31, 40], 1, splits);
         let mut step = build(&dev, &s);
-        let (traces, h) = layer_reference(&s);
+        let (traces, h, _) = layer_reference(&s);
         let out = run_and_read(&mut step, Variant::PdlPrefetch);
         let mid = step.intermediates().unwrap();
         let cat = |f: fn(&reference::LayerTrace) -> &Vec<f64>| -> Vec<f64> {
@@ -332,7 +333,7 @@ fn issue21_decode_attention_forms_match_reference_at_llama_head_dims() {
                 let mut s = setup_with(dims, 20, seed, &positions, 1, splits);
                 s.cfg.attention = form;
                 let mut step = build(&dev, &s);
-                let (traces, h) = layer_reference(&s);
+                let (traces, h, _) = layer_reference(&s);
                 let out = run_and_read(&mut step, Variant::PdlPrefetch);
                 let mid = step.intermediates().unwrap();
                 let attn: Vec<f64> = traces.iter().flat_map(|t| t.attn.clone()).collect();
@@ -364,18 +365,7 @@ fn issue21_decode_each_kernel_alone() {
     for splits in [Some(1), None] {
         let s = setup(seed, &[0, 15, 16, 31, 40], 1, splits);
         let mut step = build(&dev, &s);
-        let mut rc = ref_caches(&s);
-        let mut h: Vec<f64> = s.x.iter().map(|&v| v as f64).collect();
-        let traces = reference::layer(
-            &s.dims,
-            &s.cfg.layout,
-            &s.weights[0],
-            &mut rc[0],
-            &mut h,
-            &s.positions,
-            &s.block_table,
-            Rounding::Bf16,
-        );
+        let (traces, _, rc) = layer_reference(&s);
         let cat = |f: fn(&reference::LayerTrace) -> &Vec<f64>| -> Vec<f64> {
             traces.iter().flat_map(|t| f(t).clone()).collect()
         };

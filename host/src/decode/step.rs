@@ -210,22 +210,28 @@ impl AttnForm {
         }
     }
 
-    /// Entry point, threads per CTA, dynamic shared memory bytes and CTAs per SM of `v` in this
-    /// form.
-    pub fn launch(self, v: &sc::AttnVariant) -> (&'static str, u32, usize, u32) {
+    /// Entry point, threads per CTA and dynamic shared memory bytes of `v` in this form.
+    pub fn launch(self, v: &sc::AttnVariant) -> (&'static str, u32, usize) {
         match self {
             Self::CudaCores => (
                 v.kernel,
                 sc::ATTN_THREADS,
                 sc::attn_smem_bytes(v.head_dim, v.group),
-                sc::attn_ctas_per_sm(v.head_dim, v.group),
             ),
             Self::TensorCores => (
                 v.tc_kernel,
                 sc::ATTN_TC_THREADS,
                 sc::attn_tc_smem_bytes(v.head_dim, v.group),
-                sc::ATTN_TC_CTAS_PER_SM,
             ),
+        }
+    }
+
+    /// CTAs per SM of this form's entry for head dim `head_dim` and `group` query heads per KV
+    /// head (its launch bound), for [`attention_splits`]' estimate.
+    pub fn ctas_per_sm(self, head_dim: usize, group: usize) -> u32 {
+        match self {
+            Self::CudaCores => sc::attn_ctas_per_sm(head_dim, group),
+            Self::TensorCores => sc::ATTN_TC_CTAS_PER_SM,
         }
     }
 }
@@ -553,11 +559,7 @@ pub fn attention_splits(dims: &DecodeDims, cfg: &StepConfig, sms: u32) -> Result
             // the attention streams, so a partial last wave idles the other SMs) times a CTA's
             // time, its pages plus a fixed cost of `CTA_COST_PAGES` (prologue, merge); at least
             // `MIN_PAGES_PER_SPLIT` pages per split; ties go to fewer splits (less combine).
-            let per_sm = match cfg.attention {
-                AttnForm::CudaCores => sc::attn_ctas_per_sm(dims.head_dim, dims.group()),
-                AttnForm::TensorCores => sc::ATTN_TC_CTAS_PER_SM,
-            };
-            let slots = sms.max(1) * per_sm;
+            let slots = sms.max(1) * cfg.attention.ctas_per_sm(dims.head_dim, dims.group());
             let base = (cfg.batch * dims.kv_heads).max(1) as u32;
             let mut best = (u64::MAX, 1u32);
             for s in 1..=pages.clamp(1, sc::MAX_SPLITS) {
@@ -703,7 +705,7 @@ impl<'d> DecodeStep<'d> {
             })?;
 
         // The attention's KV ring takes more than the default 48 KiB.
-        let (attn_kernel, _, attn_smem, _) = cfg.attention.launch(attn_variant);
+        let (attn_kernel, _, attn_smem) = cfg.attention.launch(attn_variant);
         dev.kernel(attn_kernel)?
             .raise_max_dynamic_shared_memory(attn_smem)?;
         // 16-warp CTAs with 8 token tiles need 64 KiB for the split-K exchange.
@@ -1040,7 +1042,7 @@ impl<'d> DecodeStep<'d> {
                 * (self.cfg.batch * self.cfg.layout.max_pages_per_seq * d.page_size) as u64
                 * (d.kv_heads * d.head_dim * 2) as u64;
             let scale_log2 = (std::f64::consts::LOG2_E / (d.head_dim as f64).sqrt()) as f32;
-            let (attn_kernel, attn_threads, attn_smem, _) = self.cfg.attention.launch(attn_variant);
+            let (attn_kernel, attn_threads, attn_smem) = self.cfg.attention.launch(attn_variant);
             push(
                 chain,
                 "attn",
