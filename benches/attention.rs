@@ -83,6 +83,8 @@ fn random_buffer<T: AttnElement>(
 enum Variant {
     Full,
     NoPingpong,
+    /// One CTA per tile (`AttentionOptions::no_persistent`).
+    NoPersistent,
     NoOverlap,
 }
 
@@ -221,6 +223,8 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
             (true, Variant::NoPingpong),
             (false, Variant::NoOverlap),
             (true, Variant::NoOverlap),
+            (false, Variant::NoPersistent),
+            (true, Variant::NoPersistent),
         ] {
             if variant != Variant::Full && !variant_rows() {
                 continue;
@@ -240,6 +244,11 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
                     pdl: false,
                     no_pingpong: variant == Variant::NoPingpong,
                     no_overlap: variant == Variant::NoOverlap,
+                    no_persistent: variant == Variant::NoPersistent,
+                    max_ctas: None,
+                    hb_group: std::env::var("WARPLINE_ATTN_HB_GROUP")
+                        .ok()
+                        .and_then(|v| v.parse().ok()),
                 },
             )?;
             let flops = plan.shape().flops();
@@ -256,6 +265,7 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
                     Variant::Full => "warpline",
                     Variant::NoPingpong => "no-pingpong",
                     Variant::NoOverlap => "no-overlap",
+                    Variant::NoPersistent => "no-persistent",
                 },
                 flops / t / 1e9
             );

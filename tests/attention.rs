@@ -92,6 +92,9 @@ struct Case {
     pdl: bool,
     no_pingpong: bool,
     no_overlap: bool,
+    no_persistent: bool,
+    /// Cap on the persistent grid's CTAs (so that each CTA works through several tiles).
+    max_ctas: Option<u32>,
 }
 
 impl Case {
@@ -107,6 +110,8 @@ impl Case {
             pdl: false,
             no_pingpong: false,
             no_overlap: false,
+            no_persistent: false,
+            max_ctas: None,
         }
     }
 }
@@ -185,6 +190,9 @@ fn run_case<T: AttnElement>(att: &Attention<'_>, case: &Case, rng: &mut rand::rn
                     pdl: case.pdl,
                     no_pingpong: case.no_pingpong,
                     no_overlap: case.no_overlap,
+                    no_persistent: case.no_persistent,
+                    max_ctas: case.max_ctas.and_then(std::num::NonZeroU32::new),
+                    hb_group: None,
                 },
             )
             .unwrap_or_else(|e| panic!("{case:?}: {e}"));
@@ -394,6 +402,8 @@ fn varlen_random_lengths() {
                     pdl: false,
                     no_pingpong: false,
                     no_overlap: false,
+                    no_persistent: false,
+                    max_ctas: None,
                 };
                 run_case::<bf16>(&att, &case, &mut rng);
             }
@@ -411,6 +421,8 @@ fn varlen_random_lengths() {
         pdl: false,
         no_pingpong: false,
         no_overlap: false,
+        no_persistent: false,
+        max_ctas: None,
     };
     run_case::<f16>(&att, &case, &mut rng);
 }
@@ -487,6 +499,59 @@ fn without_overlap() {
             ..Case::fixed(1, 1, 1, d, 2, causal)
         };
         run_case::<f16>(&att, &case, &mut rng);
+    }
+}
+
+/// The persistent grid capped at a few CTAs, so that each works through many tiles: its K and
+/// V rings, Q buffer and info slots wrap over tiles of different lengths, varlen tiles past their
+/// sequence are skipped, causal tiles that see no key (S_k < S_q) are written without Q, and the
+/// end marker comes after a ragged number of tiles per CTA. Also one CTA per tile
+/// (`no_persistent`). All within the same rule.
+#[test]
+fn persistent_grid_over_many_tiles_per_cta() {
+    let Some(dev) = att_or_skip("attention persistent grid") else {
+        return;
+    };
+    let att = Attention::new(&dev).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed());
+    for (d, causal, ctas) in [
+        (64, true, 1),
+        (128, false, 3),
+        (128, true, 5),
+        (64, false, 2),
+    ] {
+        let case = Case {
+            max_ctas: Some(ctas),
+            ..Case::fixed(3, 333, 211, d, 2, causal)
+        };
+        run_case::<bf16>(&att, &case, &mut rng);
+        let case = Case {
+            max_ctas: Some(ctas),
+            varlen: true,
+            lens: vec![
+                (300, 500),
+                (0, 17),
+                (77, 0),
+                (129, 128),
+                (513, 257),
+                (5, 900),
+            ],
+            ..Case::fixed(1, 1, 1, d, 6, causal)
+        };
+        run_case::<f16>(&att, &case, &mut rng);
+        let case = Case {
+            max_ctas: Some(ctas),
+            no_overlap: true,
+            ..Case::fixed(2, 200, 150, d, 6, causal)
+        };
+        run_case::<bf16>(&att, &case, &mut rng);
+    }
+    for d in [64, 128] {
+        let case = Case {
+            no_persistent: true,
+            ..Case::fixed(2, 1023, 1024, d, 2, d == 128)
+        };
+        run_case::<bf16>(&att, &case, &mut rng);
     }
 }
 

@@ -210,9 +210,20 @@ fn sm90a_module_assembles_without_c75xx_warnings_or_spills() {
             .lines()
             .find(|l| l.contains("spill stores"))
             .unwrap_or_else(|| panic!("no spill line for {kernel}:\n{section}"));
+        // `N bytes stack frame, S bytes spill stores, L bytes spill loads`.
+        let bytes = |what: &str| -> u32 {
+            let before = &spill[..spill.find(what).expect("ptxas spill line")];
+            before
+                .trim_end()
+                .rsplit([' ', ','])
+                .find(|w| !w.is_empty())
+                .and_then(|w| w.parse().ok())
+                .unwrap_or_else(|| panic!("no number before {what:?} in {spill}"))
+        };
+        let limit = warpline_gpu::contract::attention::SPILL_ALLOWANCE_BYTES;
         assert!(
-            spill.contains(" 0 bytes spill stores") && spill.contains(" 0 bytes spill loads"),
-            "{kernel} spills: {spill}"
+            bytes("bytes spill stores") <= limit && bytes("bytes spill loads") <= limit,
+            "{kernel} spills more than the {limit} bytes allowed: {spill}"
         );
     }
 }
@@ -384,9 +395,20 @@ fn issue22_setmaxnreg_entries_start_with_entry_registers_and_do_not_spill() {
             .lines()
             .find(|l| l.contains("spill stores"))
             .unwrap_or_else(|| panic!("no spill line for {kernel}:\n{section}"));
+        // `N bytes stack frame, S bytes spill stores, L bytes spill loads`.
+        let bytes = |what: &str| -> u32 {
+            let before = &spill[..spill.find(what).expect("ptxas spill line")];
+            before
+                .trim_end()
+                .rsplit([' ', ','])
+                .find(|w| !w.is_empty())
+                .and_then(|w| w.parse().ok())
+                .unwrap_or_else(|| panic!("no number before {what:?} in {spill}"))
+        };
+        let limit = warpline_gpu::contract::attention::SPILL_ALLOWANCE_BYTES;
         assert!(
-            spill.contains(" 0 bytes spill stores") && spill.contains(" 0 bytes spill loads"),
-            "{kernel} spills: {spill}"
+            bytes("bytes spill stores") <= limit && bytes("bytes spill loads") <= limit,
+            "{kernel} spills more than the {limit} bytes allowed: {spill}"
         );
     }
 }
@@ -530,11 +552,11 @@ fn issue22_cluster_barriers_are_per_thread() {
 // ------------------------------------------------------------------------------------------------
 // Issue 23: the attention entries (sm_90a) carry the instructions their design rests on (rank-4
 // TMA loads, SS and register-A wgmma, ping-pong named barriers, quad shuffles, ex2), start with
-// the setmaxnreg entry count and assemble without spills.
+// the setmaxnreg entry count and assemble with at most `SPILL_ALLOWANCE_BYTES` of spills.
 // ------------------------------------------------------------------------------------------------
 
 #[test]
-fn issue23_attention_entries_use_register_a_wgmma_pingpong_and_do_not_spill() {
+fn issue23_attention_entries_use_register_a_wgmma_pingpong_and_spill_at_most_the_allowance() {
     let ptx = warpline::SM90A_PTX;
     let report = ptxas_report_sm90a();
     for kernel in warpline::kernels::attention::ENTRIES {
@@ -579,9 +601,20 @@ fn issue23_attention_entries_use_register_a_wgmma_pingpong_and_do_not_spill() {
             .lines()
             .find(|l| l.contains("spill stores"))
             .unwrap_or_else(|| panic!("no spill line for {kernel}:\n{section}"));
+        // `N bytes stack frame, S bytes spill stores, L bytes spill loads`.
+        let bytes = |what: &str| -> u32 {
+            let before = &spill[..spill.find(what).expect("ptxas spill line")];
+            before
+                .trim_end()
+                .rsplit([' ', ','])
+                .find(|w| !w.is_empty())
+                .and_then(|w| w.parse().ok())
+                .unwrap_or_else(|| panic!("no number before {what:?} in {spill}"))
+        };
+        let limit = warpline_gpu::contract::attention::SPILL_ALLOWANCE_BYTES;
         assert!(
-            spill.contains(" 0 bytes spill stores") && spill.contains(" 0 bytes spill loads"),
-            "{kernel} spills: {spill}"
+            bytes("bytes spill stores") <= limit && bytes("bytes spill loads") <= limit,
+            "{kernel} spills more than the {limit} bytes allowed: {spill}"
         );
     }
 }

@@ -288,6 +288,7 @@ pub struct PtxBuilder {
     toolchain: Option<DeviceToolchain>,
     run_ptxas: bool,
     deny_ptxas_warnings: bool,
+    spill_allowances: Vec<ptxas::SpillAllowance>,
     features: Vec<String>,
 }
 
@@ -307,6 +308,7 @@ impl PtxBuilder {
             toolchain: None,
             run_ptxas: true,
             deny_ptxas_warnings: true,
+            spill_allowances: Vec::new(),
             features: Vec::new(),
         }
     }
@@ -381,6 +383,18 @@ impl PtxBuilder {
     /// turns it off too. Every diagnostic is in [`BuiltPtx::ptxas_diagnostics`] either way.
     pub fn deny_ptxas_warnings(mut self, deny: bool) -> Self {
         self.deny_ptxas_warnings = deny;
+        self
+    }
+
+    /// Lets `kernel` spill up to `max_bytes` of spill stores and of spill loads per thread
+    /// without failing the build ([`PtxBuilder::deny_ptxas_warnings`]); more still fails. For a
+    /// kernel whose spills lie outside its hot loop and were measured to cost nothing: say why
+    /// where this is called.
+    pub fn allow_spills(mut self, kernel: impl Into<String>, max_bytes: u32) -> Self {
+        self.spill_allowances.push(ptxas::SpillAllowance {
+            kernel: kernel.into(),
+            max_bytes,
+        });
         self
     }
 
@@ -543,7 +557,7 @@ impl PtxBuilder {
         let (resources, ptxas_diagnostics, ptxas_release) = match (self.run_ptxas, ptxas::find()) {
             (true, Some(p)) => {
                 let report = ptxas::assemble_report(&p, &path, self.arch)?;
-                let problems = report.problems();
+                let problems = report.problems_allowing(&self.spill_allowances);
                 let allowed = std::env::var(ENV_ALLOW_PTXAS_WARNINGS).is_ok_and(|v| v == "1");
                 if self.deny_ptxas_warnings && !allowed && !problems.is_empty() {
                     return Err(BuildError::PtxasWarnings {

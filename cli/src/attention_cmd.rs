@@ -68,6 +68,9 @@ pub struct AttentionArgs {
     /// Turn the in-warpgroup overlap (and the ping-pong) off: the plain per-block order.
     #[arg(long)]
     no_overlap: bool,
+    /// One CTA per tile instead of the persistent grid (to measure what it brings).
+    #[arg(long)]
+    no_persistent: bool,
 }
 
 pub fn run(ctx: &Ctx, args: AttentionArgs) -> CliResult<Value> {
@@ -176,6 +179,9 @@ fn run_t<T: AttnElement>(ctx: &Ctx, args: &AttentionArgs) -> CliResult<Value> {
                 pdl: args.pdl,
                 no_pingpong: args.no_pingpong,
                 no_overlap: args.no_overlap,
+                no_persistent: args.no_persistent,
+                max_ctas: None,
+                hb_group: None,
             },
         )?;
         median_launch_ms(&stream, false, args.reps, &mut || plan.launch())?

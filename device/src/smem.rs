@@ -140,6 +140,20 @@ impl Shared<f32> {
 }
 
 impl Shared<u32> {
+    /// `ld.shared.b32` (4-byte aligned). An `asm` the compiler neither hoists nor merges: a
+    /// value read again later is read again from shared memory, not kept in a register.
+    ///
+    /// # Safety
+    /// See [`Shared`].
+    #[inline(always)]
+    pub unsafe fn load(self) -> u32 {
+        // SAFETY: the caller upholds this function's `# Safety` contract.
+        unsafe {
+            let v: u32;
+            asm!("ld.shared.b32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) self.addr, options(nostack));
+            v
+        }
+    }
     /// `st.shared.b32` (4-byte aligned), e.g. two packed 16-bit values.
     ///
     /// # Safety

@@ -1301,13 +1301,21 @@ pub mod decode_step {
 ///
 /// Parameters, in order: `(tmap_q: u64, tmap_k: u64, tmap_v: u64, o: u64, lse: u64,
 /// cu_seqlens_q: u64, cu_seqlens_k: u64, seqlen_q: u32, seqlen_k: u32, heads: u32,
-/// kv_heads: u32, total_q: u32, scale_log2: f32, flags: u32)`: tensor maps and pointers are
-/// device addresses; `seqlen_q` / `seqlen_k` are the sequence lengths (varlen: unused but for
-/// the grid, the lengths come from `cu_seqlens_*`, `i32`, `B + 1` each); `total_q` the rows of
-/// the packed Q (varlen) or `B * S_q`; `scale_log2 = softmax_scale * log2(e)`; `flags` a bit
-/// set of [`FLAG_CAUSAL`], [`FLAG_VARLEN`], [`FLAG_NO_PINGPONG`], [`FLAG_NO_OVERLAP`]. Grid `(ceil(S_q / BLOCK_M), H, B)` (varlen: the
-/// longest sequence's `S_q`), [`THREADS_PER_CTA`] threads, [`smem_bytes`]`(D)` dynamic shared
-/// memory, no cluster.
+/// kv_heads: u32, total_q: u32, scale_log2: f32, flags: u32, batch: u32, hb_group: u32, n_m:
+/// u32, tiles: u32)`:
+/// tensor maps and pointers are device addresses; `seqlen_q` / `seqlen_k` are the sequence
+/// lengths (varlen: the longest query sequence, which sets the Q tiles per sequence; the lengths
+/// come from `cu_seqlens_*`, `i32`, `B + 1` each); `total_q` the rows of the packed Q (varlen)
+/// or `B * S_q`; `scale_log2 = softmax_scale * log2(e)`; `flags` a bit set of [`FLAG_CAUSAL`],
+/// [`FLAG_VARLEN`], [`FLAG_NO_PINGPONG`], [`FLAG_NO_OVERLAP`]; `batch` is B; `hb_group >= 1` the
+/// (head, batch) pairs of one L2 section of the tile order ([`tile_coords`]); `n_m =
+/// ceil(seqlen_q / BLOCK_M)` and `tiles =` [`tile_count`]`(seqlen_q, heads, batch) < 2^31` (the
+/// kernel checks both).
+///
+/// Grid `(G, 1, 1)`, `G >= 1`: CTA `x` works on tiles `x, x + G, x + 2G, ...` of the
+/// [`tile_count`] tiles (a persistent grid when `G` is the SM count; one tile per CTA when `G`
+/// is the tile count); [`THREADS_PER_CTA`] threads, [`smem_bytes`]`(D)` dynamic shared memory,
+/// no cluster.
 pub mod attention {
     use super::*;
 
@@ -1381,7 +1389,8 @@ pub mod attention {
         BLOCK_N * d * IN_BYTES
     }
     /// Shared-memory layout from the 1024-byte aligned base: `Q | K stages | V stages |
-    /// q_full | K full[STAGES], empty[STAGES] | V full[STAGES], empty[STAGES]`.
+    /// q_full, q_empty, info_full | K full[STAGES], empty[STAGES] | V full[STAGES], empty[STAGES]
+    /// | tile info[2]`.
     pub const Q_OFFSET: usize = 0;
     /// Offset of K stage 0.
     pub const fn k_offset(d: usize) -> usize {
@@ -1391,13 +1400,14 @@ pub mod attention {
     pub const fn v_offset(d: usize) -> usize {
         k_offset(d) + STAGES * kv_stage_bytes(d)
     }
-    /// Offset of the Q barrier (then the K ring's and the V ring's barriers).
+    /// Offset of the tile barriers, `q_full`, `q_empty`, `info_full` (then the K ring's and the
+    /// V ring's barriers).
     pub const fn barriers_offset(d: usize) -> usize {
         v_offset(d) + STAGES * kv_stage_bytes(d)
     }
     /// Offset of the K ring's barriers.
     pub const fn k_ring_offset(d: usize) -> usize {
-        barriers_offset(d) + MBARRIER_BYTES
+        barriers_offset(d) + 3 * MBARRIER_BYTES
     }
     /// Offset of the V ring's barriers.
     pub const fn v_ring_offset(d: usize) -> usize {
@@ -1419,9 +1429,64 @@ pub mod attention {
     /// Dynamic shared memory of the check: B plus alignment slack.
     pub const RS_CHECK_SMEM_BYTES: usize = 2 * RS_CHECK_CHUNK_BYTES + SWIZZLE_ALIGN;
 
-    /// Dynamic shared memory per CTA for head dim `d` (layout, barriers, alignment slack).
+    /// Offset of the two tile-info slots (the producer's description of a tile for the
+    /// consumers, [`INFO_WORDS`] `u32` each; slot `i % 2` for the CTA's `i`-th tile).
+    pub const fn info_offset(d: usize) -> usize {
+        v_ring_offset(d) + 2 * STAGES * MBARRIER_BYTES
+    }
+    /// `u32` words of one tile-info slot.
+    pub const INFO_WORDS: usize = 16;
+
+    /// Bytes of register spill stores, and of spill loads, per thread that ptxas may give each
+    /// attention entry without failing the build (`PtxBuilder::allow_spills`). Under
+    /// `setmaxnreg` the producer warpgroup has 24 registers and the consumers 240 (the CTA's
+    /// whole file at 168 per thread); ptxas 13.0 spills up to 4 words of the persistent loop's
+    /// per-tile state (the scheduler's tile index, ring positions, the epilogue's addresses)
+    /// around tile boundaries, none in the per-key-block loop (checked in the SASS; session 12).
+    pub const SPILL_ALLOWANCE_BYTES: u32 = 64;
+    /// The entries [`SPILL_ALLOWANCE_BYTES`] applies to.
+    pub const ENTRIES: [&str; 4] = [
+        KERNEL_BF16_D64,
+        KERNEL_BF16_D128,
+        KERNEL_F16_D64,
+        KERNEL_F16_D128,
+    ];
+
+    /// Dynamic shared memory per CTA for head dim `d` (layout, barriers, tile info, alignment
+    /// slack).
     pub const fn smem_bytes(d: usize) -> usize {
-        v_ring_offset(d) + 2 * STAGES * MBARRIER_BYTES + SWIZZLE_ALIGN
+        info_offset(d) + 2 * INFO_WORDS * 4 + SWIZZLE_ALIGN
+    }
+
+    /// Tiles of a launch: `ceil(S_q / BLOCK_M)` Q tiles (varlen: of the longest sequence) for
+    /// each of the `heads * batch` (head, batch) pairs.
+    pub const fn tile_count(seqlen_q: u32, heads: u32, batch: u32) -> u64 {
+        seqlen_q.div_ceil(BLOCK_M as u32) as u64 * heads as u64 * batch as u64
+    }
+
+    /// Tile `t` of a launch as `(m_block, head, batch)`, with `n_m = ceil(S_q / BLOCK_M)` Q
+    /// tiles per (head, batch) pair `hb = head + heads * batch`. The pairs are cut into L2
+    /// sections of `hb_group` (the last may be shorter); a section's tiles come before the next
+    /// section's, and inside a section the heaviest Q tiles (the last, for a causal mask) of
+    /// every pair come first, then the next Q tile of every pair, and so on (longest first,
+    /// while the section's K and V stay in L2). `t < tile_count`, `hb_group >= 1`.
+    pub const fn tile_coords(
+        t: u32,
+        n_m: u32,
+        heads: u32,
+        batch: u32,
+        hb_group: u32,
+    ) -> (u32, u32, u32) {
+        let pairs = heads * batch;
+        let per_group = hb_group * n_m;
+        let g = t / per_group;
+        let w = t % per_group;
+        let hb0 = g * hb_group;
+        let left = pairs - hb0;
+        let gs = if left < hb_group { left } else { hb_group };
+        let m_block = n_m - 1 - w / gs;
+        let hb = hb0 + w % gs;
+        (m_block, hb % heads, hb / heads)
     }
 
     const _: () = {
@@ -1430,6 +1495,7 @@ pub mod attention {
         assert!(Q_CHUNK_BYTES.is_multiple_of(SWIZZLE_ALIGN));
         assert!(KV_CHUNK_BYTES.is_multiple_of(SWIZZLE_ALIGN));
         assert!(smem_bytes(128) <= 227 * 1024);
+        assert!(info_offset(64).is_multiple_of(4));
         assert!(BLOCK_N.is_multiple_of(16) && BLOCK_N <= 256);
         warpline_device::check_setmaxnreg(
             THREADS_PER_CTA,

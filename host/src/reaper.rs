@@ -347,11 +347,16 @@ pub(crate) struct Gate;
 
 /// Closes the gate for a module load, which (like a blocking free) may wait for the device to
 /// go idle: `None` while a registered wait is pending or being enqueued (the load would hang
-/// behind it). A free that is running (it waits for GPU work alone) is waited out, up to a
-/// second. Found by `warpline fuzz` on the H100 (issue 19): a load in one thread raced a fence
-/// guard enqueued by another after the load's check, and the process hung.
+/// behind it). Another holder of the gate (a running free or module load: it waits for GPU work
+/// alone, and no wait can be registered while it holds the gate) is waited out, however long it
+/// takes. Found by `warpline fuzz` on the H100 (issue 19): a load in one thread raced a fence
+/// guard enqueued by another after the load's check, and the process hung. Until session 12
+/// the wait for another holder gave up after a second, so two threads loading modules at once
+/// (a PTX JIT takes seconds) failed with a spurious `WaitPending` (the attention tests on two
+/// threads, H200).
 pub(crate) fn close_for_load() -> Option<Gate> {
-    for _ in 0..1000 {
+    let mut sleep = Duration::from_micros(100);
+    loop {
         {
             let mut g = gate();
             if g.entering > 0 || any_wait_pending() {
@@ -361,9 +366,9 @@ pub(crate) fn close_for_load() -> Option<Gate> {
                 return Some(Gate);
             }
         }
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(sleep);
+        sleep = (sleep * 2).min(Duration::from_millis(5));
     }
-    None
 }
 
 /// Closes the gate for a stream creation: `cuStreamCreate` can wait for the device while it holds
@@ -528,6 +533,27 @@ mod tests {
         fn finished(&self) -> bool {
             self.0.get()
         }
+    }
+
+    #[test]
+    fn session12_a_module_load_waits_out_another_holder_of_the_gate_however_long() {
+        // Another load (or free) holds the gate for longer than the old one-second bound.
+        assert!(gate().try_close(|| false));
+        let loader = std::thread::spawn(|| close_for_load().is_some());
+        std::thread::sleep(Duration::from_millis(1500));
+        assert!(
+            !loader.is_finished(),
+            "the load must wait while the gate is held"
+        );
+        gate().open();
+        GATE_CV.notify_all();
+        assert!(
+            loader.join().unwrap(),
+            "the load gets the gate once it is free"
+        );
+        // close_for_load's gate dropped with the thread's result.
+        assert!(gate().try_close(|| false));
+        gate().open();
     }
 
     #[test]

@@ -2,16 +2,22 @@
 //! `O = softmax(Q K^T * scale [+ causal mask]) V` and the row log-sum-exp. Layouts, parameters
 //! and the shared-memory layout: `contract::attention`.
 //!
-//! One CTA per (128-row Q tile, query head, batch); heavier (later) Q tiles are launched first
-//! (`m_block = gridDim.x - 1 - blockIdx.x`), which helps causal launches.
+//! A persistent grid: CTA `x` of `G` works on tiles `x, x + G, ...` (a tile: 128 Q rows of one
+//! query head of one sequence), in `contract::attention::tile_coords`'s order (L2 sections of
+//! (head, batch) pairs, the heaviest causal tiles of a section first). The producer publishes
+//! each tile (its info words, then Q) once the consumers released the previous tile's Q, and its
+//! K and V rings run on across tiles, so a tile's first blocks load under the previous tile's
+//! last `O += P V` and epilogue. With `G` = the tile count it is one tile per CTA.
 //!
 //! ```text
 //!   producer (warpgroup 0, one thread)     consumers (warpgroups 1, 2: Q rows 0..64, 64..128)
-//!   TMA Q (once)            --q_full-->      wait Q
+//!   per tile: wait q_empty; info words;
+//!   TMA Q                   --q_full-->      wait Q; read info (DONE: exit)
 //!   per key block n:                         prologue: S_0 = Q K_0^T; softmax -> P_0
 //!     acquire K stage; TMA K --k full-->     per n >= 1: [turn] S_n = Q K_n^T; O += P_{n-1} V_{n-1}
 //!     acquire V stage; TMA V --v full-->       [pass turn]; wait S_n; release K_n; softmax(S_n)
 //!                          <--k/v empty--      wait O; release V_{n-1}; O *= correction; P_n
+//!                                          <--q_empty-- (all S of the tile retired)
 //!                                          tail: [turn] O += P_last V_last [pass turn]
 //!                                          epilogue: O / rowsum -> st.global (bounds-checked),
 //!                                          LSE = ln(rowsum) + max * scale
@@ -44,9 +50,9 @@
 //! Q rows past `seqlen_q` are computed (on zeros, or the next sequence's rows in a varlen
 //! batch) but never stored.
 //!
-//! Not done yet (notes for later): a persistent grid with a longest-first tile scheduler, a TMA
-//! store epilogue, 3 stages for head dim 64, larger `BLOCK_N` (FA3 uses 176 for d = 128), a
-//! third consumer warpgroup, intra-warpgroup overlap of the epilogue with the next tile.
+//! Not done yet (notes for later): a TMA store epilogue, 3 stages for head dim 64, larger
+//! `BLOCK_N` (FA3 uses 176 for d = 128), a third consumer warpgroup, a dynamic (atomic) tile
+//! scheduler.
 
 use core::ops::IndexMut;
 
@@ -55,8 +61,8 @@ use crate::device::math::{exp2_approx, fma, log2_approx, pack_bf16x2, pack_f16x2
 use crate::device::mbarrier::{self, Mbarrier};
 use crate::device::pdl;
 use crate::device::pipeline::{PipelineState, TmaPipeline};
-use crate::device::smem::dynamic_smem_base;
-use crate::device::thread::{block_dim_x, thread_idx_x};
+use crate::device::smem::{dynamic_smem_base, Shared};
+use crate::device::thread::{block_dim_x, block_idx_x, grid_dim_x, thread_idx_x};
 use crate::device::tma::TensorMap;
 use crate::device::warp::{quad_max_f32, quad_sum_f32};
 use crate::device::warpgroup::{
@@ -227,50 +233,133 @@ impl HeadDim for D128 {
     }
 }
 
-/// What every role of the CTA knows about its tile.
+/// The words of a tile-info slot (`contract::INFO_WORDS`, two slots): the producer thread
+/// writes a tile's words before it arms `q_full` for that tile (its arrive releases them, the
+/// consumers' wait on `q_full` acquires them), and the consumers read them where they need them
+/// (`ld.shared` that the compiler does not hoist, so nothing of a tile stays in registers across
+/// the main loop but `n_blocks`). Slot `i % 2` holds the CTA's `i`-th tile; the
+/// producer rewrites it for tile `i + 2` only after both consumer warpgroups released Q of tile
+/// `i + 1` (`q_empty`), which they do after tile `i`'s epilogue.
+mod info {
+    /// Key blocks to visit (`0..n_blocks`), or [`DONE`]: the CTA has no tile left.
+    pub const N_BLOCKS: u32 = 0;
+    /// First key block that needs the element-wise mask (past `S_k`, or past the diagonal of
+    /// the tile's first row).
+    pub const MASK_FROM: u32 = 1;
+    /// Keys of the sequence.
+    pub const SEQLEN_K: u32 = 2;
+    /// Row `r` of the tile sees key `j` iff `j <= r + DIAG` (`i32`; causal: `m0 + S_k - S_q`,
+    /// else a value no key index reaches).
+    pub const DIAG: u32 = 3;
+    /// Rows of the sequence from the tile's first (`S_q - m0`): rows at or past it are not stored.
+    pub const ROWS: u32 = 4;
+    /// Row of O (`[rows, heads, D]`) of the tile's first Q row.
+    pub const O_ROW: u32 = 5;
+    /// Index into LSE of (head, the tile's first Q row); a head's rows are contiguous.
+    pub const LSE_INDEX: u32 = 6;
+    /// For the producer's own loads, read back after it wrote them (so that nothing computed
+    /// for the info words stays live in its 24 registers across the loads): Q's row coordinate
+    /// in its tensor map, the query head, the KV head, K's and V's first row, the batch
+    /// coordinate.
+    pub const Q_ROW: u32 = 10;
+    pub const HEAD: u32 = 11;
+    pub const KV_HEAD: u32 = 12;
+    pub const K_ROW: u32 = 13;
+    pub const BATCH: u32 = 14;
+    /// `N_BLOCKS` of the end marker.
+    pub const DONE: u32 = u32::MAX;
+}
+
+/// One tile-info slot in shared memory.
 #[derive(Clone, Copy)]
-struct Tile {
-    q: TensorMap,
-    k: TensorMap,
-    v: TensorMap,
-    o: *mut u16,
-    lse: *mut f32,
-    /// Rows of this batch's Q and K sequences.
-    seqlen_q: u32,
-    seqlen_k: u32,
-    /// First Q row of the tile in its sequence.
-    m0: u32,
-    head: u32,
-    kv_head: u32,
-    heads: u32,
-    /// Row coordinate of the sequence's first row in the tensor maps (varlen: `cu_seqlens`; else
-    /// 0) and batch coordinate (varlen: 0; else the batch).
-    q_row_tma: u32,
-    k_row_tma: u32,
-    batch_tma: u32,
-    /// Global row (in `[rows, H, D]`) of the sequence's first Q row, for O.
-    q_row_base: u32,
-    /// LSE index of (head 0, row 0) of the sequence and the step between heads.
-    lse_base: u32,
-    lse_head_stride: u32,
-    causal: bool,
+struct Info(u32);
+
+impl Info {
+    #[inline(always)]
+    fn get(self, word: u32) -> u32 {
+        // SAFETY: the slot lies inside the launch's shared memory (contract::info_offset) and
+        // is written only by the producer thread, for a tile whose q_full phase the reader has
+        // waited on and which the producer does not rewrite before the reader is done with it
+        // (see `info`).
+        unsafe { Shared::<u32>::at(self.0 + 4 * word).load() }
+    }
+    /// # Safety
+    /// The producer thread, before it arms `q_full` for the slot's tile; no consumer reads the
+    /// slot now (see `info`).
+    #[inline(always)]
+    unsafe fn set(self, word: u32, v: u32) {
+        // SAFETY: inside the launch's shared memory; the caller's contract.
+        unsafe { Shared::<u32>::at(self.0 + 4 * word).store(v) }
+    }
+}
+
+/// What every role of the CTA shares over all its tiles: the shared-memory layout, its
+/// barriers, the options.
+#[derive(Clone, Copy)]
+struct Cta {
+    /// 1024-byte aligned shared-window base of the layout.
+    smem: u32,
+    /// Q of the current tile has landed (count 1: the producer's arrive, with Q's bytes).
+    q_full: Mbarrier,
+    /// Both consumer warpgroups are done with Q of the current tile (count: every consumer
+    /// thread): the scheduler may publish the next tile.
+    q_empty: Mbarrier,
+    /// The scheduler wrote the next tile's info words (count 1).
+    info_full: Mbarrier,
+    k_ring: Ring,
+    v_ring: Ring,
     /// Ping-pong between the consumer warpgroups (not `FLAG_NO_PINGPONG`; only with overlap).
     pingpong: bool,
     /// `S_n` issued with `P_{n-1} V_{n-1}` (not `FLAG_NO_OVERLAP`).
     overlap: bool,
-    /// `seqlen_k - seqlen_q`: query `i` sees key `j` iff `j <= i + diag` (causal).
-    diag: i32,
-    /// Key blocks to visit (`0..n_blocks`).
-    n_blocks: u32,
     scale_log2: f32,
-    /// 1024-byte aligned shared-window base of the layout.
-    smem: u32,
-    q_full: Mbarrier,
-    k_ring: Ring,
-    v_ring: Ring,
 }
 
-impl Tile {
+impl Cta {
+    /// The layout of this launch. Each role builds its own after the role split (from a base
+    /// address read again, not carried over), so that no address is live across `setmaxnreg`.
+    #[inline(always)]
+    fn new<H: HeadDim>(p: &Params) -> Self {
+        let base: u32;
+        // SAFETY: takes the address of the dynamic shared-memory symbol; no memory is touched.
+        // Not `pure`: the compiler emits it where it stands instead of reusing an earlier value.
+        unsafe {
+            core::arch::asm!("mov.u32 {a}, warpline_dyn_smem;", a = out(reg32) base, options(nomem, nostack))
+        };
+        let smem = (base + SWIZZLE_ALIGN as u32 - 1) & !(SWIZZLE_ALIGN as u32 - 1);
+        Self {
+            smem,
+            // SAFETY: inside the launch's smem_bytes(D), used for nothing else; thread 0
+            // initialises it (count 1: the producer's arrive) and fence_init + bar.sync publish
+            // that; the producer arms it once per tile after q_empty, so no phase is skipped.
+            q_full: unsafe { Mbarrier::at(smem + barriers_offset(H::D) as u32) },
+            // SAFETY: as above; count CONSUMER_WARPGROUPS * WARPGROUP_THREADS (one arrival per
+            // consumer thread per tile).
+            q_empty: unsafe {
+                Mbarrier::at(
+                    smem + (barriers_offset(H::D) + crate::contract::MBARRIER_BYTES) as u32,
+                )
+            },
+            // SAFETY: as above; count 1 (the scheduler's arrival per tile and for the end
+            // marker), armed for tile i only after q_empty of tile i - 1, so after the loader
+            // waited on tile i - 1's phase.
+            info_full: unsafe {
+                Mbarrier::at(
+                    smem + (barriers_offset(H::D) + 2 * crate::contract::MBARRIER_BYTES) as u32,
+                )
+            },
+            // SAFETY: the rings' barriers lie inside the launch's shared memory, used for
+            // nothing else; initialised by thread 0 and published by fence_init + bar.sync; per
+            // stage and phase one producer_acquire arms the stage's bytes and each consumer
+            // warpgroup releases once (count CONSUMER_WARPGROUPS).
+            k_ring: unsafe { Ring::at(smem + k_ring_offset(H::D) as u32) },
+            // SAFETY: as above.
+            v_ring: unsafe { Ring::at(smem + v_ring_offset(H::D) as u32) },
+            pingpong: p.flags & FLAG_NO_PINGPONG == 0,
+            overlap: p.flags & FLAG_NO_OVERLAP == 0,
+            scale_log2: p.scale_log2,
+        }
+    }
     #[inline(always)]
     fn k_stage<H: HeadDim>(self, s: State) -> u32 {
         self.smem + (k_offset(H::D) + s.stage() as usize * kv_stage_bytes(H::D)) as u32
@@ -279,84 +368,247 @@ impl Tile {
     fn v_stage<H: HeadDim>(self, s: State) -> u32 {
         self.smem + (v_offset(H::D) + s.stage() as usize * kv_stage_bytes(H::D)) as u32
     }
+    /// The info slot of the CTA's `i`-th tile.
+    #[inline(always)]
+    fn info<H: HeadDim>(self, i: u32) -> Info {
+        Info(self.smem + info_offset(H::D) as u32 + (i & 1) * (INFO_WORDS * 4) as u32)
+    }
 }
 
-/// Producer (one thread): Q once, then per key block its K tile and its V tile, each `D / 64`
-/// boxes of 64 columns (one 128-byte-swizzled chunk each).
+/// One tile as the producer finds it: its coordinates in the tensor maps and its key blocks.
+#[derive(Clone, Copy)]
+struct Found {
+    m0: u32,
+    head: u32,
+    seqlen_q: u32,
+    seqlen_k: u32,
+    q_start: u32,
+    k_start: u32,
+    batch: u32,
+}
+
+/// The CTA's next tile with rows from tile index `*tile` on (tiles of a varlen batch past their
+/// sequence's end are skipped), advancing `*tile` past it; `None` when none is left.
 #[inline(always)]
-fn producer<H: HeadDim>(t: Tile) {
-    t.q.acquire();
-    t.k.acquire();
-    t.v.acquire();
-    if t.n_blocks == 0 {
-        return;
-    }
-    let chunks = (H::D / CHUNK_COLS) as u32;
-    t.q_full.arrive_expect_tx(q_bytes(H::D) as u32);
-    let mut c = 0;
-    while c < chunks {
-        // SAFETY: the Q region is 1024-byte aligned, holds the chunks, and is written only by
-        // these loads (once); q_full is armed for exactly their bytes (out-of-bounds zeros
-        // included).
-        unsafe {
-            t.q.load_4d(
-                t.smem + (Q_OFFSET + c as usize * Q_CHUNK_BYTES) as u32,
-                [
-                    (c * CHUNK_COLS as u32) as i32,
-                    t.head as i32,
-                    (t.q_row_tma + t.m0) as i32,
-                    t.batch_tma as i32,
-                ],
-                t.q_full,
-            )
+fn next_tile(p: &Params, tile: &mut u32) -> Option<Found> {
+    let varlen = p.flags & FLAG_VARLEN != 0;
+    // Launch invariants are read from the parameters at each use (constant bank), not kept
+    // in the producer's 24 registers.
+    while *tile < p.tiles {
+        let (m_block, head, batch) = tile_coords(*tile, p.n_m, p.heads, p.batch, p.hb_group);
+        *tile += grid_dim_x();
+        let (seqlen_q, seqlen_k, q_start, k_start) = if varlen {
+            // SAFETY: the launch contract: cu_seqlens_* are B + 1 i32 each, monotone from 0,
+            // checked by the launcher, not written while the kernel runs; batch < B.
+            unsafe {
+                let q = p.cu_seqlens_q as *const i32;
+                let k = p.cu_seqlens_k as *const i32;
+                let (q0, q1) = (
+                    q.add(batch as usize).read() as u32,
+                    q.add(batch as usize + 1).read() as u32,
+                );
+                let (k0, k1) = (
+                    k.add(batch as usize).read() as u32,
+                    k.add(batch as usize + 1).read() as u32,
+                );
+                (q1 - q0, k1 - k0, q0, k0)
+            }
+        } else {
+            (p.seqlen_q, p.seqlen_k, 0, 0)
         };
-        c += 1;
+        let m0 = m_block * BLOCK_M as u32;
+        if m0 < seqlen_q {
+            return Some(Found {
+                m0,
+                head,
+                seqlen_q,
+                seqlen_k,
+                q_start,
+                k_start,
+                batch,
+            });
+        }
     }
-    let (mut ks, mut vs) = (State::new(), State::new());
+    None
+}
+
+/// Scheduler (thread 32, warp 1 of the producer warpgroup): for each of the CTA's tiles, once
+/// both consumer warpgroups released the previous tile's Q (`q_empty`: they are done with the
+/// info slot written two tiles ago), the tile's info words, then `info_full`; at the end the
+/// [`info::DONE`] marker. Apart from the loader so that each fits in the producer's 24
+/// registers.
+#[inline(always)]
+fn scheduler<H: HeadDim>(c: Cta, p: &Params) {
+    let causal = p.flags & FLAG_CAUSAL != 0;
+    let varlen = p.flags & FLAG_VARLEN != 0;
+    let mut tile = block_idx_x();
+    let mut published = 0u32;
+    loop {
+        let found = next_tile(p, &mut tile);
+        if published > 0 {
+            c.q_empty.wait_parity((published - 1) & 1);
+        }
+        let slot = c.info::<H>(published);
+        published += 1;
+        let Some(f) = found else {
+            // SAFETY: the scheduler, before arming info_full; no one reads the slot now
+            // (q_empty above; the loader reads it after info_full).
+            unsafe { slot.set(info::N_BLOCKS, info::DONE) };
+            c.info_full.arrive();
+            break;
+        };
+        // Each word is stored as soon as it is known, so that little stays live at once.
+        // SAFETY: as above (every `set` of this tile: the scheduler, before info_full).
+        unsafe {
+            slot.set(info::Q_ROW, f.q_start + f.m0);
+            slot.set(info::HEAD, f.head);
+            slot.set(info::K_ROW, f.k_start);
+            slot.set(info::BATCH, if varlen { 0 } else { f.batch });
+            slot.set(info::ROWS, f.seqlen_q - f.m0);
+            slot.set(info::SEQLEN_K, f.seqlen_k);
+            slot.set(
+                info::O_ROW,
+                if varlen {
+                    f.q_start
+                } else {
+                    f.batch * f.seqlen_q
+                } + f.m0,
+            );
+            // At most B * H * S_q < 2^31 (the launcher's bound).
+            slot.set(
+                info::LSE_INDEX,
+                if varlen {
+                    f.head * p.total_q + f.q_start
+                } else {
+                    (f.batch * p.heads + f.head) * f.seqlen_q
+                } + f.m0,
+            );
+        }
+        let diag = f.seqlen_k as i32 - f.seqlen_q as i32;
+        // Keys any row of the tile may see: causal stops at the last stored row's diagonal.
+        let last_row = (f.m0 + BLOCK_M as u32).min(f.seqlen_q) as i32 - 1;
+        let key_end = if causal {
+            (last_row + diag + 1).clamp(0, f.seqlen_k as i32) as u32
+        } else {
+            f.seqlen_k
+        };
+        // Row r of the tile sees key j iff j <= r + diag_t.
+        let diag_t = if causal {
+            f.m0 as i32 + diag
+        } else {
+            i32::MAX - 2 * BLOCK_M as i32
+        };
+        let past_k = f.seqlen_k / BLOCK_N as u32;
+        let past_diag = if diag_t < BLOCK_N as i32 - 1 {
+            0
+        } else {
+            (diag_t - (BLOCK_N as i32 - 1)) as u32 / BLOCK_N as u32 + 1
+        };
+        // SAFETY: as above.
+        unsafe {
+            slot.set(info::N_BLOCKS, key_end.div_ceil(BLOCK_N as u32));
+            slot.set(info::DIAG, diag_t as u32);
+            slot.set(info::MASK_FROM, past_k.min(past_diag));
+            slot.set(info::KV_HEAD, f.head / (p.heads / p.kv_heads));
+        }
+        c.info_full.arrive();
+    }
+}
+
+/// Loader (thread 0): for each tile the scheduler published (`info_full`), arms `q_full` (with
+/// Q's bytes, or without for a tile with no key block and the end marker), loads Q, then per key
+/// block its K tile and its V tile, each `D / 64` boxes of 64 columns (one 128-byte-swizzled
+/// chunk each). The K and V rings go on from tile to tile, so the next tile's first blocks load
+/// while the consumers finish the current one (its last `O += P V` and its epilogue).
+#[inline(always)]
+fn loader<H: HeadDim>(c: Cta, p: &Params) {
+    // SAFETY: the launch contract: device addresses of valid tensor maps.
+    let (q, k, v) = unsafe {
+        (
+            TensorMap::at(p.tmap_q),
+            TensorMap::at(p.tmap_k),
+            TensorMap::at(p.tmap_v),
+        )
+    };
+    q.acquire();
+    k.acquire();
+    v.acquire();
+    let chunks = (H::D / CHUNK_COLS) as u32;
     let kv_tx = kv_stage_bytes(H::D) as u32;
-    let mut n = 0;
-    while n < t.n_blocks {
-        let row = (t.k_row_tma + n * BLOCK_N as u32) as i32;
-        let full = t.k_ring.producer_acquire(ks, kv_tx);
-        let mut c = 0;
-        while c < chunks {
-            // SAFETY: the stage is free (producer_acquire), 1024-byte aligned, the chunk lies
-            // inside it; the full barrier is armed for the stage's bytes.
+    let (mut ks, mut vs) = (State::new(), State::new());
+    let mut tiles = 0u32;
+    loop {
+        // The scheduler wrote the slot, after both consumer warpgroups retired every wgmma
+        // reading the previous tile's Q (q_empty): Q may be overwritten.
+        c.info_full.wait_parity(tiles & 1);
+        let slot = c.info::<H>(tiles);
+        tiles += 1;
+        let n_blocks = slot.get(info::N_BLOCKS);
+        if n_blocks == 0 || n_blocks == info::DONE {
+            // No key to see (the consumers write O = 0, LSE = +inf without Q), or the end.
+            c.q_full.arrive();
+            if n_blocks == info::DONE {
+                break;
+            }
+            continue;
+        }
+        let kv_head = slot.get(info::KV_HEAD) as i32;
+        let batch_tma = slot.get(info::BATCH) as i32;
+        c.q_full.arrive_expect_tx(q_bytes(H::D) as u32);
+        let mut ch = 0;
+        while ch < chunks {
+            // SAFETY: the Q region is 1024-byte aligned, holds the chunks, and no wgmma reads it
+            // now (info_full, after q_empty); q_full is armed for exactly these bytes
+            // (out-of-bounds zeros included).
             unsafe {
-                t.k.load_4d(
-                    t.k_stage::<H>(ks) + c * KV_CHUNK_BYTES as u32,
+                q.load_4d(
+                    c.smem + (Q_OFFSET + ch as usize * Q_CHUNK_BYTES) as u32,
                     [
-                        (c * CHUNK_COLS as u32) as i32,
-                        t.kv_head as i32,
-                        row,
-                        t.batch_tma as i32,
+                        (ch * CHUNK_COLS as u32) as i32,
+                        slot.get(info::HEAD) as i32,
+                        slot.get(info::Q_ROW) as i32,
+                        batch_tma,
                     ],
-                    full,
+                    c.q_full,
                 )
             };
-            c += 1;
+            ch += 1;
         }
-        ks.advance();
-        let full = t.v_ring.producer_acquire(vs, kv_tx);
-        let mut c = 0;
-        while c < chunks {
-            // SAFETY: as for K.
-            unsafe {
-                t.v.load_4d(
-                    t.v_stage::<H>(vs) + c * KV_CHUNK_BYTES as u32,
-                    [
-                        (c * CHUNK_COLS as u32) as i32,
-                        t.kv_head as i32,
-                        row,
-                        t.batch_tma as i32,
-                    ],
-                    full,
-                )
-            };
-            c += 1;
+        let k_row = slot.get(info::K_ROW);
+        let mut n = 0;
+        while n < n_blocks {
+            let row = (k_row + n * BLOCK_N as u32) as i32;
+            let full = c.k_ring.producer_acquire(ks, kv_tx);
+            let mut ch = 0;
+            while ch < chunks {
+                // SAFETY: the stage is free (producer_acquire), 1024-byte aligned, the chunk lies
+                // inside it; the full barrier is armed for the stage's bytes.
+                unsafe {
+                    k.load_4d(
+                        c.k_stage::<H>(ks) + ch * KV_CHUNK_BYTES as u32,
+                        [(ch * CHUNK_COLS as u32) as i32, kv_head, row, batch_tma],
+                        full,
+                    )
+                };
+                ch += 1;
+            }
+            ks.advance();
+            let full = c.v_ring.producer_acquire(vs, kv_tx);
+            let mut ch = 0;
+            while ch < chunks {
+                // SAFETY: as for K.
+                unsafe {
+                    v.load_4d(
+                        c.v_stage::<H>(vs) + ch * KV_CHUNK_BYTES as u32,
+                        [(ch * CHUNK_COLS as u32) as i32, kv_head, row, batch_tma],
+                        full,
+                    )
+                };
+                ch += 1;
+            }
+            vs.advance();
+            n += 1;
         }
-        vs.advance();
-        n += 1;
     }
     // Every load is issued; the next kernel's griddepcontrol.wait still waits for this grid.
     pdl::launch_dependents();
@@ -432,8 +684,8 @@ struct Lanes {
 /// Warpgroup-collective; Q and the K stage `k` have landed; `wgmma::fence` was called since `s`
 /// was last written.
 #[inline(always)]
-unsafe fn issue_qk<I: Elem, H: HeadDim>(t: Tile, wg: u32, k: u32, s: &mut [f32; S_ACC]) {
-    let q = t.smem + (Q_OFFSET + wg as usize * WG_M * 128) as u32;
+unsafe fn issue_qk<I: Elem, H: HeadDim>(c: Cta, wg: u32, k: u32, s: &mut [f32; S_ACC]) {
+    let q = c.smem + (Q_OFFSET + wg as usize * WG_M * 128) as u32;
     unroll!(SL in [0 1 2 3 4 5 6 7] {
         if SL < H::D / 16 {
         let sl = SL as u32;
@@ -489,12 +741,16 @@ unsafe fn issue_pv<I: Elem, H: HeadDim>(
 }
 
 /// Online softmax of key block `n` on the scores `s` (in place: `s` becomes `P`, unnormalised,
-/// relative to the new running max): masks, updates the running max `m` (raw scores) and sum
-/// `l` (this thread's share of the row; the quad's shares are added in the epilogue) of the
-/// thread's two rows, returns the factors by which `O` must be rescaled.
+/// relative to the new running max): masks (blocks from `mask_from` on, with the tile's
+/// `SEQLEN_K` and `DIAG`), updates the running max `m` (raw scores) and sum `l` (this thread's
+/// share of the row; the quad's shares are added in the epilogue) of the thread's two rows,
+/// returns the factors by which `O` must be rescaled.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn softmax(
-    t: Tile,
+    info: Info,
+    mask_from: u32,
+    scale_log2: f32,
     wg: u32,
     lanes: Lanes,
     n: u32,
@@ -502,16 +758,16 @@ fn softmax(
     m: &mut [f32; 2],
     l: &mut [f32; 2],
 ) -> [f32; 2] {
-    let n0 = n * BLOCK_N as u32;
-    let row0 = t.m0 + wg * WG_M as u32 + lanes.row;
-    let needs_mask = n0 + BLOCK_N as u32 > t.seqlen_k
-        || (t.causal && (n0 + BLOCK_N as u32 - 1) as i32 > t.m0 as i32 + t.diag);
-    if needs_mask {
+    if n >= mask_from {
+        let n0 = n * BLOCK_N as u32;
+        let seqlen_k = info.get(info::SEQLEN_K);
+        let diag = info.get(info::DIAG) as i32;
+        let row0 = (wg * WG_M as u32 + lanes.row) as i32 + diag;
         blocks16!(I {
             unroll!(J in [0 1 2 3] {
                 let col = n0 + 8 * I as u32 + lanes.col + (J & 1) as u32;
-                let row = row0 + 8 * (J >> 1) as u32;
-                if col >= t.seqlen_k || (t.causal && col as i32 > row as i32 + t.diag) {
+                let last_seen = row0 + 8 * (J >> 1) as i32;
+                if col >= seqlen_k || col as i32 > last_seen {
                     s[4 * I + J] = f32::NEG_INFINITY;
                 }
             });
@@ -530,14 +786,14 @@ fn softmax(
         let max_scaled = if mx == f32::NEG_INFINITY {
             0.0
         } else {
-            mx * t.scale_log2
+            mx * scale_log2
         };
-        corr[r] = exp2_approx(m[r] * t.scale_log2 - max_scaled);
+        corr[r] = exp2_approx(m[r] * scale_log2 - max_scaled);
         let mut sum = 0.0f32;
         blocks16!(I {
             unroll!(J in [0 1] {
                 const E: usize = 4 * I + 2 * R + J;
-                let p = exp2_approx(fma(s[E], t.scale_log2, -max_scaled));
+                let p = exp2_approx(fma(s[E], scale_log2, -max_scaled));
                 s[E] = p;
                 sum += p;
             });
@@ -569,9 +825,10 @@ fn rescale<H: HeadDim>(o: &mut H::O, corr: [f32; 2]) {
     });
 }
 
-/// Consumer warpgroup `wg` (0 or 1): Q rows `64 wg ..` of the tile.
+/// Consumer warpgroup `wg` (0 or 1): Q rows `64 wg ..` of each of the CTA's tiles, in the order
+/// the producer publishes them, until [`info::DONE`].
 #[inline(always)]
-fn consumer<I: Elem, H: HeadDim>(t: Tile, wg: u32) {
+fn consumer<I: Elem, H: HeadDim>(c: Cta, p: &Params, wg: u32) {
     let tid = thread_in_warpgroup();
     let lane = tid % 32;
     let lanes = Lanes {
@@ -579,185 +836,262 @@ fn consumer<I: Elem, H: HeadDim>(t: Tile, wg: u32) {
         col: 2 * (lane % 4),
         leader: lane.is_multiple_of(4),
     };
-    let leader = tid == 0;
+    let turns = Turns::new(wg, c.pingpong && c.overlap);
+    let (mut ks, mut vs) = (State::new(), State::new());
+    let mut tiles = 0u32;
+    loop {
+        c.q_full.wait_parity(tiles & 1);
+        let info = c.info::<H>(tiles);
+        let n_blocks = info.get(info::N_BLOCKS);
+        if n_blocks == info::DONE {
+            break;
+        }
+        let (o, m, l) =
+            tile_mainloop::<I, H>(c, wg, lanes, info, n_blocks, turns, &mut ks, &mut vs);
+        epilogue::<I, H>(p, info, wg, lanes, &o, m, l);
+        tiles += 1;
+    }
+}
+
+/// One tile's key blocks for consumer warpgroup `wg`: returns `O` (unnormalised), the running
+/// max and this thread's share of the row sums. Every wgmma it issued has retired on return,
+/// and every K and V stage it consumed is released; so is Q (`q_empty`), as soon as the tile's
+/// last `S = Q K^T` retired, so that the producer loads the next tile's Q under this one's tail
+/// and epilogue.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tile_mainloop<I: Elem, H: HeadDim>(
+    c: Cta,
+    wg: u32,
+    lanes: Lanes,
+    info: Info,
+    n_blocks: u32,
+    turns: Turns,
+    ks: &mut State,
+    vs: &mut State,
+) -> (H::O, [f32; 2], [f32; 2]) {
     const S_ZERO: [f32; S_ACC] = [0.0; S_ACC];
     const P_ZERO: [AFragment; PV_SLICES] = [AFragment([0; 4]); PV_SLICES];
+    let leader = thread_in_warpgroup() == 0;
     let mut s = S_ZERO;
     let mut o = H::ZERO;
     let mut p = P_ZERO;
     let mut m = [f32::NEG_INFINITY; 2];
     let mut l = [0.0f32; 2];
-    let turns = Turns::new(wg, t.pingpong && t.overlap);
-    let n_blocks = t.n_blocks;
-    if n_blocks > 0 && !t.overlap {
+    // Every wgmma of this warpgroup reading Q has retired. Every thread arrives (count 256),
+    // after its own reads of the previous tile's info slot, so that the scheduler's rewrite of
+    // that slot is ordered after each of them (not only through the warpgroup's collectives).
+    let release_q = || c.q_empty.arrive();
+    if n_blocks == 0 {
+        release_q();
+        return (o, m, l);
+    }
+    let mask_from = info.get(info::MASK_FROM);
+    if !c.overlap {
         // FLAG_NO_OVERLAP: per block S = Q K^T, wait, softmax, O *= correction, O += P V, wait
         // (no ping-pong). The plain order, for measuring the overlap and for diagnosis.
-        t.q_full.wait_parity(0);
-        let (mut ks, mut vs) = (State::new(), State::new());
         let mut n = 0;
         while n < n_blocks {
-            t.k_ring.consumer_wait(ks);
+            c.k_ring.consumer_wait(*ks);
             wgmma::fence_operands(&mut s);
             // SAFETY: as in the overlapped path below: warpgroup-uniform, Q and K landed, the
             // stage released after the wait_group that retires the group.
             unsafe {
                 wgmma::fence();
-                issue_qk::<I, H>(t, wg, t.k_stage::<H>(ks), &mut s);
+                issue_qk::<I, H>(c, wg, c.k_stage::<H>(*ks), &mut s);
                 wgmma::wait_group::<0>();
             }
             wgmma::fence_operands(&mut s);
             if leader {
-                t.k_ring.consumer_release_local(ks);
+                c.k_ring.consumer_release_local(*ks);
             }
             ks.advance();
-            let corr = softmax(t, wg, lanes, n, &mut s, &mut m, &mut l);
+            let corr = softmax(
+                info,
+                mask_from,
+                c.scale_log2,
+                wg,
+                lanes,
+                n,
+                &mut s,
+                &mut m,
+                &mut l,
+            );
             wgmma::fence_operands(&mut o);
             wgmma::fence_fragments(&mut p);
             rescale::<H>(&mut o, corr);
             pack_p::<I>(&s, &mut p);
-            t.v_ring.consumer_wait(vs);
+            c.v_ring.consumer_wait(*vs);
             wgmma::fence_operands(&mut o);
             wgmma::fence_fragments(&mut p);
             // SAFETY: as above; V stage vs has landed.
             unsafe {
                 wgmma::fence();
-                issue_pv::<I, H>(&mut o, &p, t.v_stage::<H>(vs), n == 0);
+                issue_pv::<I, H>(&mut o, &p, c.v_stage::<H>(*vs), n == 0);
                 wgmma::wait_group::<0>();
             }
             wgmma::fence_operands(&mut o);
             wgmma::fence_fragments(&mut p);
             if leader {
-                t.v_ring.consumer_release_local(vs);
+                c.v_ring.consumer_release_local(*vs);
             }
             vs.advance();
             n += 1;
         }
-    } else if n_blocks > 0 {
-        turns.start();
-        t.q_full.wait_parity(0);
-        let (mut ks, mut vs) = (State::new(), State::new());
-        // Prologue: S_0, softmax -> P_0.
-        t.k_ring.consumer_wait(ks);
+        release_q();
+        return (o, m, l);
+    }
+    turns.start();
+    // Prologue: S_0, softmax -> P_0.
+    c.k_ring.consumer_wait(*ks);
+    turns.take();
+    wgmma::fence_operands(&mut s);
+    // SAFETY: all 128 threads of the warpgroup run the consumer with the same trip counts (the
+    // tile's n_blocks, read by all from the same slot); Q has landed (q_full) and K stage ks
+    // too (consumer_wait); released only after the wait_group that retires this group.
+    unsafe {
+        wgmma::fence();
+        issue_qk::<I, H>(c, wg, c.k_stage::<H>(*ks), &mut s);
+    }
+    turns.pass(false);
+    // SAFETY: warpgroup-collective.
+    unsafe { wgmma::wait_group::<0>() };
+    wgmma::fence_operands(&mut s);
+    if leader {
+        c.k_ring.consumer_release_local(*ks);
+    }
+    ks.advance();
+    softmax(
+        info,
+        mask_from,
+        c.scale_log2,
+        wg,
+        lanes,
+        0,
+        &mut s,
+        &mut m,
+        &mut l,
+    );
+    pack_p::<I>(&s, &mut p);
+    // Steady state: S_n and P_{n-1} V_{n-1} on the tensor cores together.
+    let mut n = 1;
+    while n < n_blocks {
+        c.k_ring.consumer_wait(*ks);
+        c.v_ring.consumer_wait(*vs);
         turns.take();
         wgmma::fence_operands(&mut s);
-        // SAFETY: all 128 threads of the warpgroup run the consumer with the same trip counts;
-        // Q has landed (q_full) and K stage ks too (consumer_wait); released only after the
-        // wait_group that retires this group.
+        wgmma::fence_operands(&mut o);
+        wgmma::fence_fragments(&mut p);
+        // SAFETY: as in the prologue; V stage vs has landed; P_{n-1} and O are not written
+        // until the wait_group::<0> below retires the PV group.
         unsafe {
             wgmma::fence();
-            issue_qk::<I, H>(t, wg, t.k_stage::<H>(ks), &mut s);
+            issue_qk::<I, H>(c, wg, c.k_stage::<H>(*ks), &mut s);
+            issue_pv::<I, H>(&mut o, &p, c.v_stage::<H>(*vs), n == 1);
         }
         turns.pass(false);
-        // SAFETY: warpgroup-collective.
-        unsafe { wgmma::wait_group::<0>() };
+        // SAFETY: warpgroup-collective; retires the QK group (the older one).
+        unsafe { wgmma::wait_group::<1>() };
         wgmma::fence_operands(&mut s);
         if leader {
-            t.k_ring.consumer_release_local(ks);
+            c.k_ring.consumer_release_local(*ks);
         }
         ks.advance();
-        softmax(t, wg, lanes, 0, &mut s, &mut m, &mut l);
-        pack_p::<I>(&s, &mut p);
-        // Steady state: S_n and P_{n-1} V_{n-1} on the tensor cores together.
-        let mut n = 1;
-        while n < n_blocks {
-            t.k_ring.consumer_wait(ks);
-            t.v_ring.consumer_wait(vs);
-            turns.take();
-            wgmma::fence_operands(&mut s);
-            wgmma::fence_operands(&mut o);
-            wgmma::fence_fragments(&mut p);
-            // SAFETY: as in the prologue; V stage vs has landed; P_{n-1} and O are not
-            // written until the wait_group::<0> below retires the PV group.
-            unsafe {
-                wgmma::fence();
-                issue_qk::<I, H>(t, wg, t.k_stage::<H>(ks), &mut s);
-                issue_pv::<I, H>(&mut o, &p, t.v_stage::<H>(vs), n == 1);
-            }
-            turns.pass(false);
-            // SAFETY: warpgroup-collective; retires the QK group (the older one).
-            unsafe { wgmma::wait_group::<1>() };
-            wgmma::fence_operands(&mut s);
-            if leader {
-                t.k_ring.consumer_release_local(ks);
-            }
-            ks.advance();
-            let corr = softmax(t, wg, lanes, n, &mut s, &mut m, &mut l);
-            // SAFETY: warpgroup-collective; retires the PV group.
-            unsafe { wgmma::wait_group::<0>() };
-            wgmma::fence_operands(&mut o);
-            wgmma::fence_fragments(&mut p);
-            if leader {
-                t.v_ring.consumer_release_local(vs);
-            }
-            vs.advance();
-            rescale::<H>(&mut o, corr);
-            pack_p::<I>(&s, &mut p);
-            n += 1;
-        }
-        // Tail: O += P_last V_last.
-        t.v_ring.consumer_wait(vs);
-        turns.take();
-        wgmma::fence_operands(&mut o);
-        wgmma::fence_fragments(&mut p);
-        // SAFETY: as above.
-        unsafe {
-            wgmma::fence();
-            issue_pv::<I, H>(&mut o, &p, t.v_stage::<H>(vs), n_blocks == 1);
-        }
-        turns.pass(true);
-        // SAFETY: warpgroup-collective.
+        let corr = softmax(
+            info,
+            mask_from,
+            c.scale_log2,
+            wg,
+            lanes,
+            n,
+            &mut s,
+            &mut m,
+            &mut l,
+        );
+        // SAFETY: warpgroup-collective; retires the PV group.
         unsafe { wgmma::wait_group::<0>() };
         wgmma::fence_operands(&mut o);
         wgmma::fence_fragments(&mut p);
-        // The last V stage needs no release: nobody refills it.
+        if leader {
+            c.v_ring.consumer_release_local(*vs);
+        }
+        vs.advance();
+        rescale::<H>(&mut o, corr);
+        pack_p::<I>(&s, &mut p);
+        n += 1;
     }
-    epilogue::<I, H>(t, wg, lanes, &o, m, l);
+    release_q();
+    // Tail: O += P_last V_last.
+    c.v_ring.consumer_wait(*vs);
+    turns.take();
+    wgmma::fence_operands(&mut o);
+    wgmma::fence_fragments(&mut p);
+    // SAFETY: as above.
+    unsafe {
+        wgmma::fence();
+        issue_pv::<I, H>(&mut o, &p, c.v_stage::<H>(*vs), n_blocks == 1);
+    }
+    turns.pass(true);
+    // SAFETY: warpgroup-collective.
+    unsafe { wgmma::wait_group::<0>() };
+    wgmma::fence_operands(&mut o);
+    wgmma::fence_fragments(&mut p);
+    // The next tile's blocks go on in this ring.
+    if leader {
+        c.v_ring.consumer_release_local(*vs);
+    }
+    vs.advance();
+    (o, m, l)
 }
 
 /// `O / rowsum` rounded to the element type, stored with bounds-checked 4-byte stores (rows
-/// past `seqlen_q` are skipped), and `LSE = max * scale + ln(rowsum)` (natural log; `+inf`
-/// for a row that saw no key, whose `O` is 0).
+/// past the sequence's end are skipped), and `LSE = max * scale + ln(rowsum)` (natural log;
+/// `+inf` for a row that saw no key, whose `O` is 0). Addresses from the tile's info slot.
 #[inline(always)]
 fn epilogue<E: Elem, H: HeadDim>(
-    t: Tile,
+    p: &Params,
+    info: Info,
     wg: u32,
     lanes: Lanes,
     o: &H::O,
     m: [f32; 2],
     l: [f32; 2],
 ) {
+    let rows = info.get(info::ROWS);
+    let row_bytes = 2 * p.heads as u64 * H::D as u64;
+    let o_tile = p.o
+        + info.get(info::O_ROW) as u64 * row_bytes
+        + 2 * (info.get(info::HEAD) * H::D as u32) as u64;
+    let lse_tile = p.lse + 4 * info.get(info::LSE_INDEX) as u64;
     unroll!(R in [0 1] {
         let r = R;
         // SAFETY: every lane of the warp runs this.
         let sum = unsafe { quad_sum_f32(l[r]) };
         let empty = sum.is_nan() || sum <= 0.0; // no visible key (or NaN)
         let inv = if empty { 0.0 } else { 1.0 / sum };
-        let row = t.m0 + wg * WG_M as u32 + lanes.row + 8 * r as u32;
-        if row < t.seqlen_q {
-            let base = ((t.q_row_base + row) as u64 * t.heads as u64 + t.head as u64)
-                * H::D as u64
-                + lanes.col as u64;
+        let row = wg * WG_M as u32 + lanes.row + 8 * r as u32;
+        if row < rows {
+            let base = o_tile + row as u64 * row_bytes + 2 * lanes.col as u64;
             blocks16!(I {
                 if I < H::D / 8 {
-                let i = I;
                 let v = E::pack(o[4 * I + 2 * R] * inv, o[4 * I + 2 * R + 1] * inv);
-                // SAFETY: (row, head, 8 i + col) lies inside O: row < seqlen_q of this sequence
-                // (the launcher checked O holds q_row_base + seqlen_q rows of heads x D), head <
-                // heads, 8 i + col + 1 < D; the index is even and O 16-byte aligned, so the
-                // 4-byte store is aligned; only this thread writes these two elements.
-                unsafe { (t.o.add((base + 8 * i as u64) as usize) as *mut u32).write(v) };
+                // SAFETY: (row m0 + row, head, 8 I + col) lies inside O: m0 + row < S_q of this
+                // sequence (the launcher checked O holds every sequence's rows of heads x D),
+                // head < heads, 8 I + col + 1 < D; the element index is even and O 16-byte
+                // aligned, so the 4-byte store is aligned; only this thread writes these two
+                // elements.
+                unsafe { ((base + 16 * I as u64) as *mut u32).write(v) };
                 }
             });
             if lanes.leader {
                 let lse = if empty {
                     f32::INFINITY
                 } else {
-                    (m[r] * t.scale_log2 + log2_approx(sum)) * core::f32::consts::LN_2
+                    (m[r] * p.scale_log2 + log2_approx(sum)) * core::f32::consts::LN_2
                 };
-                let idx = t.lse_base as u64 + t.head as u64 * t.lse_head_stride as u64 + row as u64;
-                // SAFETY: inside LSE ([B, H, S_q] or [H, total_q], checked by the launcher);
-                // one writer per (head, row).
-                unsafe { t.lse.add(idx as usize).write(lse) };
+                // SAFETY: inside LSE ([B, H, S_q] or [H, total_q], checked by the launcher; a
+                // head's rows are contiguous); one writer per (head, row).
+                unsafe { ((lse_tile + 4 * row as u64) as *mut f32).write(lse) };
             }
         }
     });
@@ -780,6 +1114,10 @@ struct Params {
     total_q: u32,
     scale_log2: f32,
     flags: u32,
+    batch: u32,
+    hb_group: u32,
+    n_m: u32,
+    tiles: u32,
 }
 
 /// The kernel body of every entry.
@@ -788,128 +1126,52 @@ struct Params {
 /// The launch contract of the entries.
 #[inline(always)]
 unsafe fn attention<I: Elem, H: HeadDim>(p: Params) {
-    if block_dim_x() != THREADS_PER_CTA || p.kv_heads == 0 || !p.heads.is_multiple_of(p.kv_heads) {
+    if block_dim_x() != THREADS_PER_CTA
+        || p.kv_heads == 0
+        || !p.heads.is_multiple_of(p.kv_heads)
+        || p.hb_group == 0
+        || p.n_m != p.seqlen_q.div_ceil(BLOCK_M as u32)
+        || p.tiles as u64 != tile_count(p.seqlen_q, p.heads, p.batch)
+    {
         // SAFETY: `trap` aborts the kernel; no preconditions.
         unsafe { core::arch::nvptx::trap() };
     }
-    // SAFETY: reading special registers has no preconditions.
-    let (bx, gx, head, batch) = unsafe {
-        (
-            core::arch::nvptx::_block_idx_x(),
-            core::arch::nvptx::_grid_dim_x(),
-            core::arch::nvptx::_block_idx_y(),
-            core::arch::nvptx::_block_idx_z(),
-        )
-    };
     // Q, K, V and cu_seqlens may be written by the previous kernel on the stream (PDL), and O
     // and LSE read by it: wait before touching any of them.
     pdl::wait();
-    let causal = p.flags & FLAG_CAUSAL != 0;
-    let varlen = p.flags & FLAG_VARLEN != 0;
-    let m_block = gx - 1 - bx;
-    let (seqlen_q, seqlen_k, q_start, k_start) = if varlen {
-        // SAFETY: the launch contract: cu_seqlens_* are B + 1 i32 each (B = gridDim.z),
-        // monotone from 0, checked by the launcher, not written while the kernel runs.
-        unsafe {
-            let q = p.cu_seqlens_q as *const i32;
-            let k = p.cu_seqlens_k as *const i32;
-            let (q0, q1) = (
-                q.add(batch as usize).read() as u32,
-                q.add(batch as usize + 1).read() as u32,
-            );
-            let (k0, k1) = (
-                k.add(batch as usize).read() as u32,
-                k.add(batch as usize + 1).read() as u32,
-            );
-            (q1 - q0, k1 - k0, q0, k0)
-        }
-    } else {
-        (p.seqlen_q, p.seqlen_k, 0, 0)
-    };
-    let m0 = m_block * BLOCK_M as u32;
-    if m0 >= seqlen_q {
-        // A tile past this (shorter) sequence of a varlen batch: the whole CTA leaves before
-        // any barrier.
-        return;
-    }
-    let diag = seqlen_k as i32 - seqlen_q as i32;
-    // Keys any row of the tile may see: causal stops at the last stored row's diagonal.
-    let last_row = (m0 + BLOCK_M as u32).min(seqlen_q) as i32 - 1;
-    let key_end = if causal {
-        (last_row + diag + 1).clamp(0, seqlen_k as i32) as u32
-    } else {
-        seqlen_k
-    };
-    let smem = (dynamic_smem_base() + SWIZZLE_ALIGN as u32 - 1) & !(SWIZZLE_ALIGN as u32 - 1);
-    let t = Tile {
-        // SAFETY: the launch contract: device addresses of valid tensor maps.
-        q: unsafe { TensorMap::at(p.tmap_q) },
-        // SAFETY: as above.
-        k: unsafe { TensorMap::at(p.tmap_k) },
-        // SAFETY: as above.
-        v: unsafe { TensorMap::at(p.tmap_v) },
-        o: p.o as *mut u16,
-        lse: p.lse as *mut f32,
-        seqlen_q,
-        seqlen_k,
-        m0,
-        head,
-        kv_head: head / (p.heads / p.kv_heads),
-        heads: p.heads,
-        q_row_tma: q_start,
-        k_row_tma: k_start,
-        batch_tma: if varlen { 0 } else { batch },
-        q_row_base: if varlen { q_start } else { batch * seqlen_q },
-        lse_base: if varlen {
-            q_start
-        } else {
-            batch * p.heads * seqlen_q
-        },
-        lse_head_stride: if varlen { p.total_q } else { seqlen_q },
-        causal,
-        pingpong: p.flags & FLAG_NO_PINGPONG == 0,
-        overlap: p.flags & FLAG_NO_OVERLAP == 0,
-        diag,
-        n_blocks: key_end.div_ceil(BLOCK_N as u32),
-        scale_log2: p.scale_log2,
-        smem,
-        // SAFETY: inside the launch's smem_bytes(D), used for nothing else; thread 0
-        // initialises it (count 1: the producer's arrive_expect_tx) and fence_init + bar.sync
-        // publish that; one phase only (parity 0).
-        q_full: unsafe { Mbarrier::at(smem + barriers_offset(H::D) as u32) },
-        // SAFETY: the rings' barriers lie inside the launch's shared memory, used for nothing
-        // else; initialised below by thread 0 and published by fence_init + bar.sync; per stage
-        // and phase one producer_acquire arms the stage's bytes and each consumer warpgroup
-        // releases once (count CONSUMER_WARPGROUPS).
-        k_ring: unsafe { Ring::at(smem + k_ring_offset(H::D) as u32) },
-        // SAFETY: as above.
-        v_ring: unsafe { Ring::at(smem + v_ring_offset(H::D) as u32) },
-    };
+    let c = Cta::new::<H>(&p);
     if thread_idx_x() == 0 {
         // SAFETY: one thread, before any use; published by fence_init and the bar.sync below.
         unsafe {
-            t.q_full.init(1);
-            t.k_ring.init(CONSUMER_WARPGROUPS);
-            t.v_ring.init(CONSUMER_WARPGROUPS);
+            c.q_full.init(1);
+            c.q_empty.init(CONSUMER_WARPGROUPS * WARPGROUP_THREADS);
+            c.info_full.init(1);
+            c.k_ring.init(CONSUMER_WARPGROUPS);
+            c.v_ring.init(CONSUMER_WARPGROUPS);
         }
         mbarrier::fence_init();
-        t.q.prefetch();
-        t.k.prefetch();
-        t.v.prefetch();
+        // SAFETY: the launch contract: device addresses of valid tensor maps.
+        unsafe {
+            TensorMap::at(p.tmap_q).prefetch();
+            TensorMap::at(p.tmap_k).prefetch();
+            TensorMap::at(p.tmap_v).prefetch();
+        }
     }
-    // SAFETY: every thread of the CTA, converged (the early return above is CTA-uniform).
+    // SAFETY: every thread of the CTA, converged.
     unsafe { crate::device::thread::sync_threads() };
     if warpgroup_idx() == 0 {
         // SAFETY: the whole producer warpgroup, convergently; launch bounds with this split.
         unsafe { setmaxnreg_dec::<PRODUCER_REGS>() };
         if thread_idx_x() == 0 {
-            producer::<H>(t);
+            loader::<H>(Cta::new::<H>(&p), &p);
+        } else if thread_idx_x() == crate::contract::WARP_SIZE {
+            scheduler::<H>(Cta::new::<H>(&p), &p);
         }
     } else {
         // SAFETY: the whole consumer warpgroup, convergently; the split fits the CTA's registers
         // (checked by launch_bounds! below).
         unsafe { setmaxnreg_inc::<CONSUMER_REGS>() };
-        consumer::<I, H>(t, warpgroup_idx() - 1);
+        consumer::<I, H>(Cta::new::<H>(&p), &p, warpgroup_idx() - 1);
     }
 }
 
@@ -917,8 +1179,9 @@ macro_rules! entry {
     ($name:ident, $elem:ty, $hd:ty, $doc:literal) => {
         #[doc = $doc]
         ///
-        /// Launch and parameters: `contract::attention`; another block size, `kv_heads == 0`
-        /// or `heads % kv_heads != 0` traps.
+        /// Launch and parameters: `contract::attention`; another block size, `kv_heads == 0`,
+        /// `heads % kv_heads != 0`, `hb_group == 0`, or `n_m` or `tiles` other than the
+        /// contract's traps.
         ///
         /// # Safety
         /// The tensor maps describe Q, K, V as the contract says (dtype, rank-4 dims, boxes,
@@ -927,8 +1190,8 @@ macro_rules! entry {
         /// and `lse` the LSE (f32, `[B, heads, seqlen_q]` or `[heads, total_q]`), overlapping
         /// nothing else; with `FLAG_VARLEN`, `cu_seqlens_q` / `cu_seqlens_k` address `B + 1`
         /// monotone `i32` from 0 up to the packed row counts (`total_q` for Q), each sequence's
-        /// length at most the grid's `ceil(seqlen / BLOCK_M)` Q tiles; `scale_log2 > 0`; the
-        /// grid is `(ceil(seqlen_q / BLOCK_M), heads, B)`.
+        /// length at most `seqlen_q` (the longest); `scale_log2 > 0`; `batch` is B and
+        /// `tile_count(seqlen_q, heads, batch) < 2^31`; the grid is `(G, 1, 1)`, any `G >= 1`.
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -946,6 +1209,10 @@ macro_rules! entry {
             total_q: u32,
             scale_log2: f32,
             flags: u32,
+            batch: u32,
+            hb_group: u32,
+            n_m: u32,
+            tiles: u32,
         ) {
             let p = Params {
                 tmap_q,
@@ -962,6 +1229,10 @@ macro_rules! entry {
                 total_q,
                 scale_log2,
                 flags,
+                batch,
+                hb_group,
+                n_m,
+                tiles,
             };
             // SAFETY: the launch contract above.
             unsafe { attention::<$elem, $hd>(p) }

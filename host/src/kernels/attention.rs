@@ -219,15 +219,54 @@ impl AttentionShape {
         per * self.heads as f64 / if self.causal { 2.0 } else { 1.0 }
     }
 
-    /// The launch grid `(ceil(max S_q / 128), H, B)`.
-    pub fn grid(&self) -> [u32; 3] {
-        [
-            self.max_seqlen_q.div_ceil(contract::BLOCK_M) as u32,
+    /// Q tiles per (head, sequence): `ceil(max S_q / 128)`.
+    pub fn q_tiles(&self) -> u32 {
+        self.max_seqlen_q.div_ceil(contract::BLOCK_M) as u32
+    }
+
+    /// Tiles of the launch (`contract::tile_count`): Q tiles x heads x sequences. At most
+    /// `2^31 - 1` ([`check_problem`] bounds `B * H * S_q`).
+    pub fn tiles(&self) -> u32 {
+        contract::tile_count(
+            self.max_seqlen_q as u32,
             self.heads as u32,
             self.batch as u32,
+        ) as u32
+    }
+
+    /// (head, sequence) pairs per L2 section of the tile order (`contract::tile_coords`): as
+    /// many as keep their K and V within [`L2_SECTION_BYTES`], at least 1.
+    pub fn hb_group(&self) -> u32 {
+        // K and V bytes one query head reads (GQA: shared by the heads of its KV head).
+        let group = (self.heads / self.kv_heads.max(1)).max(1);
+        let per_head = (2 * self.max_seqlen_k * self.head_dim * 2)
+            .div_ceil(group)
+            .max(1);
+        let pairs = self.heads * self.batch;
+        (L2_SECTION_BYTES / per_head).clamp(1, pairs.max(1)) as u32
+    }
+
+    /// The launch grid `(G, 1, 1)`: with `persistent`, `min(tiles, sms)` CTAs (one per SM, each
+    /// working through its share of the tiles), else one CTA per tile.
+    pub fn grid(&self, persistent: bool, sms: u32) -> [u32; 3] {
+        let tiles = self.tiles().max(1);
+        [
+            if persistent {
+                tiles.min(sms.max(1))
+            } else {
+                tiles
+            },
+            1,
+            1,
         ]
     }
 }
+
+/// The K and V bytes one L2 section of the tile order may read (`AttentionShape::hb_group`).
+/// Measured on the H200 (session 12, sections of 1, 4, 8, 16 and 24 pairs at the bench's
+/// shapes): a few MiB, far below the 50 MiB L2, keeps the K and V blocks that the CTAs in
+/// flight read shared by more of them; 24 MiB was 3-5% slower.
+pub const L2_SECTION_BYTES: usize = 4 << 20;
 
 /// Largest row count of any tensor (TMA coordinates and the kernel's row arithmetic are 32-bit
 /// signed).
@@ -448,6 +487,10 @@ fn rust_params() -> Vec<RustParam> {
         p("total_q: u32", 4, Int),
         p("scale_log2: f32", 4, Float),
         p("flags: u32", 4, Int),
+        p("batch: u32", 4, Int),
+        p("hb_group: u32", 4, Int),
+        p("n_m: u32", 4, Int),
+        p("tiles: u32", 4, Int),
     ]
 }
 
@@ -478,6 +521,16 @@ pub struct AttentionOptions {
     /// softmax, `O += P V`, wait, with no ping-pong either. For measuring and diagnosis; the
     /// result is the same.
     pub no_overlap: bool,
+    /// One CTA per tile instead of the persistent grid (one CTA per SM working through the
+    /// tiles, the next tile's loads under the current one's epilogue). For measuring what the
+    /// persistent grid brings; the result is the same.
+    pub no_persistent: bool,
+    /// At most this many CTAs in the persistent grid (default: one per SM), so that each works
+    /// through more tiles; for tests and measurement. Ignored with `no_persistent`.
+    pub max_ctas: Option<std::num::NonZeroU32>,
+    /// (head, sequence) pairs per L2 section of the tile order (default
+    /// [`AttentionShape::hb_group`]); for measuring the order.
+    pub hb_group: Option<std::num::NonZeroU32>,
 }
 
 /// The tensors of one call. Q, K, V are read; O and LSE written (exclusively borrowed, so they
@@ -600,7 +653,11 @@ impl<'d> Attention<'d> {
         let kernel = self.module.untyped_kernel(name)?.clone();
         let smem = contract::smem_bytes(shape.head_dim) as u32;
         let mut cfg = LaunchConfig::linear(1, contract::THREADS_PER_CTA, smem).with_pdl(opts.pdl);
-        cfg.grid = shape.grid();
+        let sms = self.dev.capabilities().sm_count;
+        cfg.grid = shape.grid(
+            !opts.no_persistent,
+            opts.max_ctas.map_or(sms, |m| m.get().min(sms)),
+        );
         cfg.check(name, &LaunchLimits::of(self.dev, &kernel))?;
         let (batch_maps, rows_q, rows_k) = if shape.varlen {
             (1, shape.rows_q, shape.rows_k)
@@ -692,6 +749,10 @@ impl<'d> Attention<'d> {
             ParamValue::new(shape.rows_q as u32),
             ParamValue::new(shape.softmax_scale * std::f32::consts::LOG2_E),
             ParamValue::new(flags),
+            ParamValue::new(shape.batch as u32),
+            ParamValue::new(opts.hb_group.map_or(shape.hb_group(), |g| g.get())),
+            ParamValue::new(shape.q_tiles()),
+            ParamValue::new(shape.tiles()),
         ];
         Ok(AttentionPlan {
             dev: self.dev,
@@ -735,7 +796,7 @@ pub struct AttentionPlan<'a, T: AttnElement> {
     _o: DeviceViewMut<'a, T>,
     _lse: DeviceViewMut<'a, f32>,
     cfg: LaunchConfig,
-    params: [ParamValue; 14],
+    params: [ParamValue; 18],
     shape: AttentionShape,
 }
 
@@ -754,7 +815,7 @@ impl<T: AttnElement> AttentionPlan<'_, T> {
     /// asked). Errors: [`Error::Launch`], [`Error::ContextPoisoned`].
     pub fn launch(&self) -> Result<()> {
         // SAFETY: the parameter list matches the entry (checked against the PTX at
-        // Attention::new: 7 x u64, 5 x u32, f32, u32 in the contract's order). The map addresses
+        // Attention::new: 7 x u64, 5 x u32, f32, 5 x u32 in the contract's order). The map addresses
         // point into the table, uploaded on this stream before any launch and freed on it after
         // the last; each map was encoded over a view the plan borrows (Q, K, V), with the
         // logical dims, so TMA loads stay inside them (boxes past an edge read zeros). O and LSE
@@ -764,8 +825,9 @@ impl<T: AttnElement> AttentionPlan<'_, T> {
         // rows_q), heads < H, columns < D, and LSE at the matching (head, row): inside both. The
         // varlen offsets are the plan's own copy of the checked host values (B + 1 each,
         // non-decreasing from 0, last = rows), written before the first launch on this stream
-        // and never again, so sequence b's rows are inside Q, O, K, V; the grid's x covers the
-        // longest sequence. heads % kv_heads == 0, kv_heads >= 1, scale_log2 > 0. Grid, block and
+        // and never again, so sequence b's rows are inside Q, O, K, V; n_m covers the longest
+        // sequence and tiles = n_m * heads * B < 2^31 (check_problem), hb_group >= 1. heads %
+        // kv_heads == 0, kv_heads >= 1, scale_log2 > 0. Any grid x >= 1 is valid. Grid, block and
         // shared memory are the contract's, checked against the launch limits. With PDL the
         // kernel runs griddepcontrol.wait before touching any of this memory (the table, read
         // before it by the prefetch, was written before every launch and is never rewritten).
@@ -827,11 +889,47 @@ mod tests {
         }
     }
 
+    /// `contract::tile_coords` visits every (Q tile, head, sequence) once; inside each L2
+    /// section the Q tiles come heaviest first (non-increasing m_block), and a section's pairs
+    /// are `hb_group` consecutive ones.
+    #[test]
+    fn tile_order_covers_every_tile_once_heaviest_first_per_section() {
+        for (n_m, heads, batch, group) in [
+            (1, 1, 1, 1),
+            (3, 6, 3, 4),
+            (16, 16, 2, 5),
+            (7, 5, 3, 1),
+            (4, 2, 2, 100),
+        ] {
+            let tiles = contract::tile_count(n_m * 128, heads, batch) as u32;
+            assert_eq!(tiles, n_m * heads * batch);
+            let mut seen = std::collections::HashSet::new();
+            let mut last: Option<(u32, u32)> = None; // (section, m_block)
+            for t in 0..tiles {
+                let (m, h, b) = contract::tile_coords(t, n_m, heads, batch, group);
+                assert!(m < n_m && h < heads && b < batch, "{t}: {m} {h} {b}");
+                assert!(seen.insert((m, h, b)), "tile {t} repeats ({m}, {h}, {b})");
+                let section = (h + heads * b) / group;
+                if let Some((s0, m0)) = last {
+                    assert!(section >= s0, "sections out of order at {t}");
+                    if section == s0 {
+                        assert!(m <= m0, "m_block rises inside a section at {t}");
+                    }
+                }
+                last = Some((section, m));
+            }
+            assert_eq!(seen.len() as u32, tiles);
+        }
+    }
+
     #[test]
     fn valid_fixed_problem_gives_grid_flops_and_default_scale() {
         let p = base();
         let s = check_problem(&p, &mem_for(&p)).unwrap();
-        assert_eq!(s.grid(), [1, 6, 2]);
+        assert_eq!(s.grid(false, 132), [12, 1, 1]);
+        assert_eq!(s.grid(true, 132), [12, 1, 1]);
+        assert_eq!(s.grid(true, 5), [5, 1, 1]);
+        assert_eq!((s.q_tiles(), s.tiles()), (1, 12));
         assert_eq!((s.rows_q, s.rows_k, s.varlen), (226, 406, false));
         assert!((s.softmax_scale - 1.0 / (128f32).sqrt()).abs() < 1e-7);
         let want = 2.0 * 4.0 * 113.0 * 203.0 * 128.0 * 6.0 / 2.0;
@@ -855,7 +953,8 @@ mod tests {
             (s.max_seqlen_q, s.max_seqlen_k, s.rows_q, s.rows_k),
             (295, 7, 300, 9)
         );
-        assert_eq!(s.grid(), [3, 6, 3]);
+        assert_eq!(s.grid(false, 132), [54, 1, 1]);
+        assert_eq!((s.q_tiles(), s.tiles()), (3, 54));
         let m = mem_for(&p);
         for (cq, ck, why) in [
             (&[0, 5, 300][..], &cu_k[..], "length"),
