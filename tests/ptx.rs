@@ -210,20 +210,9 @@ fn sm90a_module_assembles_without_c75xx_warnings_or_spills() {
             .lines()
             .find(|l| l.contains("spill stores"))
             .unwrap_or_else(|| panic!("no spill line for {kernel}:\n{section}"));
-        // `N bytes stack frame, S bytes spill stores, L bytes spill loads`.
-        let bytes = |what: &str| -> u32 {
-            let before = &spill[..spill.find(what).expect("ptxas spill line")];
-            before
-                .trim_end()
-                .rsplit([' ', ','])
-                .find(|w| !w.is_empty())
-                .and_then(|w| w.parse().ok())
-                .unwrap_or_else(|| panic!("no number before {what:?} in {spill}"))
-        };
-        let limit = warpline_gpu::contract::attention::SPILL_ALLOWANCE_BYTES;
         assert!(
-            bytes("bytes spill stores") <= limit && bytes("bytes spill loads") <= limit,
-            "{kernel} spills more than the {limit} bytes allowed: {spill}"
+            spill.contains(" 0 bytes spill stores") && spill.contains(" 0 bytes spill loads"),
+            "{kernel} spills: {spill}"
         );
     }
 }
@@ -395,20 +384,9 @@ fn issue22_setmaxnreg_entries_start_with_entry_registers_and_do_not_spill() {
             .lines()
             .find(|l| l.contains("spill stores"))
             .unwrap_or_else(|| panic!("no spill line for {kernel}:\n{section}"));
-        // `N bytes stack frame, S bytes spill stores, L bytes spill loads`.
-        let bytes = |what: &str| -> u32 {
-            let before = &spill[..spill.find(what).expect("ptxas spill line")];
-            before
-                .trim_end()
-                .rsplit([' ', ','])
-                .find(|w| !w.is_empty())
-                .and_then(|w| w.parse().ok())
-                .unwrap_or_else(|| panic!("no number before {what:?} in {spill}"))
-        };
-        let limit = warpline_gpu::contract::attention::SPILL_ALLOWANCE_BYTES;
         assert!(
-            bytes("bytes spill stores") <= limit && bytes("bytes spill loads") <= limit,
-            "{kernel} spills more than the {limit} bytes allowed: {spill}"
+            spill.contains(" 0 bytes spill stores") && spill.contains(" 0 bytes spill loads"),
+            "{kernel} spills: {spill}"
         );
     }
 }
