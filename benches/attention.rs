@@ -85,6 +85,8 @@ enum Variant {
     NoPingpong,
     /// One CTA per tile (`AttentionOptions::no_persistent`).
     NoPersistent,
+    /// Bounds-checked stores instead of the TMA-store epilogue.
+    NoTmaStore,
     NoOverlap,
 }
 
@@ -225,6 +227,8 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
             (true, Variant::NoOverlap),
             (false, Variant::NoPersistent),
             (true, Variant::NoPersistent),
+            (false, Variant::NoTmaStore),
+            (true, Variant::NoTmaStore),
         ] {
             if variant != Variant::Full && !variant_rows() {
                 continue;
@@ -245,6 +249,7 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
                     no_pingpong: variant == Variant::NoPingpong,
                     no_overlap: variant == Variant::NoOverlap,
                     no_persistent: variant == Variant::NoPersistent,
+                    no_tma_store: variant == Variant::NoTmaStore,
                     max_ctas: None,
                     hb_group: std::env::var("WARPLINE_ATTN_HB_GROUP")
                         .ok()
@@ -266,6 +271,7 @@ fn run<T: AttnElement>(dev: &Device) -> warpline::Result<()> {
                     Variant::NoPingpong => "no-pingpong",
                     Variant::NoOverlap => "no-overlap",
                     Variant::NoPersistent => "no-persistent",
+                    Variant::NoTmaStore => "no-tma-store",
                 },
                 flops / t / 1e9
             );

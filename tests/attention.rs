@@ -95,6 +95,7 @@ struct Case {
     no_persistent: bool,
     /// Cap on the persistent grid's CTAs (so that each CTA works through several tiles).
     max_ctas: Option<u32>,
+    no_tma_store: bool,
 }
 
 impl Case {
@@ -112,6 +113,7 @@ impl Case {
             no_overlap: false,
             no_persistent: false,
             max_ctas: None,
+            no_tma_store: false,
         }
     }
 }
@@ -193,6 +195,7 @@ fn run_case<T: AttnElement>(att: &Attention<'_>, case: &Case, rng: &mut rand::rn
                     no_persistent: case.no_persistent,
                     max_ctas: case.max_ctas.and_then(std::num::NonZeroU32::new),
                     hb_group: None,
+                    no_tma_store: case.no_tma_store,
                 },
             )
             .unwrap_or_else(|e| panic!("{case:?}: {e}"));
@@ -404,6 +407,7 @@ fn varlen_random_lengths() {
                     no_overlap: false,
                     no_persistent: false,
                     max_ctas: None,
+                    no_tma_store: false,
                 };
                 run_case::<bf16>(&att, &case, &mut rng);
             }
@@ -423,6 +427,7 @@ fn varlen_random_lengths() {
         no_overlap: false,
         no_persistent: false,
         max_ctas: None,
+        no_tma_store: false,
     };
     run_case::<f16>(&att, &case, &mut rng);
 }
@@ -550,6 +555,13 @@ fn persistent_grid_over_many_tiles_per_cta() {
         let case = Case {
             no_persistent: true,
             ..Case::fixed(2, 1023, 1024, d, 2, d == 128)
+        };
+        run_case::<bf16>(&att, &case, &mut rng);
+        // The plain-store epilogue (the TMA store is the default for fixed lengths).
+        let case = Case {
+            no_tma_store: true,
+            max_ctas: Some(3),
+            ..Case::fixed(2, 333, 211, d, 2, d == 64)
         };
         run_case::<bf16>(&att, &case, &mut rng);
     }

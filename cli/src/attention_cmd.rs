@@ -71,6 +71,9 @@ pub struct AttentionArgs {
     /// One CTA per tile instead of the persistent grid (to measure what it brings).
     #[arg(long)]
     no_persistent: bool,
+    /// Bounds-checked stores of O instead of the TMA-store epilogue (to measure what it brings).
+    #[arg(long)]
+    no_tma_store: bool,
 }
 
 pub fn run(ctx: &Ctx, args: AttentionArgs) -> CliResult<Value> {
@@ -182,6 +185,7 @@ fn run_t<T: AttnElement>(ctx: &Ctx, args: &AttentionArgs) -> CliResult<Value> {
                 no_persistent: args.no_persistent,
                 max_ctas: None,
                 hb_group: None,
+                no_tma_store: args.no_tma_store,
             },
         )?;
         median_launch_ms(&stream, false, args.reps, &mut || plan.launch())?

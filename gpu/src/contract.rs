@@ -1295,19 +1295,21 @@ pub mod decode_step {
 /// sequence `b` at rows `cu_seqlens[b] .. cu_seqlens[b + 1]`. LSE (f32, natural log) `[B, H,
 /// S_q]`, varlen `[H, total_q]`. Query head `h` reads KV head `h / (H / HK)`.
 ///
-/// Tensor maps: rank 4 over Q, K, V with dims `{D, heads, rows, batch}` (varlen: `rows` =
+/// Tensor maps: rank 4 over Q, K, V and O with dims `{D, heads, rows, batch}` (varlen: `rows` =
 /// total, `batch` = 1), strides `{D, heads * D, rows * heads * D}` elements (in bytes on the
-/// host), boxes [`Q_BOX`] / [`KV_BOX`], 128-byte swizzle, zero fill out of bounds.
+/// host), boxes [`Q_BOX`] / [`KV_BOX`] / [`O_BOX`] (O: the TMA-store epilogue), 128-byte
+/// swizzle, zero fill out of bounds.
 ///
 /// Parameters, in order: `(tmap_q: u64, tmap_k: u64, tmap_v: u64, o: u64, lse: u64,
 /// cu_seqlens_q: u64, cu_seqlens_k: u64, seqlen_q: u32, seqlen_k: u32, heads: u32,
 /// kv_heads: u32, total_q: u32, scale_log2: f32, flags: u32, batch: u32, hb_group: u32, n_m:
-/// u32, tiles: u32)`:
+/// u32, tiles: u32, tmap_o: u64)`:
 /// tensor maps and pointers are device addresses; `seqlen_q` / `seqlen_k` are the sequence
 /// lengths (varlen: the longest query sequence, which sets the Q tiles per sequence; the lengths
 /// come from `cu_seqlens_*`, `i32`, `B + 1` each); `total_q` the rows of the packed Q (varlen)
 /// or `B * S_q`; `scale_log2 = softmax_scale * log2(e)`; `flags` a bit set of [`FLAG_CAUSAL`],
-/// [`FLAG_VARLEN`], [`FLAG_NO_PINGPONG`], [`FLAG_NO_OVERLAP`]; `batch` is B; `hb_group >= 1` the
+/// [`FLAG_VARLEN`], [`FLAG_NO_PINGPONG`], [`FLAG_NO_OVERLAP`], [`FLAG_NO_TMA_STORE`]; `batch` is
+/// B; `hb_group >= 1` the
 /// (head, batch) pairs of one L2 section of the tile order ([`tile_coords`]); `n_m =
 /// ceil(seqlen_q / BLOCK_M)` and `tiles =` [`tile_count`]`(seqlen_q, heads, batch) < 2^31` (the
 /// kernel checks both).
@@ -1355,6 +1357,15 @@ pub mod attention {
     pub const CONSUMER_REGS: u32 = 240;
     /// TMA box of Q, `{D chunk, head, rows, batch}` elements.
     pub const Q_BOX: [u32; 4] = [CHUNK_COLS as u32, 1, BLOCK_M as u32, 1];
+    /// TMA box of O's stores (TMA-store epilogue): one consumer warpgroup's 64 rows of one chunk.
+    pub const O_BOX: [u32; 4] = [CHUNK_COLS as u32, 1, WG_M as u32, 1];
+    /// Named barriers of the TMA-store epilogue: `O_STAGE_BARRIER + w` syncs consumer warpgroup
+    /// `w`'s 128 threads around its staging tile.
+    pub const O_STAGE_BARRIER: u32 = 3;
+    /// `flags` bit: store O with bounds-checked 4-byte stores instead of the TMA-store epilogue
+    /// (varlen batches always do: a box would cross into the next sequence's rows), to measure
+    /// what the TMA store brings.
+    pub const FLAG_NO_TMA_STORE: u32 = 16;
     /// TMA box of K and V.
     pub const KV_BOX: [u32; 4] = [CHUNK_COLS as u32, 1, BLOCK_N as u32, 1];
     /// `flags` bit: causal mask, aligned to the bottom right (query `i` sees key `j` iff
@@ -1400,10 +1411,18 @@ pub mod attention {
     pub const fn v_offset(d: usize) -> usize {
         k_offset(d) + STAGES * kv_stage_bytes(d)
     }
+    /// Offset of the O staging tile of the TMA-store epilogue: per consumer warpgroup `w`, at
+    /// `o_offset(d) + w * WG_M * d * IN_BYTES`, its 64 rows as `d / 64` chunks of 64 rows x
+    /// 128 bytes, 128-byte swizzled (the [`O_BOX`] layout).
+    pub const fn o_offset(d: usize) -> usize {
+        v_offset(d) + STAGES * kv_stage_bytes(d)
+    }
+    /// Bytes of one 64-column chunk of a consumer warpgroup's O staging tile.
+    pub const O_CHUNK_BYTES: usize = WG_M * CHUNK_COLS * IN_BYTES;
     /// Offset of the tile barriers, `q_full`, `q_empty`, `info_full` (then the K ring's and the
     /// V ring's barriers).
     pub const fn barriers_offset(d: usize) -> usize {
-        v_offset(d) + STAGES * kv_stage_bytes(d)
+        o_offset(d) + BLOCK_M * d * IN_BYTES
     }
     /// Offset of the K ring's barriers.
     pub const fn k_ring_offset(d: usize) -> usize {
@@ -1493,6 +1512,7 @@ pub mod attention {
         assert!(BLOCK_M == CONSUMER_WARPGROUPS as usize * WG_M);
         assert!(CHUNK_COLS * IN_BYTES == 128);
         assert!(Q_CHUNK_BYTES.is_multiple_of(SWIZZLE_ALIGN));
+        assert!(O_CHUNK_BYTES.is_multiple_of(SWIZZLE_ALIGN));
         assert!(KV_CHUNK_BYTES.is_multiple_of(SWIZZLE_ALIGN));
         assert!(smem_bytes(128) <= 227 * 1024);
         assert!(info_offset(64).is_multiple_of(4));

@@ -50,7 +50,10 @@
 //! Q rows past `seqlen_q` are computed (on zeros, or the next sequence's rows in a varlen
 //! batch) but never stored.
 //!
-//! Not done yet (notes for later): a TMA store epilogue, 3 stages for head dim 64, larger
+//! **Epilogue**: fixed-length batches stage O in shared memory and store it by TMA; varlen
+//! batches (whose boxes would cross into the next sequence) use bounds-checked stores.
+//!
+//! Not done yet (notes for later): 3 stages for head dim 64, larger
 //! `BLOCK_N` (FA3 uses 176 for d = 128), a third consumer warpgroup, a dynamic (atomic) tile
 //! scheduler.
 
@@ -316,17 +319,22 @@ struct Cta {
 }
 
 impl Cta {
-    /// The layout of this launch. Each role builds its own after the role split (from a base
-    /// address read again, not carried over), so that no address is live across `setmaxnreg`.
+    /// The 1024-byte aligned shared-window base, read again where it is called.
     #[inline(always)]
-    fn new<H: HeadDim>(p: &Params) -> Self {
+    fn base() -> u32 {
         let base: u32;
         // SAFETY: takes the address of the dynamic shared-memory symbol; no memory is touched.
         // Not `pure`: the compiler emits it where it stands instead of reusing an earlier value.
         unsafe {
             core::arch::asm!("mov.u32 {a}, warpline_dyn_smem;", a = out(reg32) base, options(nomem, nostack))
         };
-        let smem = (base + SWIZZLE_ALIGN as u32 - 1) & !(SWIZZLE_ALIGN as u32 - 1);
+        (base + SWIZZLE_ALIGN as u32 - 1) & !(SWIZZLE_ALIGN as u32 - 1)
+    }
+    /// The layout of this launch. Each role builds its own after the role split (from a base
+    /// address read again, not carried over), so that no address is live across `setmaxnreg`.
+    #[inline(always)]
+    fn new<H: HeadDim>(p: &Params) -> Self {
+        let smem = Self::base();
         Self {
             smem,
             // SAFETY: inside the launch's smem_bytes(D), used for nothing else; thread 0
@@ -844,6 +852,10 @@ fn consumer<I: Elem, H: HeadDim>(c: Cta, p: &Params, wg: u32) {
         let info = c.info::<H>(tiles);
         let n_blocks = info.get(info::N_BLOCKS);
         if n_blocks == info::DONE {
+            if thread_in_warpgroup() == 0 {
+                // This warpgroup's TMA stores of O are complete before the CTA exits.
+                crate::device::bulk::wait_group::<0>();
+            }
             break;
         }
         let (o, m, l) =
@@ -1057,6 +1069,10 @@ fn epilogue<E: Elem, H: HeadDim>(
     m: [f32; 2],
     l: [f32; 2],
 ) {
+    if p.flags & (FLAG_VARLEN | FLAG_NO_TMA_STORE) == 0 {
+        epilogue_tma::<E, H>(p, info, wg, lanes, o, m, l);
+        return;
+    }
     let rows = info.get(info::ROWS);
     let row_bytes = 2 * p.heads as u64 * H::D as u64;
     let o_tile = p.o
@@ -1097,6 +1113,95 @@ fn epilogue<E: Elem, H: HeadDim>(
     });
 }
 
+/// The TMA-store epilogue (fixed-length batches): `O / rowsum` rounded to the element type into
+/// this warpgroup's staging tile (128-byte swizzled, `contract::o_offset`), then one thread
+/// stores its `D / 64` boxes ([`O_BOX`]) by TMA, which clips the rows past `S_q` (the map's rows
+/// are one sequence's). The thread waits for its previous tile's stores to have read the
+/// staging tile before anyone rewrites it. The LSE as in [`epilogue`].
+#[inline(always)]
+fn epilogue_tma<E: Elem, H: HeadDim>(
+    p: &Params,
+    info: Info,
+    wg: u32,
+    lanes: Lanes,
+    o: &H::O,
+    m: [f32; 2],
+    l: [f32; 2],
+) {
+    let leader = thread_in_warpgroup() == 0;
+    // SAFETY: barrier O_STAGE_BARRIER + wg (not a ping-pong id) is used by this warpgroup's 128
+    // threads alone, all of them convergently, twice per tile.
+    let stage_bar = unsafe { NamedBarrier::new(O_STAGE_BARRIER + wg, WARPGROUP_THREADS) };
+    let stage = Cta::base() + (o_offset(H::D) + wg as usize * WG_M * H::D * IN_BYTES) as u32;
+    if leader {
+        // The previous tile's TMA stores have read the staging tile.
+        crate::device::bulk::wait_group_read::<0>();
+    }
+    stage_bar.sync();
+    let rows = info.get(info::ROWS);
+    let lse_tile = p.lse + 4 * info.get(info::LSE_INDEX) as u64;
+    unroll!(R in [0 1] {
+        let r = R;
+        // SAFETY: every lane of the warp runs this.
+        let sum = unsafe { quad_sum_f32(l[r]) };
+        let empty = sum.is_nan() || sum <= 0.0; // no visible key (or NaN)
+        let inv = if empty { 0.0 } else { 1.0 / sum };
+        let row = lanes.row + 8 * r as u32;
+        blocks16!(I {
+            if I < H::D / 8 {
+            let v = E::pack(o[4 * I + 2 * R] * inv, o[4 * I + 2 * R + 1] * inv);
+            // Column 8 I + col: chunk I / 8, 16-byte piece I % 8 (swizzled by the row), byte
+            // 2 col within it.
+            let at = stage
+                + (I / 8) as u32 * O_CHUNK_BYTES as u32
+                + row * 128
+                + (((I % 8) as u32 ^ (row % 8)) * 16)
+                + 2 * lanes.col;
+            // SAFETY: inside this warpgroup's staging tile (row < 64, column < D); one writer
+            // per element; no TMA store reads it now (wait_group_read + barrier above).
+            unsafe { Shared::<u32>::at(at).store(v) };
+            }
+        });
+        let row_t = wg * WG_M as u32 + row;
+        if lanes.leader && row_t < rows {
+            let lse = if empty {
+                f32::INFINITY
+            } else {
+                (m[r] * p.scale_log2 + log2_approx(sum)) * core::f32::consts::LN_2
+            };
+            // SAFETY: inside LSE ([B, H, S_q], checked by the launcher; a head's rows are
+            // contiguous); one writer per (head, row).
+            unsafe { ((lse_tile + 4 * row_t as u64) as *mut f32).write(lse) };
+        }
+    });
+    crate::device::bulk::fence_proxy_async_shared();
+    stage_bar.sync();
+    if leader {
+        // SAFETY: the launch contract: a valid map of O (fixed-length: rows = S_q per batch).
+        let map = unsafe { TensorMap::at(p.tmap_o) };
+        let (head, row, batch) = (
+            info.get(info::HEAD) as i32,
+            (info.get(info::Q_ROW) + wg * WG_M as u32) as i32,
+            info.get(info::BATCH) as i32,
+        );
+        let mut ch = 0;
+        while ch < (H::D / CHUNK_COLS) as u32 {
+            // SAFETY: the staging chunk is 1024-byte aligned and holds the box, written by this
+            // warpgroup's generic stores before fence_proxy_async_shared and the barrier; the
+            // box's global rows (past S_q clipped by the map) are this tile's, written by no one
+            // else.
+            unsafe {
+                map.store_4d(
+                    stage + ch * O_CHUNK_BYTES as u32,
+                    [(ch * CHUNK_COLS as u32) as i32, head, row, batch],
+                )
+            };
+            ch += 1;
+        }
+        crate::device::bulk::commit_group();
+    }
+}
+
 /// The entry parameters (see `contract::attention`).
 #[derive(Clone, Copy)]
 struct Params {
@@ -1118,6 +1223,7 @@ struct Params {
     hb_group: u32,
     n_m: u32,
     tiles: u32,
+    tmap_o: u64,
 }
 
 /// The kernel body of every entry.
@@ -1188,7 +1294,8 @@ macro_rules! entry {
         /// 128-byte swizzle) and stay valid until the kernel completes; `o` addresses O (`[rows,
         /// heads, D]` of the element type, 16-byte aligned, rows = `B * seqlen_q` or total_q)
         /// and `lse` the LSE (f32, `[B, heads, seqlen_q]` or `[heads, total_q]`), overlapping
-        /// nothing else; with `FLAG_VARLEN`, `cu_seqlens_q` / `cu_seqlens_k` address `B + 1`
+        /// nothing else; `tmap_o` maps O as the contract says (unused with `FLAG_VARLEN` or
+        /// `FLAG_NO_TMA_STORE`); with `FLAG_VARLEN`, `cu_seqlens_q` / `cu_seqlens_k` address `B + 1`
         /// monotone `i32` from 0 up to the packed row counts (`total_q` for Q), each sequence's
         /// length at most `seqlen_q` (the longest); `scale_log2 > 0`; `batch` is B and
         /// `tile_count(seqlen_q, heads, batch) < 2^31`; the grid is `(G, 1, 1)`, any `G >= 1`.
@@ -1213,6 +1320,7 @@ macro_rules! entry {
             hb_group: u32,
             n_m: u32,
             tiles: u32,
+            tmap_o: u64,
         ) {
             let p = Params {
                 tmap_q,
@@ -1233,6 +1341,7 @@ macro_rules! entry {
                 hb_group,
                 n_m,
                 tiles,
+                tmap_o,
             };
             // SAFETY: the launch contract above.
             unsafe { attention::<$elem, $hd>(p) }

@@ -491,6 +491,7 @@ fn rust_params() -> Vec<RustParam> {
         p("hb_group: u32", 4, Int),
         p("n_m: u32", 4, Int),
         p("tiles: u32", 4, Int),
+        p("tmap_o: u64", 8, Address),
     ]
 }
 
@@ -531,6 +532,9 @@ pub struct AttentionOptions {
     /// (head, sequence) pairs per L2 section of the tile order (default
     /// [`AttentionShape::hb_group`]); for measuring the order.
     pub hb_group: Option<std::num::NonZeroU32>,
+    /// Store O with bounds-checked 4-byte stores instead of the TMA-store epilogue
+    /// (`FLAG_NO_TMA_STORE`; varlen batches always do). For measuring; the result is the same.
+    pub no_tma_store: bool,
 }
 
 /// The tensors of one call. Q, K, V are read; O and LSE written (exclusively borrowed, so they
@@ -691,6 +695,12 @@ impl<'d> Attention<'d> {
                 contract::KV_BOX,
             ),
         )?;
+        // O for the TMA-store epilogue: the same shape as Q's map, boxes of one warpgroup's
+        // rows. Rows of D * 2 bytes (128 or 256) end on 16-byte boundaries: no store overhang.
+        let map_o = TensorMap::new_mut(
+            &t.o,
+            attention_desc::<T>(t.o.device_ptr(), batch_maps, rows_q, h, d, contract::O_BOX),
+        )?;
         let offsets = match problem.seqlens {
             SeqLens::Varlen { cu_q, cu_k } => {
                 let mut buf = self
@@ -702,13 +712,13 @@ impl<'d> Attention<'d> {
             }
             SeqLens::Fixed { .. } => None,
         };
-        let table = TensorMapTable::upload(&self.pool, stream, &[map_q, map_k, map_v])?;
+        let table = TensorMapTable::upload(&self.pool, stream, &[map_q, map_k, map_v, map_o])?;
         let addr = |i| {
             table.address(i).ok_or(Error::Empty {
                 what: "attention tensor-map table",
             })
         };
-        let maps = [addr(0)?, addr(1)?, addr(2)?];
+        let maps = [addr(0)?, addr(1)?, addr(2)?, addr(3)?];
         let (cu_q, cu_k) = match &offsets {
             Some(b) => (
                 b.device_ptr(),
@@ -732,6 +742,10 @@ impl<'d> Attention<'d> {
             contract::FLAG_NO_OVERLAP
         } else {
             0
+        } | if opts.no_tma_store {
+            contract::FLAG_NO_TMA_STORE
+        } else {
+            0
         };
         // check_problem bounds every row count, and B * H * S_q, by 2^31 - 1.
         let params = [
@@ -753,6 +767,7 @@ impl<'d> Attention<'d> {
             ParamValue::new(opts.hb_group.map_or(shape.hb_group(), |g| g.get())),
             ParamValue::new(shape.q_tiles()),
             ParamValue::new(shape.tiles()),
+            ParamValue::new(maps[3]),
         ];
         Ok(AttentionPlan {
             dev: self.dev,
@@ -796,7 +811,7 @@ pub struct AttentionPlan<'a, T: AttnElement> {
     _o: DeviceViewMut<'a, T>,
     _lse: DeviceViewMut<'a, f32>,
     cfg: LaunchConfig,
-    params: [ParamValue; 18],
+    params: [ParamValue; 19],
     shape: AttentionShape,
 }
 
@@ -815,10 +830,11 @@ impl<T: AttnElement> AttentionPlan<'_, T> {
     /// asked). Errors: [`Error::Launch`], [`Error::ContextPoisoned`].
     pub fn launch(&self) -> Result<()> {
         // SAFETY: the parameter list matches the entry (checked against the PTX at
-        // Attention::new: 7 x u64, 5 x u32, f32, 5 x u32 in the contract's order). The map addresses
+        // Attention::new: 7 x u64, 5 x u32, f32, 5 x u32, u64 in the contract's order). The map addresses
         // point into the table, uploaded on this stream before any launch and freed on it after
-        // the last; each map was encoded over a view the plan borrows (Q, K, V), with the
-        // logical dims, so TMA loads stay inside them (boxes past an edge read zeros). O and LSE
+        // the last; each map was encoded over a view the plan borrows (Q, K, V; O exclusively),
+        // with the logical dims, so TMA loads stay inside them (boxes past an edge read zeros)
+        // and TMA stores into O too (boxes past an edge are clipped; rows end on 16 bytes). O and LSE
         // are views the plan borrows exclusively (they alias nothing), of at least rows_q * H *
         // D and rows_q * H elements, 16- and 4-byte aligned (check_problem); the kernel writes O
         // at rows below each sequence's end (row < seqlen_q of sequence b, whose rows lie below
