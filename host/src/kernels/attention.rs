@@ -246,6 +246,15 @@ impl AttentionShape {
         (L2_SECTION_BYTES / per_head).clamp(1, pairs.max(1)) as u32
     }
 
+    /// The kernel's `hb_group`: `requested` ([`AttentionOptions::hb_group`]) or
+    /// [`Self::hb_group`], at most the (head, sequence) pairs. A larger section orders the tiles
+    /// exactly as one of all the pairs does, and the bound keeps the kernel's `hb_group * n_m`
+    /// within the tile count (below 2^31), so any requested value is safe.
+    pub fn section_pairs(&self, requested: Option<std::num::NonZeroU32>) -> u32 {
+        let pairs = (self.heads * self.batch).max(1) as u32;
+        requested.map_or(self.hb_group(), |g| g.get()).min(pairs)
+    }
+
     /// The launch grid `(G, 1, 1)`: with `persistent`, `min(tiles, sms)` CTAs (one per SM, each
     /// working through its share of the tiles), else one CTA per tile.
     pub fn grid(&self, persistent: bool, sms: u32) -> [u32; 3] {
@@ -764,7 +773,7 @@ impl<'d> Attention<'d> {
             ParamValue::new(shape.softmax_scale * std::f32::consts::LOG2_E),
             ParamValue::new(flags),
             ParamValue::new(shape.batch as u32),
-            ParamValue::new(opts.hb_group.map_or(shape.hb_group(), |g| g.get())),
+            ParamValue::new(shape.section_pairs(opts.hb_group)),
             ParamValue::new(shape.q_tiles()),
             ParamValue::new(shape.tiles()),
             ParamValue::new(maps[3]),
@@ -946,6 +955,12 @@ mod tests {
         assert_eq!(s.grid(true, 132), [12, 1, 1]);
         assert_eq!(s.grid(true, 5), [5, 1, 1]);
         assert_eq!((s.q_tiles(), s.tiles()), (1, 12));
+        // A requested L2 section is bounded by the 12 (head, sequence) pairs, so the kernel's
+        // hb_group * n_m cannot wrap.
+        let g = std::num::NonZeroU32::new;
+        assert_eq!(s.section_pairs(g(u32::MAX)), 12);
+        assert_eq!(s.section_pairs(g(5)), 5);
+        assert!((1..=12).contains(&s.section_pairs(None)));
         assert_eq!((s.rows_q, s.rows_k, s.varlen), (226, 406, false));
         assert!((s.softmax_scale - 1.0 / (128f32).sqrt()).abs() < 1e-7);
         let want = 2.0 * 4.0 * 113.0 * 203.0 * 128.0 * 6.0 / 2.0;
