@@ -1,7 +1,11 @@
 //! The memory-bound decode GEMM (issue 20; `DecodeGemm`, kernels `decode_gemm_*`) side by side
 //! with cuBLAS `cublasGemmEx` (BF16 in, `CUBLAS_COMPUTE_32F`, f32 out, same layouts) in the same
-//! run, at the decode shapes: M (tokens) in {1, 2, 7, 8, 16, 32, 64} x weights (N, K) in {(4096,
-//! 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 4096)}.
+//! run, at the decode shapes: M (tokens) in {1, 2, 7, 8, 16, 32, 64, 128} x weights (N, K) in
+//! {(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 4096)}; and the swap-AB
+//! tensor-core configuration (`TcGemm` with `GemmConfig::SwapAb`: its automatic tile and ksplit,
+//! the same with PDL and the weights before `griddepcontrol.wait`, then each ksplit 1, 2, 4, 8
+//! unless `WARPLINE_SWAPAB_KS=0`), whose best automatic row goes into the summary's right half
+//! with its max relative difference from cuBLAS.
 //!
 //! Every launch, ours and cuBLAS's, reads the next of several weight buffers in turn (together at
 //! least 3 x the 50 MB L2), so the weights come from DRAM as in a real decode step. Per shape:
@@ -24,8 +28,12 @@
 
 use rand::{Rng, SeedableRng};
 use warpline::bandwidth::d2d_copy_gbps;
+use warpline::kernels::decode_gemm::GemmConfig;
 use warpline::kernels::decode_gemm::{DecodeConfig, DecodeGemm, DecodeGemmOptions, DecodePlan};
-use warpline::kernels::tc_gemm::{BLayout, CublasGemmEx, Matrix, MatrixMut};
+use warpline::kernels::tc_gemm::{
+    BLayout, CublasGemmEx, Matrix, MatrixMut, SwapAbConfig, TcGemm, TcGemmOptions, TcGemmPlan,
+    WeightsBeforeWait,
+};
 use warpline::{bf16, Device, DeviceBuffer, MemPool, Stream};
 use warpline_suite::support::gpu_or_skip;
 
@@ -91,6 +99,9 @@ fn run(dev: &Device) -> warpline::Result<()> {
         copy / 1e3
     );
     let dg = DecodeGemm::new(dev)?;
+    // The swap-AB tensor-core configuration (sm_90a only).
+    let tc = TcGemm::new(dev).ok();
+    let swap_ab_ks = std::env::var("WARPLINE_SWAPAB_KS").as_deref() != Ok("0");
     let sweep = std::env::var("WARPLINE_DECODE_SWEEP").as_deref() != Ok("0");
     let config_filter: Option<Vec<String>> = std::env::var("WARPLINE_DECODE_CONFIGS")
         .ok()
@@ -124,7 +135,7 @@ fn run(dev: &Device) -> warpline::Result<()> {
         (4096, 14336),
         (28672, 4096),
     ] {
-        let ms = [1usize, 2, 7, 8, 16, 32, 64];
+        let ms = [1usize, 2, 7, 8, 16, 32, 64, 128];
         if let Some(only) = &only {
             // No weights to make for a weight shape none of the chosen shapes uses.
             if !ms.iter().any(|m| only.contains(&format!("{m}x{n}x{k}"))) {
@@ -234,6 +245,107 @@ fn run(dev: &Device) -> warpline::Result<()> {
                 }
                 rows.push(Row { label: name, us });
             }
+            // Swap-AB: the automatic tile and ksplit, then each ksplit (WARPLINE_SWAPAB_KS=0:
+            // automatic only). The automatic row's C is compared with cuBLAS's below.
+            let mut swap_auto: Option<(f64, f32)> = None;
+            if let Some(tc) = &tc {
+                let mut variants = vec![
+                    ("swapab auto".to_string(), SwapAbConfig::default(), false),
+                    (
+                        "swapab pdl+early".to_string(),
+                        SwapAbConfig {
+                            // SAFETY: no kernel of this bench writes the weight buffers (they
+                            // are written by copies before the first launch).
+                            weights_before_wait: Some(unsafe { WeightsBeforeWait::promise() }),
+                            ..Default::default()
+                        },
+                        true,
+                    ),
+                ];
+                if swap_ab_ks {
+                    for ks in [1u32, 2, 4, 8] {
+                        variants.push((
+                            format!("swapab ks{ks}"),
+                            SwapAbConfig {
+                                tokens: None,
+                                ksplit: Some(ks),
+                                ..Default::default()
+                            },
+                            false,
+                        ));
+                    }
+                }
+                for (vi, (label, cfg, pdl)) in variants.into_iter().enumerate() {
+                    let opts = TcGemmOptions {
+                        config: GemmConfig::SwapAb,
+                        swap_ab: cfg,
+                        pdl,
+                        ..Default::default()
+                    };
+                    let plans: warpline::Result<Vec<TcGemmPlan<'_>>> = weights
+                        .iter()
+                        .zip(cs.iter_mut())
+                        .map(|(w, c)| {
+                            tc.plan(
+                                &stream,
+                                am,
+                                Matrix::new(w.as_view(), n, k, k),
+                                BLayout::ColMajor,
+                                MatrixMut::new(c.as_view_mut(), m, n, n),
+                                1.0,
+                                0.0,
+                                &opts,
+                            )
+                        })
+                        .collect();
+                    let plans = match plans {
+                        Ok(p) => p,
+                        Err(e) => {
+                            println!("{shape:>20} {label:>28} skipped: {e}");
+                            continue;
+                        }
+                    };
+                    let sh = plans[0].swap_ab_shapes()[0];
+                    let us = median_us(&stream, |i| plans[i % nbuf].launch())?;
+                    if vi < 2 && swap_auto.is_none_or(|(b, _)| us < b) {
+                        swap_auto = Some((us, f32::NAN));
+                    }
+                    rows.push(Row {
+                        label: format!("{label} (n{}, ks{})", sh.tokens, sh.ksplit),
+                        us,
+                    });
+                }
+            }
+            if let (Some(tc), Some((us, _))) = (&tc, swap_auto) {
+                let opts = TcGemmOptions {
+                    config: GemmConfig::SwapAb,
+                    ..Default::default()
+                };
+                tc.plan(
+                    &stream,
+                    am,
+                    Matrix::new(weights[0].as_view(), n, k, k),
+                    BLayout::ColMajor,
+                    MatrixMut::new(cs[0].as_view_mut(), m, n, n),
+                    1.0,
+                    0.0,
+                    &opts,
+                )?
+                .launch()?;
+                let mut cm = MatrixMut::new(c_blas.as_view_mut(), m, n, n);
+                let bm = Matrix::new(weights[0].as_view(), n, k, k);
+                blas.gemm(&am, &bm, BLayout::ColMajor, &mut cm, 1.0, 0.0)?;
+                let mut ours = vec![0f32; m * n];
+                let mut theirs = vec![0f32; m * n];
+                cs[0].copy_to_host(&mut ours)?;
+                c_blas.copy_to_host(&mut theirs)?;
+                let scale = theirs.iter().fold(0f32, |s, v| s.max(v.abs())).max(1e-30);
+                let diff = ours
+                    .iter()
+                    .zip(&theirs)
+                    .fold(0f32, |s, (x, y)| s.max((x - y).abs()));
+                swap_auto = Some((us, diff / scale));
+            }
             let best_us = best.as_ref().map_or(f64::INFINITY, |b| b.0);
             for r in &rows {
                 let tbs = wbytes as f64 / (r.us * 1e-6) / 1e12;
@@ -274,20 +386,47 @@ fn run(dev: &Device) -> warpline::Result<()> {
                     .iter()
                     .zip(&theirs)
                     .fold(0f32, |s, (x, y)| s.max((x - y).abs()));
-                summary.push((shape.clone(), label, us, blas_us, wbytes, diff / scale));
+                summary.push((
+                    shape.clone(),
+                    label,
+                    us,
+                    blas_us,
+                    wbytes,
+                    diff / scale,
+                    swap_auto,
+                ));
             }
             stream.synchronize()?;
         }
     }
     println!();
     println!(
-        "{:>20} {:>18} {:>9} {:>9} {:>8} {:>9} {:>7} {:>10}",
-        "M x N x K", "best config", "us", "cuBLAS", "TB/s", "x cuBLAS", "x copy", "max rel d"
+        "{:>20} {:>18} {:>9} {:>9} {:>8} {:>9} {:>7} {:>10} | {:>9} {:>9} {:>7} {:>10}",
+        "M x N x K",
+        "best decode",
+        "us",
+        "cuBLAS",
+        "TB/s",
+        "x cuBLAS",
+        "x copy",
+        "max rel d",
+        "swapab us",
+        "x cuBLAS",
+        "x copy",
+        "max rel d"
     );
-    for (shape, label, us, blas_us, wbytes, rel) in summary {
+    for (shape, label, us, blas_us, wbytes, rel, swap) in summary {
         let tbs = wbytes as f64 / (us * 1e-6) / 1e12;
+        let swap = swap.map_or(String::from("-"), |(s, r)| {
+            let t = wbytes as f64 / (s * 1e-6) / 1e12;
+            format!(
+                "{s:>9.2} {:>9.3} {:>7.3} {r:>10.2e}",
+                blas_us / s,
+                t * 1e3 / copy
+            )
+        });
         println!(
-            "{shape:>20} {label:>18} {us:>9.2} {blas_us:>9.2} {tbs:>8.3} {:>9.3} {:>7.3} {rel:>10.2e}",
+            "{shape:>20} {label:>18} {us:>9.2} {blas_us:>9.2} {tbs:>8.3} {:>9.3} {:>7.3} {rel:>10.2e} | {swap}",
             blas_us / us,
             tbs * 1e3 / copy
         );

@@ -1,8 +1,10 @@
 //! BF16 tensor-core GEMM throughput (`TcGemm`, FP32 accumulation, BF16 and f32 output; B
 //! column-major) side by side with cuBLAS `cublasGemmEx` (BF16 in, `CUBLAS_COMPUTE_32F`, the
 //! same output type) in the same run, at the issue's six shapes (M x N x K): 2048^3, 4096^3,
-//! 8192^3, 8192x8192x1024, 4096x14336x4096, 16384x4096x4096. Per shape: cluster 1 and 2, raster
-//! along M and along N, ping-pong (options from the environment: `Knobs`). Then a chain of two
+//! 8192^3, 8192x8192x1024, 4096x14336x4096, 16384x4096x4096, and issue 20's 3000x5000x2056,
+//! 6144^3 and 128x12288x5376. Per shape: cluster 1 and 2, raster along M and along N, ping-pong
+//! (options from the environment: `Knobs`); for M <= 512 also the swap-AB configuration
+//! (automatic, ksplit 1, 2, 4; 64-token tiles). Then a chain of two
 //! dependent GEMMs (`C1 = A B1`, `C2 = C1 B2`, 4096^3 each) launched back to back, with and
 //! without PDL.
 //!
@@ -14,8 +16,10 @@
 //! on a device other than compute capability 9.0, it prints why it skipped and exits 0.
 
 use rand::{Rng, SeedableRng};
+use warpline::kernels::decode_gemm::GemmConfig;
 use warpline::kernels::tc_gemm::{
-    BLayout, CublasGemmEx, Matrix, MatrixMut, Raster, TcGemm, TcGemmOptions, TcGemmPlan, TcOutput,
+    BLayout, CublasGemmEx, Matrix, MatrixMut, Raster, SwapAbConfig, TcGemm, TcGemmOptions,
+    TcGemmPlan, TcOutput,
 };
 use warpline::{bf16, Device, DeviceBuffer, MemPool, Stream};
 use warpline_suite::support::gpu_or_skip;
@@ -111,6 +115,10 @@ fn run(dev: &Device) -> warpline::Result<()> {
         (8192, 8192, 1024),
         (4096, 14336, 4096),
         (16384, 4096, 4096),
+        // Issue 20's odd and skinny shapes.
+        (3000, 5000, 2056),
+        (6144, 6144, 6144),
+        (128, 12288, 5376),
     ] {
         if let Some(only) = &only {
             if !only.contains(&format!("{m}x{n}x{k}")) {
@@ -239,6 +247,28 @@ fn shape_rows<O: TcOutput<bf16>>(
     for &n in &knobs.clusters {
         variants.push(base(2, Raster::AlongN, false, default_group, Some(n)));
     }
+    // Skinny problems: the swap-AB configuration, automatic and with each ksplit.
+    if m <= 512 {
+        for (tokens, ks) in [
+            (None, None),
+            (None, Some(1u32)),
+            (None, Some(2)),
+            (None, Some(4)),
+            (Some(64u32), None),
+            (Some(64), Some(1)),
+            (Some(64), Some(2)),
+        ] {
+            variants.push(TcGemmOptions {
+                config: GemmConfig::SwapAb,
+                swap_ab: SwapAbConfig {
+                    tokens,
+                    ksplit: ks,
+                    ..Default::default()
+                },
+                ..Default::default()
+            });
+        }
+    }
     // One C per kernel: a plan borrows its C exclusively for its lifetime.
     let mut outs = (0..=variants.len())
         .map(|_| pool.alloc_async::<O>(stream, m * n))
@@ -257,6 +287,11 @@ fn shape_rows<O: TcOutput<bf16>>(
         let r = opts.raster;
         let cv = MatrixMut::new(c.as_view_mut(), m, n, n);
         match tc.plan(stream, am, bm, BLayout::ColMajor, cv, 1.0, 0.0, opts) {
+            Ok(plan) if opts.config == GemmConfig::SwapAb => {
+                let sh = plan.swap_ab_shapes()[0];
+                names.push(format!("swapab n{} ks{}", sh.tokens, sh.ksplit));
+                plans.push(plan);
+            }
             Ok(plan) => {
                 let kind = if opts.pingpong { "ping-pong" } else { "coop" };
                 let g = if opts.group == default_group {

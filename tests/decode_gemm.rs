@@ -40,7 +40,7 @@ struct Case {
     alpha: f32,
     beta: f32,
     cfg: DecodeConfig,
-    /// Through `TcGemm` with `GemmConfig::Auto` instead of `DecodeGemm`.
+    /// Through `TcGemm` (`GemmConfig::Decode` for BF16, `Auto` for FP16) instead of `DecodeGemm`.
     via_tc: bool,
     /// PDL with the weights loaded before `griddepcontrol.wait`.
     pdl_early: bool,
@@ -96,8 +96,15 @@ fn run_case<T: TcInput, O: TcOutput<T>>(
     let c = MatrixMut::new(dc.as_view_mut(), m, n, ldc);
     let result = if case.via_tc {
         let tc = tc.expect("TcGemm for via_tc");
+        // BF16 Auto picks the swap-AB kernel at these sizes (tests/swap_ab_gemm.rs); FP16
+        // Auto picks this one. Ask for it.
         let opts = TcGemmOptions {
             decode: case.cfg,
+            config: if T::IS_BF16 {
+                GemmConfig::Decode
+            } else {
+                GemmConfig::Auto
+            },
             ..Default::default()
         };
         tc.plan(

@@ -352,6 +352,40 @@ fn issue22_sm90a_entries_carry_the_new_instructions() {
     }
 }
 
+/// Issue 20: each swap-AB entry issues its own wgmma shape (`m64n{NT}k16`, weights as A,
+/// tokens as B, both K-major), loads by TMA, reduces over the cluster (`mapa` +
+/// `ld.shared::cluster`, between cluster barriers), keeps the PDL contract (a wait, a trigger)
+/// and does not spill.
+#[test]
+fn issue20_swap_ab_entries_use_wgmma_tma_and_dsmem_without_spills() {
+    use warpline_gpu::contract::swap_ab_gemm as c;
+    let report = ptxas_report_sm90a();
+    for (name, nt) in c::KERNELS.iter().zip(c::TOKEN_TILES) {
+        let ptx = sm90a_entry(name);
+        for needle in [
+            format!("wgmma.mma_async.sync.aligned.m64n{nt}k16.f32.bf16.bf16"),
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes".into(),
+            "mapa.shared::cluster.u32".into(),
+            "ld.shared::cluster.v4.f32".into(),
+            "barrier.cluster.arrive.release".into(),
+            "griddepcontrol.wait".into(),
+            "griddepcontrol.launch_dependents".into(),
+            format!(".maxntid {}, 1, 1", c::THREADS_PER_CTA),
+        ] {
+            assert!(ptx.contains(&needle), "{name} lacks `{needle}`");
+        }
+        let section = sm90a_section(&report, name);
+        let spill = section
+            .lines()
+            .find(|l| l.contains("spill stores"))
+            .unwrap_or_else(|| panic!("no spill line for {name}:\n{section}"));
+        assert!(
+            spill.contains(" 0 bytes spill stores") && spill.contains(" 0 bytes spill loads"),
+            "{name} spills: {spill}"
+        );
+    }
+}
+
 #[test]
 fn issue22_setmaxnreg_entries_start_with_entry_registers_and_do_not_spill() {
     let report = ptxas_report_sm90a();

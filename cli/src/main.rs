@@ -1191,9 +1191,9 @@ struct GemmArgs {
     /// cooperative ones.
     #[arg(long)]
     pingpong: bool,
-    /// bf16/fp16: kernel configuration (issue 20): auto (decode for M <= 64 with a column-major
-    /// B and no --pingpong/--cluster; else coop128x256), coop128x256, or decode. The chosen one
-    /// is printed.
+    /// bf16/fp16: kernel configuration (issue 20): auto (with a column-major B and no
+    /// --pingpong/--cluster: swapab for bf16 with M <= 128, decode for fp16 with M <= 64; else
+    /// coop128x256), coop128x256, decode, or swapab (bf16). The chosen one is printed.
     #[arg(long, default_value = "auto")]
     config: String,
     /// fp8: scale granularity: tensor (one f32 per tensor) or block (DeepSeek-V3: 1 x 128 on A,
@@ -1936,7 +1936,12 @@ fn fp8_gemm_cmd(ctx: &Ctx, args: &GemmArgs) -> CliResult<Value> {
     }
     let gemm_config = warpline::kernels::GemmConfig::parse(&args.config)
         .ok()
-        .filter(|c| *c != warpline::kernels::GemmConfig::Decode)
+        .filter(|c| {
+            !matches!(
+                c,
+                warpline::kernels::GemmConfig::Decode | warpline::kernels::GemmConfig::SwapAb
+            )
+        })
         .ok_or_else(|| {
             usage(format!(
                 "--dtype fp8 --config {:?}: allowed: auto, coop128x256",

@@ -124,10 +124,14 @@ pub trait Accumulators {
 // the operand fence and one for `mma_async`, one line per array size and per shape and type. The
 // generated `asm!` templates and operand lists are the same, token for token, as written out.
 
-/// `with_indices!(callback!{args}, R)` expands to `callback!{args [0 1 ... R-1]}` for R = 32,
-/// 64 or 128 (the FP32 accumulators of one thread for N = 64, 128, 256): the indices are written
-/// once, in quarters of 32, and `@take` appends one quarter a `q`.
+/// `with_indices!(callback!{args}, R)` expands to `callback!{args [0 1 ... R-1]}` for R = 4, 8,
+/// 16 (N = 8, 16, 32: written out), 32, 64 or 128 (the FP32 accumulators of one thread for N =
+/// 64, 128, 256): those indices are written once, in quarters of 32, and `@take` appends one
+/// quarter a `q`.
 macro_rules! with_indices {
+    ($cb:ident!{$($a:tt)*}, 4) => { $cb!{$($a)* [0 1 2 3]} };
+    ($cb:ident!{$($a:tt)*}, 8) => { $cb!{$($a)* [0 1 2 3 4 5 6 7]} };
+    ($cb:ident!{$($a:tt)*}, 16) => { $cb!{$($a)* [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]} };
     ($cb:ident!{$($a:tt)*}, 32) => { with_indices!(@ $cb {$($a)*} [q]); };
     ($cb:ident!{$($a:tt)*}, 64) => { with_indices!(@ $cb {$($a)*} [q q]); };
     ($cb:ident!{$($a:tt)*}, 128) => { with_indices!(@ $cb {$($a)*} [q q q q]); };
@@ -174,6 +178,9 @@ macro_rules! accumulators {
     };
 }
 
+accumulators!(4);
+accumulators!(8);
+accumulators!(16);
 accumulators!(32);
 accumulators!(64);
 accumulators!(128);
@@ -237,6 +244,9 @@ macro_rules! mma_async {
     };
 }
 
+mma_async!(mma_async_m64n8k16_f32_bf16, 8, 4, bf16, "BF16");
+mma_async!(mma_async_m64n16k16_f32_bf16, 16, 8, bf16, "BF16");
+mma_async!(mma_async_m64n32k16_f32_bf16, 32, 16, bf16, "BF16");
 mma_async!(mma_async_m64n64k16_f32_bf16, 64, 32, bf16, "BF16");
 mma_async!(mma_async_m64n64k16_f32_f16, 64, 32, f16, "F16");
 mma_async!(mma_async_m64n128k16_f32_bf16, 128, 64, bf16, "BF16");

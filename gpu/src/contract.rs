@@ -618,6 +618,161 @@ pub mod tc_gemm {
     };
 }
 
+/// Swap-AB tensor-core GEMM with split-K across a cluster (issue 20), sm_90a module,
+/// `gpu/src/kernels/swap_ab_gemm.rs`: `C[M,N] = epilogue(alpha * A[M,K] * B[K,N]) + beta * C`
+/// for few rows of A (tokens), B column-major (the weights, `N x K`, K contiguous), BF16 inputs,
+/// FP32 accumulation, FP32 or BF16 output.
+///
+/// Structure: the kernel computes `C^T = B^T A^T`, so the weights are wgmma's A operand (64
+/// weight rows per consumer warpgroup, [`W_ROWS`](swap_ab_gemm::W_ROWS) per CTA) and the tokens
+/// its B operand (`wgmma.m64nNk16` with `N` = the entry's token tile `NT` in
+/// [`TOKEN_TILES`](swap_ab_gemm::TOKEN_TILES)). Both arrive by TMA (128-byte swizzle) in a ring
+/// of `stages(NT)` stages. The k-blocks of one output tile are split between the `ksplit` CTAs
+/// of a cluster (`ksplit` in [`KSPLITS`](swap_ab_gemm::KSPLITS)): each CTA writes its FP32
+/// partial tile to shared memory, and after a cluster barrier CTA `r` adds the partials of
+/// every CTA for its `NT / ksplit` tokens through distributed shared memory (ranks in the fixed
+/// order 0, 1, ..: deterministic), applies the epilogue and stores.
+///
+/// Parameters, in order: `(tmap_w: u64, tmap_x: u64, c: u64, bias: u64, m: u32, n: u32, k: u32,
+/// ldc: u32, alpha: f32, beta: f32, out_f32: u32, epilogue: u32, flags: u32)`. `tmap_w`: BF16
+/// `{K, N}` map, box [`W_BOX`](swap_ab_gemm::W_BOX); `tmap_x`: BF16 `{K, M}` map, box
+/// `x_box(NT)`; both 128-byte swizzle, zero fill. `c`: row-major C (`M x N`, or `M x N / 2` for
+/// [`EPI_SWIGLU`](swap_ab_gemm::EPI_SWIGLU)), pitch `ldc` a multiple of 8 elements, 16-byte
+/// aligned. `bias`: 0 or the address of `N` f32. Launch: grid `(n_tiles * ksplit, ceil(M / NT),
+/// 1)` with `n_tiles = ceil(N / W_ROWS)`, cluster `(ksplit, 1, 1)`, [`THREADS_PER_CTA`](swap_ab_gemm::THREADS_PER_CTA)
+/// threads, `smem_bytes(NT)` of dynamic shared memory, `ksplit <= ceil(K / BK)`; the kernel
+/// traps on another block size or a cluster that is not one of [`KSPLITS`](swap_ab_gemm::KSPLITS).
+pub mod swap_ab_gemm {
+    use super::*;
+
+    /// Entries, one per token tile of [`TOKEN_TILES`] (same order).
+    pub const KERNELS: [&str; 5] = [
+        "swap_ab_gemm_bf16_n8",
+        "swap_ab_gemm_bf16_n16",
+        "swap_ab_gemm_bf16_n32",
+        "swap_ab_gemm_bf16_n64",
+        "swap_ab_gemm_bf16_n128",
+    ];
+    /// Tokens (rows of A, rows of C) per CTA: the N of the entry's wgmma.
+    pub const TOKEN_TILES: [u32; 5] = [8, 16, 32, 64, 128];
+    /// Cluster sizes (CTAs that split one tile's K).
+    pub const KSPLITS: [u32; 4] = [1, 2, 4, 8];
+    /// Bytes of one BF16 element.
+    pub const IN_BYTES: usize = 2;
+    /// Weight rows (columns of C) per consumer warpgroup: the M of wgmma.
+    pub const WG_ROWS: usize = 64;
+    /// Consumer warpgroups. One: a CTA streams 64 weight rows, so that small N still gives
+    /// enough CTAs to keep every SM reading (measured on the H200, session 13: with 128-row CTAs
+    /// each CTA read at most ~35 GB/s whatever its ring depth, and 4096 x 4096 left half the
+    /// SMs idle).
+    pub const CONSUMER_WARPGROUPS: u32 = 1;
+    /// Weight rows per CTA.
+    pub const W_ROWS: usize = WG_ROWS * CONSUMER_WARPGROUPS as usize;
+    /// K per stage: 64 BF16 = 128 bytes, the 128-byte swizzle span.
+    pub const BK: usize = 64;
+    /// K of one wgmma.
+    pub const WGMMA_K: usize = 16;
+    /// Threads per warpgroup.
+    pub const WARPGROUP_THREADS: u32 = 4 * WARP_SIZE;
+    /// Threads per CTA: the consumer warpgroup (warps 0..4) and one producer warp (warp 4).
+    pub const THREADS_PER_CTA: u32 = CONSUMER_WARPGROUPS * WARPGROUP_THREADS + WARP_SIZE;
+    /// TMA box of the weights, `{K, N}` elements.
+    pub const W_BOX: [u32; 2] = [BK as u32, W_ROWS as u32];
+    /// TMA box of the tokens for token tile `nt`, `{K, M}` elements.
+    pub const fn x_box(nt: u32) -> [u32; 2] {
+        [BK as u32, nt]
+    }
+    /// Bytes of one stage's weight tile.
+    pub const W_STAGE_BYTES: usize = W_ROWS * BK * IN_BYTES;
+    /// Bytes of one stage's token tile.
+    pub const fn x_stage_bytes(nt: u32) -> usize {
+        nt as usize * BK * IN_BYTES
+    }
+    /// f32 per token row of the partial tile: `W_ROWS` plus 4 of padding (the accumulator
+    /// stores of one warp then hit 32 distinct banks).
+    pub const PARTIAL_PITCH: usize = W_ROWS + 4;
+    /// Bytes of the partial tile (`NT` tokens x [`PARTIAL_PITCH`] f32).
+    pub const fn partial_bytes(nt: u32) -> usize {
+        nt as usize * PARTIAL_PITCH * F32_BYTES
+    }
+    /// Alignment of every swizzled tile.
+    pub const SWIZZLE_ALIGN: usize = 1024;
+    /// Most stages a ring may have.
+    pub const MAX_STAGES: usize = 12;
+    /// Shared memory a CTA may use (227 KiB).
+    pub const SMEM_LIMIT: usize = 227 * 1024;
+    /// Shared memory of a CTA that shares its SM with another: half of the SM's 228 KiB less
+    /// the 1 KiB the driver reserves per CTA.
+    pub const SMEM_HALF_SM: usize = 113 * 1024;
+    /// Shared memory a CTA of token tile `nt` sizes its ring for: two CTAs per SM up to 64
+    /// tokens ([`SMEM_HALF_SM`]), one above.
+    pub const fn smem_target(nt: u32) -> usize {
+        if nt <= 64 {
+            SMEM_HALF_SM
+        } else {
+            SMEM_LIMIT
+        }
+    }
+    /// Pipeline depth of token tile `nt`: as many `[W | X]` stages as fit beside the partial
+    /// tile, the barriers and the alignment slack within [`smem_target`], at most
+    /// [`MAX_STAGES`].
+    pub const fn stages(nt: u32) -> usize {
+        let fixed = partial_bytes(nt) + SWIZZLE_ALIGN + 2 * MAX_STAGES * MBARRIER_BYTES;
+        let s = (smem_target(nt) - fixed) / (W_STAGE_BYTES + x_stage_bytes(nt));
+        if s > MAX_STAGES {
+            MAX_STAGES
+        } else {
+            s
+        }
+    }
+    /// Layout from the 1024-byte aligned base: `stages x W | stages x X | partial | full[stages]
+    /// | empty[stages]`. Offset of stage 0's token tile.
+    pub const fn x_offset(nt: u32) -> usize {
+        stages(nt) * W_STAGE_BYTES
+    }
+    /// Offset of the partial tile.
+    pub const fn partial_offset(nt: u32) -> usize {
+        x_offset(nt) + stages(nt) * x_stage_bytes(nt)
+    }
+    /// Offset of the ring's mbarriers.
+    pub const fn barriers_offset(nt: u32) -> usize {
+        partial_offset(nt) + partial_bytes(nt)
+    }
+    /// Dynamic shared memory per CTA of token tile `nt`.
+    pub const fn smem_bytes(nt: u32) -> usize {
+        barriers_offset(nt) + 2 * stages(nt) * MBARRIER_BYTES + SWIZZLE_ALIGN
+    }
+    /// Epilogue: `alpha * acc + bias` (bias when given) `+ beta * C`.
+    pub const EPI_NONE: u32 = 0;
+    /// Epilogue: `silu(alpha * acc + bias) + beta * C`.
+    pub const EPI_SILU: u32 = 1;
+    /// Epilogue: `gelu(alpha * acc + bias) + beta * C`, GELU's tanh form.
+    pub const EPI_GELU: u32 = 2;
+    /// Epilogue on column pairs: with `v = alpha * acc + bias`, output column `j` (C has `N / 2`
+    /// columns, N even) is `silu(v[2j]) * v[2j + 1] + beta * C[j]` (gate and up rows of the
+    /// weights interleaved).
+    pub const EPI_SWIGLU: u32 = 3;
+    /// `flags` bit: the producer loads the first stages' weight tiles before
+    /// `griddepcontrol.wait` (the weights must not be written by the preceding kernel).
+    pub const FLAG_WEIGHTS_EARLY: u32 = 1;
+
+    const _: () = {
+        let mut i = 0;
+        while i < TOKEN_TILES.len() {
+            let nt = TOKEN_TILES[i];
+            assert!(stages(nt) >= 3);
+            assert!(smem_bytes(nt) <= smem_target(nt));
+            assert!(x_stage_bytes(nt).is_multiple_of(SWIZZLE_ALIGN));
+            assert!(partial_offset(nt).is_multiple_of(16));
+            assert!(nt.is_multiple_of(KSPLITS[KSPLITS.len() - 1]));
+            i += 1;
+        }
+        assert!(W_STAGE_BYTES.is_multiple_of(SWIZZLE_ALIGN));
+        assert!(BK * IN_BYTES == 128 && BK.is_multiple_of(WGMMA_K));
+        assert!((PARTIAL_PITCH * F32_BYTES).is_multiple_of(16));
+    };
+}
+
 /// Memory-bound GEMM for small M (LLM decode; issue 20), sm_90 module,
 /// `gpu/src/kernels/decode_gemm.rs`: `C[M,N] = alpha * A[M,K] * B[K,N] + beta * C` with `M <=
 /// MAX_M` tokens, B column-major (the weights, stored `N x K` row-major like a PyTorch `Linear`

@@ -23,6 +23,8 @@ mod pdl;
 #[cfg(not(feature = "sm90a"))]
 mod signal;
 #[cfg(feature = "sm90a")]
+mod swap_ab_gemm;
+#[cfg(feature = "sm90a")]
 mod tc_gemm;
 #[cfg(not(feature = "sm90a"))]
 mod vector_add;

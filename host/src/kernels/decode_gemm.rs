@@ -39,11 +39,15 @@ pub enum GemmConfig {
     Cooperative128x256,
     /// The memory-bound decode kernel ([`DecodeGemm`]): `M <= 64`, B column-major.
     Decode,
+    /// The swap-AB tensor-core kernel with split-K across a cluster
+    /// ([`TcGemm::plan_fused`](super::TcGemm::plan_fused), `tc_gemm::swap_ab`): BF16, B
+    /// column-major, any M (tiles of 8 to 128 tokens); fused epilogues.
+    SwapAb,
 }
 
 impl GemmConfig {
-    /// The names the CLI accepts (`--config NAME`): `auto`, `coop128x256`, `decode`.
-    pub const NAMES: [&'static str; 3] = ["auto", "coop128x256", "decode"];
+    /// The names the CLI accepts (`--config NAME`): `auto`, `coop128x256`, `decode`, `swapab`.
+    pub const NAMES: [&'static str; 4] = ["auto", "coop128x256", "decode", "swapab"];
 
     /// The CLI name.
     pub fn name(self) -> &'static str {
@@ -51,6 +55,7 @@ impl GemmConfig {
             Self::Auto => "auto",
             Self::Cooperative128x256 => "coop128x256",
             Self::Decode => "decode",
+            Self::SwapAb => "swapab",
         }
     }
 
@@ -61,6 +66,7 @@ impl GemmConfig {
             "auto" => Ok(Self::Auto),
             "coop128x256" | "cooperative" => Ok(Self::Cooperative128x256),
             "decode" => Ok(Self::Decode),
+            "swapab" | "swap-ab" => Ok(Self::SwapAb),
             other => Err(Error::BadShape {
                 what: "gemm --config",
                 detail: format!("{other:?}; allowed: {}", Self::NAMES.join(", ")),
@@ -69,30 +75,58 @@ impl GemmConfig {
     }
 }
 
-/// Largest M that [`GemmConfig::Auto`] sends to the decode kernel (and the most it serves).
+/// Largest M that [`GemmConfig::Auto`] sends to the decode kernel, for FP16 inputs (BF16 goes
+/// to the swap-AB kernel, which was faster than the decode kernel's default configuration at
+/// every decode shape, 1 to 64 tokens: H200, session 13, docs/perf-notes.md).
 pub const AUTO_DECODE_MAX_M: usize = contract::MAX_M;
 
-/// The selection rule of [`GemmConfig::Auto`] (explicit choices are returned unchanged):
-/// [`GemmConfig::Decode`] when `M <= AUTO_DECODE_MAX_M` (64), B is column-major (the only layout
-/// the decode kernel reads), and the caller set none of the cooperative kernel's own knobs
-/// (`cooperative_knobs`: ping-pong, cluster size, cluster count); otherwise
-/// [`GemmConfig::Cooperative128x256`]. Pure: no device needed.
+/// Largest M that [`GemmConfig::Auto`] sends to the swap-AB kernel (BF16 only; FP16 keeps the
+/// decode kernel up to 64 rows and the cooperative kernel above).
+pub const AUTO_SWAP_AB_MAX_M: usize = 128;
+
+/// The selection rule of [`GemmConfig::Auto`] (explicit choices are returned unchanged). With B
+/// column-major and none of the cooperative kernel's own knobs set (`cooperative_knobs`:
+/// ping-pong, cluster size, cluster count):
+/// - [`GemmConfig::SwapAb`] when `M <= AUTO_SWAP_AB_MAX_M` (128): too few 128-row tiles for the
+///   cooperative kernel to fill the SMs, while 64 weight rows x M tokens, split along K over a
+///   cluster, do. It beat the decode kernel's default configuration at every decode shape from
+///   1 token up (H200, session 13: 13.8 against 14.6 us at 1 x 4096 x 4096, 66.0 against 78.2 at
+///   8 x 28672 x 4096). A BF16-only kernel: for FP16, [`select_config_f16`] sends `M <=
+///   AUTO_DECODE_MAX_M` (64) to [`GemmConfig::Decode`] instead;
+/// - otherwise [`GemmConfig::Cooperative128x256`].
+///
+/// A row-major B always gets the cooperative kernel. Pure: no device needed.
 pub fn select_config(
     requested: GemmConfig,
     shape: GemmShape,
     layout: BLayout,
     cooperative_knobs: bool,
 ) -> GemmConfig {
+    let skinny = layout == BLayout::ColMajor && !cooperative_knobs;
     match requested {
-        GemmConfig::Auto
-            if shape.m <= AUTO_DECODE_MAX_M
-                && layout == BLayout::ColMajor
-                && !cooperative_knobs =>
-        {
-            GemmConfig::Decode
-        }
+        GemmConfig::Auto if skinny && shape.m <= AUTO_SWAP_AB_MAX_M => GemmConfig::SwapAb,
         GemmConfig::Auto => GemmConfig::Cooperative128x256,
         explicit => explicit,
+    }
+}
+
+/// [`select_config`] for FP16 inputs, which the swap-AB kernel does not take: the decode kernel
+/// up to its 64 rows, else the cooperative kernel.
+pub fn select_config_f16(
+    requested: GemmConfig,
+    shape: GemmShape,
+    layout: BLayout,
+    cooperative_knobs: bool,
+) -> GemmConfig {
+    match select_config(requested, shape, layout, cooperative_knobs) {
+        GemmConfig::SwapAb if requested == GemmConfig::Auto => {
+            if shape.m <= AUTO_DECODE_MAX_M {
+                GemmConfig::Decode
+            } else {
+                GemmConfig::Cooperative128x256
+            }
+        }
+        c => c,
     }
 }
 
@@ -717,14 +751,24 @@ mod tests {
     #[test]
     fn issue20_decode_selection_rule() {
         let col = BLayout::ColMajor;
-        for m in [1, 2, 7, 8, 16, 33, 64] {
+        for m in [1, 2, 7, 8, 9, 16, 17, 33, 64, 65, 127, 128] {
             assert_eq!(
                 select_config(GemmConfig::Auto, shape(m, 4096, 4096), col, false),
-                GemmConfig::Decode,
+                GemmConfig::SwapAb,
+                "M = {m}"
+            );
+            // FP16: the decode kernel up to 64 rows, then the cooperative one.
+            assert_eq!(
+                select_config_f16(GemmConfig::Auto, shape(m, 4096, 4096), col, false),
+                if m <= 64 {
+                    GemmConfig::Decode
+                } else {
+                    GemmConfig::Cooperative128x256
+                },
                 "M = {m}"
             );
         }
-        for m in [65, 127, 128, 4096] {
+        for m in [129, 4096] {
             assert_eq!(
                 select_config(GemmConfig::Auto, shape(m, 4096, 4096), col, false),
                 GemmConfig::Cooperative128x256,
@@ -746,7 +790,11 @@ mod tests {
             GemmConfig::Cooperative128x256
         );
         // Explicit choices stay.
-        for c in [GemmConfig::Decode, GemmConfig::Cooperative128x256] {
+        for c in [
+            GemmConfig::Decode,
+            GemmConfig::Cooperative128x256,
+            GemmConfig::SwapAb,
+        ] {
             for m in [1, 1000] {
                 assert_eq!(select_config(c, shape(m, 64, 64), col, false), c);
             }

@@ -79,6 +79,15 @@ pub trait TcInput: TmaElement + sealed::Sealed {
     fn from_f32(v: f32) -> Self;
     /// Exact widening.
     fn to_f32(self) -> f32;
+    /// True for BF16 (the swap-AB kernel's only input type).
+    const IS_BF16: bool = false;
+    /// `m` itself when `Self` is BF16 (for the BF16-only swap-AB kernel), else `None`.
+    fn bf16_matrix(_m: Matrix<'_, Self>) -> Option<Matrix<'_, bf16>>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }
 
 impl TcInput for bf16 {
@@ -98,6 +107,10 @@ impl TcInput for bf16 {
     }
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
+    }
+    const IS_BF16: bool = true;
+    fn bf16_matrix(m: Matrix<'_, Self>) -> Option<Matrix<'_, bf16>> {
+        Some(m)
     }
 }
 

@@ -43,7 +43,8 @@ use warpline_gpu::contract::tc_gemm as contract;
 
 use super::check_stream;
 use super::decode_gemm::{
-    select_config, DecodeConfig, DecodeGemm, DecodeGemmOptions, DecodeLaunch, GemmConfig,
+    select_config, select_config_f16, DecodeConfig, DecodeGemm, DecodeGemmOptions, DecodeLaunch,
+    GemmConfig,
 };
 use crate::device::{Device, Kernel};
 use crate::error::{Error, Result};
@@ -54,6 +55,7 @@ use crate::stream::Stream;
 use crate::tensor_map::{TensorMap, TensorMapTable, TmaElement, TmaSwizzle};
 
 mod fp8;
+mod swap_ab;
 pub use fp8::{
     block_scaled_reference_entry, check_fp8_block_scales, fp8_block_tolerance, Fp8BlockScales,
     ScaleDims, FP8_SCALE_BLOCK,
@@ -61,6 +63,11 @@ pub use fp8::{
 pub use fp8::{
     check_fp8_layout, check_fp8_shapes, fp8_tolerance, CublasLtFp8, CublasLtFp8Plan, Fp8Input,
     Fp8Scales, FP8_STEP_REL,
+};
+use swap_ab::SwapAbLaunch;
+pub use swap_ab::{
+    swap_ab_shape, Activation, Epilogue, SwapAbConfig, SwapAbShape, WeightsBeforeWait,
+    AUTO_MAX_KSPLIT, KSPLITS, KSPLIT_FIXED_KBLOCKS, SWAP_AB_ENTRIES, TOKEN_TILES,
 };
 
 // The operand types and their checks are shared with the decode GEMM: they live in
@@ -105,13 +112,15 @@ pub struct TcGemmOptions {
     /// whole 64 x 256 tiles in turn) instead of cooperative ones (both split each 128 x 256
     /// tile). BF16 with a column-major B only; otherwise [`Error::BadShape`].
     pub pingpong: bool,
-    /// Kernel configuration (issue 20): [`GemmConfig::Auto`] follows
-    /// [`select_config`] (the decode kernel for `M <= 64`
-    /// with a column-major B and none of `pingpong`, `cluster`, `clusters` set; else the
-    /// cooperative kernel). [`TcGemm::plan_chain2`] always uses the cooperative kernel.
+    /// Kernel configuration (issue 20): [`GemmConfig::Auto`] follows [`select_config`] (BF16:
+    /// the swap-AB kernel for `M <= 128`, FP16: the decode kernel for `M <= 64`, each with a
+    /// column-major B and none of `pingpong`, `cluster`, `clusters` set; else the cooperative
+    /// kernel). [`TcGemm::plan_chain2`] always uses the cooperative kernel.
     pub config: GemmConfig,
     /// Tunables of the decode configuration.
     pub decode: DecodeConfig,
+    /// Tunables of the swap-AB configuration.
+    pub swap_ab: SwapAbConfig,
 }
 
 impl Default for TcGemmOptions {
@@ -126,6 +135,7 @@ impl Default for TcGemmOptions {
             pingpong: false,
             config: GemmConfig::Auto,
             decode: DecodeConfig::default(),
+            swap_ab: SwapAbConfig::default(),
         }
     }
 }
@@ -234,6 +244,8 @@ pub fn check_module_entries(ptx: &str) -> Result<()> {
         .map(|&n| (n, &rust))
         .chain(FP8_ENTRIES.iter().map(|&n| (n, &rust_fp8)))
         .chain([(FP8_BLOCK_SCALED_ENTRY, &rust_fp8_block)]);
+    let rust_swap_ab = swap_ab::rust_params();
+    let all = all.chain(SWAP_AB_ENTRIES.iter().map(|&n| (n, &rust_swap_ab)));
     for (name, rust) in all {
         check_entry(&entries, name, rust)?;
     }
@@ -323,6 +335,13 @@ impl<'d> TcGemm<'d> {
             module
                 .untyped_kernel(name)?
                 .raise_max_dynamic_shared_memory(contract::SMEM_BYTES)?;
+        }
+        for (name, &nt) in SWAP_AB_ENTRIES.iter().zip(TOKEN_TILES.iter()) {
+            module
+                .untyped_kernel(name)?
+                .raise_max_dynamic_shared_memory(
+                    warpline_gpu::contract::swap_ab_gemm::smem_bytes(nt),
+                )?;
         }
         let pool = MemPool::new(dev, 1 << 20)?;
         Ok(Self {
@@ -591,7 +610,32 @@ impl<'d> TcGemm<'d> {
         )?;
         // Options of every configuration are checked before one is chosen.
         check_group(opts)?;
-        if self.select(shape, layout, opts) == GemmConfig::Decode {
+        let config = if T::IS_BF16 {
+            self.select(shape, layout, opts)
+        } else {
+            self.select_f16(shape, layout, opts)
+        };
+        if config == GemmConfig::SwapAb {
+            let (Some(a), Some(b)) = (T::bf16_matrix(a), T::bf16_matrix(b)) else {
+                return Err(Error::BadShape {
+                    what: "tc_gemm config swapab",
+                    detail: format!("{} inputs; the swap-AB kernel takes bf16 only", T::NAME),
+                });
+            };
+            return self.plan_swap_ab(
+                stream,
+                a,
+                b,
+                layout,
+                c,
+                O::IS_F32,
+                alpha,
+                beta,
+                Epilogue::default(),
+                opts,
+            );
+        }
+        if config == GemmConfig::Decode {
             if opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some() {
                 return Err(Error::BadShape {
                     what: "tc_gemm config decode",
@@ -623,6 +667,7 @@ impl<'d> TcGemm<'d> {
                 table: None,
                 launches: Vec::new(),
                 decode: vec![l],
+                swap_ab: Vec::new(),
                 shapes: vec![shape],
             });
         }
@@ -631,13 +676,27 @@ impl<'d> TcGemm<'d> {
         self.finish(stream, vec![(p, maps)], vec![shape])
     }
 
-    /// The configuration a [`TcGemm::plan`] of `shape` with `opts` uses: `opts.config`, with
-    /// [`GemmConfig::Auto`] resolved by
-    /// [`select_config`] (and to the cooperative kernel when
-    /// this device's module lacks the decode entries).
+    /// The configuration a BF16 [`TcGemm::plan`] of `shape` with `opts` uses: `opts.config`,
+    /// with [`GemmConfig::Auto`] resolved by [`select_config`] (and to the cooperative kernel
+    /// when this device's module lacks the decode entries).
     pub fn select(&self, shape: GemmShape, layout: BLayout, opts: &TcGemmOptions) -> GemmConfig {
         let knobs = opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some();
-        match select_config(opts.config, shape, layout, knobs) {
+        self.resolve(opts, select_config(opts.config, shape, layout, knobs))
+    }
+
+    /// [`TcGemm::select`] for FP16 inputs ([`select_config_f16`]: no swap-AB kernel).
+    pub fn select_f16(
+        &self,
+        shape: GemmShape,
+        layout: BLayout,
+        opts: &TcGemmOptions,
+    ) -> GemmConfig {
+        let knobs = opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some();
+        self.resolve(opts, select_config_f16(opts.config, shape, layout, knobs))
+    }
+
+    fn resolve(&self, opts: &TcGemmOptions, chosen: GemmConfig) -> GemmConfig {
+        match chosen {
             GemmConfig::Decode if opts.config == GemmConfig::Auto && self.decode.is_none() => {
                 GemmConfig::Cooperative128x256
             }
@@ -697,6 +756,7 @@ impl<'d> TcGemm<'d> {
             table: Some(table),
             launches,
             decode: Vec::new(),
+            swap_ab: Vec::new(),
             shapes,
         })
     }
@@ -794,6 +854,8 @@ pub struct TcGemmPlan<'a> {
     launches: Vec<Prepared>,
     /// Decode-configuration launches (issue 20), queued after `launches`.
     decode: Vec<DecodeLaunch>,
+    /// Swap-AB launches (issue 20; maps in `table`), queued last.
+    swap_ab: Vec<SwapAbLaunch>,
     shapes: Vec<GemmShape>,
 }
 
@@ -812,6 +874,9 @@ impl std::fmt::Debug for TcGemmPlan<'_> {
                             .iter()
                             .map(|d| format!("{} {}", d.kernel_name(), d.cfg.describe())),
                     )
+                    .chain(self.swap_ab.iter().map(|s| {
+                        format!("{} {} {:?}", s.kernel().name(), s.cfg.describe(), s.shape)
+                    }))
                     .collect::<Vec<_>>(),
             )
             .field("table", &self.table)
@@ -889,17 +954,31 @@ impl TcGemmPlan<'_> {
             // B shared, C exclusively), bound to this stream.
             unsafe { d.launch(self.dev, &self.stream)? };
         }
+        for s in &self.swap_ab {
+            // SAFETY: prepared by TcGemm::plan_swap_ab from views this plan borrows for 'a (A,
+            // B, bias shared, C exclusively), bound to the plan's stream; its maps live in
+            // `self.table`, uploaded on that stream before any launch and freed after the last;
+            // `stream` is the plan's stream or captured and replayed as if it were (contract).
+            unsafe { s.launch(self.dev, stream)? };
+        }
         Ok(())
     }
 
     /// The configuration the plan runs ([`GemmConfig::Decode`] or
     /// [`GemmConfig::Cooperative128x256`]; never `Auto`).
     pub fn gemm_config(&self) -> GemmConfig {
-        if self.decode.is_empty() {
+        if !self.swap_ab.is_empty() {
+            GemmConfig::SwapAb
+        } else if self.decode.is_empty() {
             GemmConfig::Cooperative128x256
         } else {
             GemmConfig::Decode
         }
+    }
+
+    /// The swap-AB launch shapes (token tile, ksplit, grid), one per swap-AB launch.
+    pub fn swap_ab_shapes(&self) -> Vec<SwapAbShape> {
+        self.swap_ab.iter().map(|s| s.shape).collect()
     }
 
     /// Entry names of the plan's launches, in launch order.
@@ -908,6 +987,7 @@ impl TcGemmPlan<'_> {
             .iter()
             .map(|p| p.kernel.name().to_string())
             .chain(self.decode.iter().map(|d| d.kernel_name().to_string()))
+            .chain(self.swap_ab.iter().map(|s| s.kernel().name().to_string()))
             .collect()
     }
 
@@ -922,6 +1002,7 @@ impl TcGemmPlan<'_> {
             .iter()
             .map(|p| p.cfg)
             .chain(self.decode.iter().map(|d| d.cfg))
+            .chain(self.swap_ab.iter().map(|s| s.cfg))
             .collect()
     }
 
@@ -938,7 +1019,11 @@ impl TcGemmPlan<'_> {
     /// The kernel handles of the launches (each keeps the module loaded), for a captured graph
     /// to keep until its last replay completed.
     pub(crate) fn kernels(&self) -> Vec<Kernel> {
-        self.launches.iter().map(|p| p.kernel.clone()).collect()
+        self.launches
+            .iter()
+            .map(|p| p.kernel.clone())
+            .chain(self.swap_ab.iter().map(|s| s.kernel().clone()))
+            .collect()
     }
 }
 

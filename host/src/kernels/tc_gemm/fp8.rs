@@ -131,14 +131,14 @@ pub fn check_fp8_layout(what: &'static str, layout: BLayout) -> Result<()> {
     }
 }
 
-/// Options an FP8 GEMM with B of type `B` cannot take: the decode configuration (16-bit
-/// only), ping-pong consumers unless `B` has a ping-pong entry (E4M3). [`Error::BadShape`]
+/// Options an FP8 GEMM with B of type `B` cannot take: the decode and swap-AB configurations
+/// (16-bit only), ping-pong consumers unless `B` has a ping-pong entry (E4M3). [`Error::BadShape`]
 /// naming them.
 fn check_fp8_options<B: Fp8Input>(opts: &TcGemmOptions) -> Result<()> {
-    if opts.config == GemmConfig::Decode {
+    if matches!(opts.config, GemmConfig::Decode | GemmConfig::SwapAb) {
         return Err(Error::BadShape {
             what: "tc_gemm fp8 options",
-            detail: "config decode; FP8 runs the 128 x 256 tensor-core kernel: allowed are config auto and coop128x256".into(),
+            detail: "config decode or swapab; FP8 runs the 128 x 256 tensor-core kernel: allowed are config auto and coop128x256".into(),
         });
     }
     if opts.pingpong && B::PINGPONG_ENTRY.is_none() {
@@ -419,7 +419,7 @@ pub fn check_fp8_block_scales(shape: GemmShape, a: &ScaleDims, b: &ScaleDims) ->
 /// Options a block-scaled FP8 GEMM cannot take: the decode configuration and ping-pong
 /// consumers (it has the cooperative 128 x 256 entry only). [`Error::BadShape`] naming them.
 fn check_fp8_block_options(opts: &TcGemmOptions) -> Result<()> {
-    if opts.config == GemmConfig::Decode || opts.pingpong {
+    if matches!(opts.config, GemmConfig::Decode | GemmConfig::SwapAb) || opts.pingpong {
         return Err(Error::BadShape {
             what: "tc_gemm fp8 block-scaled options",
             detail: format!(

@@ -1,0 +1,567 @@
+//! Swap-AB tensor-core GEMM with split-K across a cluster (issue 20): `C = A * B` for few rows of
+//! A (the tokens of LLM decoding, M from 1 to a few hundred), computed as `C^T = B^T A^T` so the
+//! weights fill wgmma's 64-row M and the tokens become its N (8 to 128). Shapes, layouts and
+//! parameters: `contract::swap_ab_gemm`.
+//!
+//! ```text
+//!   producer (warp 4, one thread)              consumer (warpgroup 0: the tile's 64 weight rows)
+//!   this CTA's k-blocks (its K slice):         per k-block:
+//!     ring.producer_acquire(stage) <-empty--     ring.consumer_release_local(previous stage)
+//!     [FLAG_WEIGHTS_EARLY: first stages' W       ring.consumer_wait(stage); 4 x wgmma m64nNTk16
+//!      before griddepcontrol.wait]             partial tile (f32) -> own shared memory
+//!     TMA W {k, n0}, X {k, m0}  -------full-->
+//!   cluster barrier; CTA r adds the ksplit partials of its NT / ksplit tokens over DSMEM (ranks
+//!   0, 1, .. in order), epilogue (alpha, bias, SiLU / GELU / SwiGLU, beta * C), stores; cluster
+//!   barrier (no CTA exits while a peer reads its partials)
+//! ```
+//!
+//! Why this form for small M: a 128 x 256 output tile wastes most of its rows at M <= 64 and the
+//! grid has too few tiles to fill 132 SMs; here a CTA's tile is 64 weight rows by `NT` tokens,
+//! and the `ksplit` CTAs of a cluster stream disjoint K slices of the same 64 weight rows, so
+//! `ceil(N / 64) * ksplit * ceil(M / NT)` CTAs (two per SM up to 64 tokens) read each weight
+//! byte once. The reduction stays
+//! on chip (distributed shared memory, chapter 11's cluster tools) and is deterministic.
+
+use crate::contract::swap_ab_gemm::*;
+use crate::contract::F32_BYTES;
+use crate::device::cluster;
+use crate::device::math::{bf16_to_f32, exp_approx, pack_bf16x2, tanh_approx};
+use crate::device::mbarrier;
+use crate::device::pdl;
+use crate::device::pipeline::{PipelineState, TmaPipeline};
+use crate::device::smem::{
+    dynamic_smem_base, store_global, store_global_b64, store_global_v2, store_global_v4, Shared,
+};
+use crate::device::thread::{block_dim_x, block_idx_x, thread_idx_x};
+use crate::device::tma::TensorMap;
+use crate::device::warpgroup::thread_in_warpgroup;
+use crate::device::wgmma::{self, Accumulators, MatrixDescriptor, Swizzle};
+
+/// One 128-byte-swizzle atom (8 rows of 128 bytes): wgmma's stride-dimension byte offset.
+const ATOM_BYTES: u32 = 8 * 128;
+/// `WGMMA_K` slices per stage.
+const K_SLICES: u32 = (BK / WGMMA_K) as u32;
+/// Bytes between consecutive token rows of the partial tile.
+const PARTIAL_ROW_BYTES: u32 = (PARTIAL_PITCH * F32_BYTES) as u32;
+/// Consumer threads: they store the partials and run the reduction.
+const CONSUMER_THREADS: u32 = CONSUMER_WARPGROUPS * WARPGROUP_THREADS;
+
+/// The token tile `NT` of an entry: its wgmma and its accumulator fragment.
+struct Tok<const NT: u32>;
+
+/// What differs between token tiles: the accumulator array and the wgmma shape.
+trait TokenTile {
+    type Acc: Accumulators;
+    const ZERO: Self::Acc;
+    /// `wgmma.m64nNTk16.f32.bf16.bf16`, A and B K-major.
+    ///
+    /// # Safety
+    /// As the `wgmma::mma_async_*` functions.
+    unsafe fn mma(d: &mut Self::Acc, a: MatrixDescriptor, b: MatrixDescriptor, scale_d: u32);
+    /// Stores this thread's fragment into the partial tile. `base` is the shared address of
+    /// (token `2 * (lane % 4)`, weight row `64 * wg + 16 * warp + lane / 4`).
+    ///
+    /// # Safety
+    /// `base` as described, inside the partial tile, which no one else accesses meanwhile.
+    unsafe fn store_partial(d: &Self::Acc, base: u32);
+}
+
+/// `token_tile!(NT, ACC, mma fn, [n8 blocks])`: [`TokenTile`] for `Tok<NT>` with literal indices
+/// only, so the fragment stays in registers. Fragment layout (`m64nNk16`, PTX ISA §9.7.15.5.1):
+/// `d[4 i + j]` is weight row `l / 4 + 8 (j / 2)` (within the warp's 16), token `8 i + 2 (l % 4)
+/// + j % 2`.
+macro_rules! token_tile {
+    ($nt:literal, $acc:literal, $mma:ident, [$($i:literal)*]) => {
+        impl TokenTile for Tok<$nt> {
+            type Acc = [f32; $acc];
+            const ZERO: [f32; $acc] = [0.0; $acc];
+            #[inline(always)]
+            unsafe fn mma(d: &mut [f32; $acc], a: MatrixDescriptor, b: MatrixDescriptor, scale_d: u32) {
+                // SAFETY: the caller's contract; both operands K-major (TRANS_B = 0).
+                unsafe { wgmma::$mma::<0>(d, a, b, scale_d) }
+            }
+            #[inline(always)]
+            unsafe fn store_partial(d: &[f32; $acc], base: u32) {
+                $(
+                    let row = base + 8 * $i * PARTIAL_ROW_BYTES;
+                    // SAFETY: tokens 8 i + {0, 1} (+ 2 (lane % 4)) < NT and weight rows
+                    // {0, 8} + the thread's row < W_ROWS: inside the partial tile (caller).
+                    unsafe {
+                        Shared::<f32>::at(row).store(d[4 * $i]);
+                        Shared::<f32>::at(row + PARTIAL_ROW_BYTES).store(d[4 * $i + 1]);
+                        Shared::<f32>::at(row + 8 * 4).store(d[4 * $i + 2]);
+                        Shared::<f32>::at(row + PARTIAL_ROW_BYTES + 8 * 4).store(d[4 * $i + 3]);
+                    }
+                )*
+            }
+        }
+    };
+}
+
+token_tile!(8, 4, mma_async_m64n8k16_f32_bf16, [0]);
+token_tile!(16, 8, mma_async_m64n16k16_f32_bf16, [0 1]);
+token_tile!(32, 16, mma_async_m64n32k16_f32_bf16, [0 1 2 3]);
+token_tile!(64, 32, mma_async_m64n64k16_f32_bf16, [0 1 2 3 4 5 6 7]);
+token_tile!(128, 64, mma_async_m64n128k16_f32_bf16, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]);
+
+/// What every role of the CTA knows.
+#[derive(Clone, Copy)]
+struct Gemm<const NT: u32, const S: u32> {
+    w: TensorMap,
+    x: TensorMap,
+    c: u64,
+    bias: u64,
+    m: u32,
+    n: u32,
+    ldc: u32,
+    alpha: f32,
+    beta: f32,
+    out_f32: bool,
+    epilogue: u32,
+    flags: u32,
+    /// This CTA's K slice: k-blocks `kb0 .. kb0 + kbs`.
+    kb0: u32,
+    kbs: u32,
+    /// First weight row (column of C) and first token of the tile.
+    n0: u32,
+    m0: u32,
+    rank: u32,
+    ksplit: u32,
+    /// 1024-byte aligned shared-window base of the layout.
+    smem: u32,
+    ring: TmaPipeline<S>,
+}
+
+impl<const NT: u32, const S: u32> Gemm<NT, S> {
+    #[inline(always)]
+    fn w_stage(self, s: PipelineState<S>) -> u32 {
+        self.smem + s.stage() * W_STAGE_BYTES as u32
+    }
+    #[inline(always)]
+    fn x_stage(self, s: PipelineState<S>) -> u32 {
+        self.smem + (x_offset(NT) + s.stage() as usize * x_stage_bytes(NT)) as u32
+    }
+    #[inline(always)]
+    fn partial(self) -> u32 {
+        self.smem + partial_offset(NT) as u32
+    }
+}
+
+/// Producer (one thread): this CTA's k-blocks of W and X. With [`FLAG_WEIGHTS_EARLY`] the first
+/// stages' weight tiles are requested before `griddepcontrol.wait` (their full barriers armed
+/// for W and X together) and the token tiles follow the wait.
+#[inline(always)]
+fn producer<const NT: u32, const S: u32>(g: Gemm<NT, S>) {
+    g.w.acquire();
+    g.x.acquire();
+    let tx = (W_STAGE_BYTES + x_stage_bytes(NT)) as u32;
+    let k0 = |i: u32| ((g.kb0 + i) * BK as u32) as i32;
+    let mut st = PipelineState::<S>::new();
+    let early = if g.flags & FLAG_WEIGHTS_EARLY != 0 {
+        g.kbs.min(S)
+    } else {
+        0
+    };
+    let mut i = 0;
+    while i < early {
+        let full = g.ring.producer_acquire(st, tx);
+        // SAFETY: the stage is free (first use), 1024-byte aligned; its full barrier is armed for
+        // W and X, and X follows below; the launcher vouched that no earlier kernel writes W.
+        unsafe { g.w.load_2d(g.w_stage(st), k0(i), g.n0 as i32, full) };
+        st.advance();
+        i += 1;
+    }
+    // X (and W without the flag) may be written by the previous kernel on the stream (PDL).
+    pdl::wait();
+    let mut early_st = PipelineState::<S>::new();
+    let mut j = 0;
+    while j < early {
+        // SAFETY: the stage's full barrier was armed above for this X box too.
+        unsafe {
+            g.x.load_2d(
+                g.x_stage(early_st),
+                k0(j),
+                g.m0 as i32,
+                g.ring.full(early_st),
+            )
+        };
+        early_st.advance();
+        j += 1;
+    }
+    while i < g.kbs {
+        let full = g.ring.producer_acquire(st, tx);
+        // SAFETY: the stage is free (producer_acquire), 1024-byte aligned, and its full barrier
+        // is armed for exactly these two boxes; boxes past N, M or K read zeros.
+        unsafe {
+            g.w.load_2d(g.w_stage(st), k0(i), g.n0 as i32, full);
+            g.x.load_2d(g.x_stage(st), k0(i), g.m0 as i32, full);
+        }
+        st.advance();
+        i += 1;
+    }
+    // Every load is issued: the next kernel's prologue may start.
+    pdl::launch_dependents();
+}
+
+/// Consumer warpgroup `wg`: weight rows `64 * wg ..` of the tile, all `NT` tokens, over this
+/// CTA's K slice; then its partial tile into shared memory.
+#[inline(always)]
+fn consumer<const NT: u32, const S: u32>(g: Gemm<NT, S>, wg: u32)
+where
+    Tok<NT>: TokenTile,
+{
+    let mut acc = <Tok<NT> as TokenTile>::ZERO;
+    let tid = thread_in_warpgroup();
+    let mut st = PipelineState::<S>::new();
+    let mut reading = st;
+    let mut i = 0;
+    while i < g.kbs {
+        g.ring.consumer_wait(st);
+        let a = MatrixDescriptor::new(
+            g.w_stage(st) + wg * (WG_ROWS * BK * IN_BYTES) as u32,
+            16,
+            ATOM_BYTES,
+            Swizzle::B128,
+        );
+        let b = MatrixDescriptor::new(g.x_stage(st), 16, ATOM_BYTES, Swizzle::B128);
+        acc.fence_operands();
+        // SAFETY: all 128 threads run this loop with the same trip count and descriptors; the
+        // stage holds W and X as the descriptors say (consumer_wait) and is released only after
+        // a wait_group that covers these wgmmas.
+        unsafe {
+            wgmma::fence();
+            let mut s = 0;
+            while s < K_SLICES {
+                let scale_d = (i != 0 || s != 0) as u32;
+                <Tok<NT> as TokenTile>::mma(&mut acc, a.offset(s * 32), b.offset(s * 32), scale_d);
+                s += 1;
+            }
+            wgmma::commit_group();
+            wgmma::wait_group::<1>();
+        }
+        if i > 0 && tid == 0 {
+            g.ring.consumer_release_local(reading);
+        }
+        reading = st;
+        st.advance();
+        i += 1;
+    }
+    // SAFETY: warpgroup-collective, as above. The last stage needs no release: nobody refills it.
+    unsafe { wgmma::wait_group::<0>() };
+    acc.fence_operands();
+    let (warp, lane) = (tid / 32, tid % 32);
+    let base = g.partial()
+        + 2 * (lane % 4) * PARTIAL_ROW_BYTES
+        + (wg * WG_ROWS as u32 + 16 * warp + lane / 4) * 4;
+    // SAFETY: the base of this thread's fragment in the partial tile, which only the consumers
+    // write (each element once) before the cluster barrier that precedes every read.
+    unsafe { <Tok<NT> as TokenTile>::store_partial(&acc, base) };
+}
+
+/// Consumer thread `tid` (0..256) after the cluster barrier: sums the `ksplit` partials of
+/// rank `r`'s tokens `r * NT / ksplit ..`, four weight rows at a time, and stores the epilogue.
+#[inline(always)]
+fn reduce_store<const NT: u32, const S: u32>(g: Gemm<NT, S>, tid: u32) {
+    let per = NT / g.ksplit;
+    let tok0 = g.rank * per;
+    let groups = per * (W_ROWS / 4) as u32;
+    let mut q = tid;
+    while q < groups {
+        let tok = tok0 + q / (W_ROWS / 4) as u32;
+        let row4 = (q % (W_ROWS / 4) as u32) * 4;
+        let (m, n) = (g.m0 + tok, g.n0 + row4);
+        if m < g.m && n < g.n {
+            let local = g.partial() + tok * PARTIAL_ROW_BYTES + row4 * 4;
+            let mut v = [0.0f32; 4];
+            let mut r = 0;
+            while r < g.ksplit {
+                // SAFETY: 16 aligned bytes of CTA r's partial tile (same layout), written before
+                // the cluster barrier this thread passed; r does not exit before the next one.
+                let p = unsafe { cluster::load_v4(cluster::map_shared_rank(local, r)) };
+                v = [v[0] + p[0], v[1] + p[1], v[2] + p[2], v[3] + p[3]];
+                r += 1;
+            }
+            // SAFETY: m < M, n < N, n a multiple of 4 (the launch contract for C and bias).
+            unsafe { epilogue(g, m, n, v) };
+        }
+        q += CONSUMER_THREADS;
+    }
+}
+
+#[inline(always)]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + exp_approx(-x))
+}
+
+#[inline(always)]
+fn gelu(x: f32) -> f32 {
+    // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), Hendrycks and Gimpel's tanh form.
+    0.5 * x * (1.0 + tanh_approx(0.797_884_6 * (x + 0.044_715 * x * x * x)))
+}
+
+/// Output of weight rows `n .. n + 4` (those below N) for token `m`: `alpha * v (+ bias)`, the
+/// activation, `+ beta * C`, stored as f32 or BF16.
+///
+/// # Safety
+/// `m < M`, `n < N`, `n % 4 == 0`; C, `ldc` and `bias` as the launch contract says.
+#[inline(always)]
+unsafe fn epilogue<const NT: u32, const S: u32>(g: Gemm<NT, S>, m: u32, n: u32, v: [f32; 4]) {
+    let mut x = [
+        g.alpha * v[0],
+        g.alpha * v[1],
+        g.alpha * v[2],
+        g.alpha * v[3],
+    ];
+    let valid = (g.n - n).min(4);
+    if g.bias != 0 {
+        let mut e = 0;
+        while e < valid {
+            // SAFETY: n + e < N: inside the bias vector (launch contract).
+            x[e as usize] += unsafe { (g.bias as *const f32).add((n + e) as usize).read() };
+            e += 1;
+        }
+    }
+    let row = m as u64 * g.ldc as u64;
+    if g.epilogue == EPI_SWIGLU {
+        // Columns (n, n + 1) and (n + 2, n + 3) are (gate, up) pairs: outputs n / 2, n / 2 + 1
+        // (N is even, so a pair is whole when its gate row is inside).
+        let y = [silu(x[0]) * x[1], silu(x[2]) * x[3]];
+        let count = valid.div_ceil(2);
+        // SAFETY: the caller's contract; C has N / 2 columns.
+        unsafe { store(g, row + (n / 2) as u64, &y, count) };
+    } else {
+        if g.epilogue == EPI_SILU {
+            x = [silu(x[0]), silu(x[1]), silu(x[2]), silu(x[3])];
+        } else if g.epilogue == EPI_GELU {
+            x = [gelu(x[0]), gelu(x[1]), gelu(x[2]), gelu(x[3])];
+        }
+        // SAFETY: the caller's contract.
+        unsafe { store(g, row + n as u64, &x, valid) };
+    }
+}
+
+/// `C[idx + e] = y[e] + beta * C[idx + e]` for `e < count`: one vector store when all `L` are
+/// inside (f32: `L * 4` bytes, BF16: `L * 2` bytes, aligned since `idx` is a multiple of `L`
+/// and every row pitch a multiple of 8 elements), else element by element.
+///
+/// # Safety
+/// Elements `idx .. idx + count` are inside C, `idx % L == 0`, and only this thread writes them.
+#[inline(always)]
+unsafe fn store<const NT: u32, const S: u32, const L: usize>(
+    g: Gemm<NT, S>,
+    idx: u64,
+    y: &[f32; L],
+    count: u32,
+) {
+    let mut out = *y;
+    if g.beta != 0.0 {
+        let mut e = 0;
+        while e < count as usize {
+            let at = idx as usize + e;
+            // SAFETY: inside C (caller); C holds values when beta != 0 (launch contract).
+            let old = unsafe {
+                if g.out_f32 {
+                    (g.c as *const f32).add(at).read()
+                } else {
+                    bf16_to_f32((g.c as *const u16).add(at).read())
+                }
+            };
+            out[e] += g.beta * old;
+            e += 1;
+        }
+    }
+    // SAFETY: in every arm the elements are inside C with one writer (caller), aligned as
+    // documented above.
+    unsafe {
+        if g.out_f32 {
+            let p = (g.c as *mut f32).add(idx as usize);
+            if count as usize == L && L == 4 {
+                store_global_v4(p, [out[0], out[1 % L], out[2 % L], out[3 % L]]);
+            } else if count as usize == L && L == 2 {
+                store_global_v2(p, [out[0], out[1 % L]]);
+            } else {
+                let mut e = 0;
+                while e < count as usize {
+                    store_global(p.add(e), out[e]);
+                    e += 1;
+                }
+            }
+        } else {
+            let p = (g.c as *mut u16).add(idx as usize);
+            if count as usize == L && L == 4 {
+                let lo = pack_bf16x2(out[0], out[1 % L]) as u64;
+                let hi = pack_bf16x2(out[2 % L], out[3 % L]) as u64;
+                store_global_b64(p as *mut u64, lo | hi << 32);
+            } else if count as usize == L && L == 2 {
+                (p as *mut u32).write(pack_bf16x2(out[0], out[1 % L]));
+            } else {
+                let mut e = 0;
+                while e < count as usize {
+                    p.add(e).write(pack_bf16x2(out[e], 0.0) as u16);
+                    e += 1;
+                }
+            }
+        }
+    }
+}
+
+/// The entry parameters (see `contract::swap_ab_gemm`).
+struct Params {
+    tmap_w: u64,
+    tmap_x: u64,
+    c: u64,
+    bias: u64,
+    m: u32,
+    n: u32,
+    k: u32,
+    ldc: u32,
+    alpha: f32,
+    beta: f32,
+    out_f32: u32,
+    epilogue: u32,
+    flags: u32,
+}
+
+/// The kernel body of every entry.
+///
+/// # Safety
+/// The launch contract of the entries.
+#[inline(always)]
+unsafe fn swap_ab_gemm<const NT: u32, const S: u32>(p: Params)
+where
+    Tok<NT>: TokenTile,
+{
+    let ksplit = cluster::cluster_size();
+    if block_dim_x() != THREADS_PER_CTA || !matches!(ksplit, 1 | 2 | 4 | 8) {
+        // SAFETY: `trap` aborts the kernel; no preconditions.
+        unsafe { core::arch::nvptx::trap() };
+    }
+    let smem = (dynamic_smem_base() + SWIZZLE_ALIGN as u32 - 1) & !(SWIZZLE_ALIGN as u32 - 1);
+    let rank = cluster::cta_rank();
+    let k_blocks = p.k.div_ceil(BK as u32);
+    // Balanced K slices: rank r takes k-blocks [r * kb / ks, (r + 1) * kb / ks) (kb < 2^26).
+    let kb0 = rank * k_blocks / ksplit;
+    let kb1 = (rank + 1) * k_blocks / ksplit;
+    // SAFETY: reading a special register has no preconditions.
+    let by = unsafe { core::arch::nvptx::_block_idx_y() } as u32;
+    let g = Gemm::<NT, S> {
+        // SAFETY: the launch contract: device addresses of valid tensor maps.
+        w: unsafe { TensorMap::at(p.tmap_w) },
+        // SAFETY: as above.
+        x: unsafe { TensorMap::at(p.tmap_x) },
+        c: p.c,
+        bias: p.bias,
+        m: p.m,
+        n: p.n,
+        ldc: p.ldc,
+        alpha: p.alpha,
+        beta: p.beta,
+        out_f32: p.out_f32 != 0,
+        epilogue: p.epilogue,
+        flags: p.flags,
+        kb0,
+        kbs: kb1 - kb0,
+        n0: (block_idx_x() / ksplit) * W_ROWS as u32,
+        m0: by * NT,
+        rank,
+        ksplit,
+        smem,
+        // SAFETY: the barriers lie inside the launch's smem_bytes(NT), used for nothing else;
+        // thread 0 initialises them and fence_init + the cluster barrier publish that before any
+        // use; per stage and phase one producer_acquire arms the two boxes' bytes (the early
+        // path arms both before loading W, then loads X) and each consumer warpgroup releases
+        // once (init count CONSUMER_WARPGROUPS); no other CTA touches this ring.
+        ring: unsafe { TmaPipeline::<S>::at(smem + barriers_offset(NT) as u32) },
+    };
+    let tid = thread_idx_x();
+    if tid == 0 {
+        // SAFETY: one thread initialises the barriers before anyone uses them.
+        unsafe { g.ring.init(CONSUMER_WARPGROUPS) };
+        mbarrier::fence_init();
+        g.w.prefetch();
+        g.x.prefetch();
+    }
+    // SAFETY: every thread of the cluster, once (the per-thread form needs no convergence).
+    unsafe { cluster::sync_cluster() };
+    if tid >= CONSUMER_THREADS {
+        if tid == CONSUMER_THREADS {
+            producer(g);
+        }
+    } else {
+        consumer(g, tid / WARPGROUP_THREADS);
+    }
+    // Every CTA's partial tile is written: make them visible to the cluster.
+    // SAFETY: every thread of the cluster, once more.
+    unsafe { cluster::sync_cluster() };
+    if tid < CONSUMER_THREADS {
+        // C and the bias may be written by the previous kernel on the stream (PDL).
+        pdl::wait();
+        reduce_store(g, tid);
+    }
+    // No CTA exits while a peer may still read its partial tile.
+    // SAFETY: every thread of the cluster, once more.
+    unsafe { cluster::sync_cluster() };
+}
+
+macro_rules! entry {
+    ($name:ident, $nt:literal) => {
+        /// Swap-AB BF16 GEMM entry with token tile
+        #[doc = concat!(" `NT = ", stringify!($nt), "`.")]
+        ///
+        /// Launch: grid `(ceil(N / W_ROWS) * ksplit, ceil(M / NT), 1)`, cluster `(ksplit, 1, 1)`
+        /// with `ksplit` in `KSPLITS`, `THREADS_PER_CTA` threads, `smem_bytes(NT)` of dynamic
+        /// shared memory (`contract::swap_ab_gemm`); another block or cluster size traps.
+        ///
+        /// # Safety
+        /// `tmap_w` / `tmap_x` are device addresses of tensor maps made as the contract says
+        /// (BF16, dims `{K, N}` / `{K, M}`, boxes `W_BOX` / `x_box(NT)`, 128-byte swizzle),
+        /// valid until the kernel completes; `c` / `ldc` address a row-major C of M rows and
+        /// `N` (or `N / 2` for `EPI_SWIGLU`, N even) columns of f32 (`out_f32 != 0`) or BF16,
+        /// 16-byte aligned, `ldc` a multiple of 8, overlapping neither A nor B; `bias` is 0 or
+        /// the address of N f32; `epilogue` is one of the `EPI_*` codes; with
+        /// `FLAG_WEIGHTS_EARLY` no kernel running before this one writes B; `ksplit <=
+        /// ceil(K / BK)`.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "ptx-kernel" fn $name(
+            tmap_w: u64,
+            tmap_x: u64,
+            c: u64,
+            bias: u64,
+            m: u32,
+            n: u32,
+            k: u32,
+            ldc: u32,
+            alpha: f32,
+            beta: f32,
+            out_f32: u32,
+            epilogue: u32,
+            flags: u32,
+        ) {
+            let p = Params {
+                tmap_w,
+                tmap_x,
+                c,
+                bias,
+                m,
+                n,
+                k,
+                ldc,
+                alpha,
+                beta,
+                out_f32,
+                epilogue,
+                flags,
+            };
+            // SAFETY: the launch contract above.
+            unsafe { swap_ab_gemm::<$nt, { stages($nt) as u32 }>(p) }
+        }
+        crate::device::launch_bounds!($name, THREADS_PER_CTA, 1);
+    };
+}
+
+entry!(swap_ab_gemm_bf16_n8, 8);
+entry!(swap_ab_gemm_bf16_n16, 16);
+entry!(swap_ab_gemm_bf16_n32, 32);
+entry!(swap_ab_gemm_bf16_n64, 64);
+entry!(swap_ab_gemm_bf16_n128, 128);
