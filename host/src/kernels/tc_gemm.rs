@@ -56,6 +56,7 @@ use crate::tensor_map::{TensorMap, TensorMapTable, TmaElement, TmaSwizzle};
 
 mod fp8;
 mod swap_ab;
+mod swap_ab_launch;
 pub use fp8::{
     block_scaled_reference_entry, check_fp8_block_scales, fp8_block_tolerance, Fp8BlockScales,
     ScaleDims, FP8_SCALE_BLOCK,
@@ -64,8 +65,8 @@ pub use fp8::{
     check_fp8_layout, check_fp8_shapes, fp8_tolerance, CublasLtFp8, CublasLtFp8Plan, Fp8Input,
     Fp8Scales, FP8_STEP_REL,
 };
-use swap_ab::SwapAbLaunch;
-pub use swap_ab::{
+use swap_ab_launch::SwapAbLaunch;
+pub use swap_ab_launch::{
     swap_ab_shape, Activation, Epilogue, SwapAbConfig, SwapAbShape, WeightsBeforeWait,
     AUTO_MAX_KSPLIT, KSPLITS, KSPLIT_FIXED_KBLOCKS, SWAP_AB_ENTRIES, TOKEN_TILES,
 };
@@ -244,7 +245,7 @@ pub fn check_module_entries(ptx: &str) -> Result<()> {
         .map(|&n| (n, &rust))
         .chain(FP8_ENTRIES.iter().map(|&n| (n, &rust_fp8)))
         .chain([(FP8_BLOCK_SCALED_ENTRY, &rust_fp8_block)]);
-    let rust_swap_ab = swap_ab::rust_params();
+    let rust_swap_ab = swap_ab_launch::rust_params();
     let all = all.chain(SWAP_AB_ENTRIES.iter().map(|&n| (n, &rust_swap_ab)));
     for (name, rust) in all {
         check_entry(&entries, name, rust)?;
