@@ -75,11 +75,15 @@ macro_rules! token_tile {
         impl TokenTile for Tok<$nt> {
             type Acc = [f32; $acc];
             const ZERO: [f32; $acc] = [0.0; $acc];
+            /// # Safety
+            /// As [`TokenTile::mma`].
             #[inline(always)]
             unsafe fn mma(d: &mut [f32; $acc], a: MatrixDescriptor, b: MatrixDescriptor, scale_d: u32) {
                 // SAFETY: the caller's contract; both operands K-major (TRANS_B = 0).
                 unsafe { wgmma::$mma::<0>(d, a, b, scale_d) }
             }
+            /// # Safety
+            /// As [`TokenTile::store_partial`].
             #[inline(always)]
             unsafe fn store_partial(d: &[f32; $acc], base: u32) {
                 $(
