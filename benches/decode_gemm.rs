@@ -84,6 +84,32 @@ fn random_buffer(
     Ok(b)
 }
 
+/// cuBLAS's `C = A B` (column-major B) into `c_blas`, then max |ours - cuBLAS| / max |cuBLAS|
+/// over the `M x N` of `ours` (both row-major with pitch N). Synchronises through the copies.
+fn rel_diff_vs_cublas(
+    blas: &CublasGemmEx,
+    a: &Matrix<'_, bf16>,
+    b: &Matrix<'_, bf16>,
+    c_blas: &mut DeviceBuffer<f32>,
+    ours: &DeviceBuffer<f32>,
+) -> warpline::Result<f32> {
+    let (m, n) = (a.rows, b.rows);
+    {
+        let mut cm = MatrixMut::new(c_blas.as_view_mut(), m, n, n);
+        blas.gemm(a, b, BLayout::ColMajor, &mut cm, 1.0, 0.0)?;
+    }
+    let mut got = vec![0f32; m * n];
+    let mut want = vec![0f32; m * n];
+    ours.copy_to_host(&mut got)?;
+    c_blas.copy_to_host(&mut want)?;
+    let scale = want.iter().fold(0f32, |s, v| s.max(v.abs())).max(1e-30);
+    let diff = got
+        .iter()
+        .zip(&want)
+        .fold(0f32, |s, (x, y)| s.max((x - y).abs()));
+    Ok(diff / scale)
+}
+
 struct Row {
     label: String,
     us: f64,
@@ -332,19 +358,9 @@ fn run(dev: &Device) -> warpline::Result<()> {
                     &opts,
                 )?
                 .launch()?;
-                let mut cm = MatrixMut::new(c_blas.as_view_mut(), m, n, n);
                 let bm = Matrix::new(weights[0].as_view(), n, k, k);
-                blas.gemm(&am, &bm, BLayout::ColMajor, &mut cm, 1.0, 0.0)?;
-                let mut ours = vec![0f32; m * n];
-                let mut theirs = vec![0f32; m * n];
-                cs[0].copy_to_host(&mut ours)?;
-                c_blas.copy_to_host(&mut theirs)?;
-                let scale = theirs.iter().fold(0f32, |s, v| s.max(v.abs())).max(1e-30);
-                let diff = ours
-                    .iter()
-                    .zip(&theirs)
-                    .fold(0f32, |s, (x, y)| s.max((x - y).abs()));
-                swap_auto = Some((us, diff / scale));
+                let rel = rel_diff_vs_cublas(&blas, &am, &bm, &mut c_blas, &cs[0])?;
+                swap_auto = Some((us, rel));
             }
             let best_us = best.as_ref().map_or(f64::INFINITY, |b| b.0);
             for r in &rows {
@@ -372,29 +388,9 @@ fn run(dev: &Device) -> warpline::Result<()> {
                     &opts,
                 )?
                 .launch()?;
-                {
-                    let mut cm = MatrixMut::new(c_blas.as_view_mut(), m, n, n);
-                    let bm = Matrix::new(weights[0].as_view(), n, k, k);
-                    blas.gemm(&am, &bm, BLayout::ColMajor, &mut cm, 1.0, 0.0)?;
-                }
-                let mut ours = vec![0f32; m * n];
-                let mut theirs = vec![0f32; m * n];
-                cs[0].copy_to_host(&mut ours)?;
-                c_blas.copy_to_host(&mut theirs)?;
-                let scale = theirs.iter().fold(0f32, |s, v| s.max(v.abs())).max(1e-30);
-                let diff = ours
-                    .iter()
-                    .zip(&theirs)
-                    .fold(0f32, |s, (x, y)| s.max((x - y).abs()));
-                summary.push((
-                    shape.clone(),
-                    label,
-                    us,
-                    blas_us,
-                    wbytes,
-                    diff / scale,
-                    swap_auto,
-                ));
+                let bm = Matrix::new(weights[0].as_view(), n, k, k);
+                let rel = rel_diff_vs_cublas(&blas, &am, &bm, &mut c_blas, &cs[0])?;
+                summary.push((shape.clone(), label, us, blas_us, wbytes, rel, swap_auto));
             }
             stream.synchronize()?;
         }

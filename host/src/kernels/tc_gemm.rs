@@ -124,6 +124,15 @@ pub struct TcGemmOptions {
     pub swap_ab: SwapAbConfig,
 }
 
+impl TcGemmOptions {
+    /// Whether an option of the cooperative kernel alone is set (`pingpong`, `cluster`,
+    /// `clusters`): [`select_config`] then keeps `Auto` on that kernel, and the decode and
+    /// swap-AB configurations refuse the options.
+    pub fn cooperative_knobs(&self) -> bool {
+        self.pingpong || self.cluster.is_some() || self.clusters.is_some()
+    }
+}
+
 impl Default for TcGemmOptions {
     fn default() -> Self {
         Self {
@@ -637,7 +646,7 @@ impl<'d> TcGemm<'d> {
             );
         }
         if config == GemmConfig::Decode {
-            if opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some() {
+            if opts.cooperative_knobs() {
                 return Err(Error::BadShape {
                     what: "tc_gemm config decode",
                     detail: "ping-pong, cluster and clusters are options of the cooperative kernel; allowed with GemmConfig::Decode: none of them".into(),
@@ -681,7 +690,7 @@ impl<'d> TcGemm<'d> {
     /// with [`GemmConfig::Auto`] resolved by [`select_config`] (and to the cooperative kernel
     /// when this device's module lacks the decode entries).
     pub fn select(&self, shape: GemmShape, layout: BLayout, opts: &TcGemmOptions) -> GemmConfig {
-        let knobs = opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some();
+        let knobs = opts.cooperative_knobs();
         self.resolve(opts, select_config(opts.config, shape, layout, knobs))
     }
 
@@ -692,7 +701,7 @@ impl<'d> TcGemm<'d> {
         layout: BLayout,
         opts: &TcGemmOptions,
     ) -> GemmConfig {
-        let knobs = opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some();
+        let knobs = opts.cooperative_knobs();
         self.resolve(opts, select_config_f16(opts.config, shape, layout, knobs))
     }
 

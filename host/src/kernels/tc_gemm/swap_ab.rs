@@ -133,7 +133,7 @@ impl TcGemm<'_> {
                 what: "tc_gemm stream",
             });
         }
-        if opts.pingpong || opts.cluster.is_some() || opts.clusters.is_some() {
+        if opts.cooperative_knobs() {
             return Err(Error::BadShape {
                 what: "tc_gemm config swapab",
                 detail: "ping-pong, cluster and clusters are options of the cooperative kernel; allowed with the swap-AB configuration: none of them (its cluster is SwapAbConfig::ksplit)".into(),

@@ -118,7 +118,7 @@ impl SwapAbShape {
 }
 
 /// Index of `tokens` in [`TOKEN_TILES`].
-pub(super) fn tile_index(tokens: u32) -> Option<usize> {
+fn tile_index(tokens: u32) -> Option<usize> {
     TOKEN_TILES.iter().position(|&t| t == tokens)
 }
 
