@@ -15,7 +15,8 @@
 //! `WARPLINE_DECODE_JSON=file` (rows and timeline as JSON), `WARPLINE_DECODE_SPLITS=n` (the
 //! attention's KV splits), `WARPLINE_DECODE_ATTN=tc|cuda` (the attention's form, default
 //! CUDA cores), `WARPLINE_DECODE_GEMM_QKV`, `_O`, `_GU`, `_DOWN` (one GEMM's
-//! configuration label, over `WARPLINE_DECODE_GEMM`), `WARPLINE_DECODE_TIMELINE=file.png`
+//! configuration label, over `WARPLINE_DECODE_GEMM`; such a GEMM is a decode GEMM),
+//! `WARPLINE_DECODE_SWAPAB=none|all|o_proj,gate_up,down` (the swap-AB GEMMs, after the forms), `WARPLINE_DECODE_TIMELINE=file.png`
 //! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`
 //! in the `wait` colour; variant `WARPLINE_DECODE_TIMELINE_VARIANT`, default `e`), `WARPLINE_DECODE_NPY=dir` (also
 //! write one step's inputs, weights, caches and output for `scripts/torch_decode.py --check
@@ -109,10 +110,20 @@ fn main() -> warpline::Result<()> {
             if let Some(a) = env("WARPLINE_DECODE_ATTN") {
                 c.attention = AttnForm::parse(&a).expect("WARPLINE_DECODE_ATTN: tc or cuda");
             }
+            if let Some(l) = env("WARPLINE_DECODE_SWAPAB") {
+                c.swap_ab = warpline::decode::step::StepConfig::parse_swap_ab(&l)
+                    .expect("WARPLINE_DECODE_SWAPAB: none, all or a list of o_proj, gate_up, down");
+            }
             if let Some(s) = env("WARPLINE_DECODE_SPLITS") {
                 c.splits = Some(s.parse().expect("WARPLINE_DECODE_SPLITS: a split count"));
             }
         })?;
+        println!(
+            "{}x{}: swap-AB GEMMs {}",
+            case.batch,
+            case.kv_len,
+            step.config().swap_ab_label()
+        );
         let iters = 10;
         let r = run_case(&step, case, &variants, copy, 7, iters)?;
         for row in &r {

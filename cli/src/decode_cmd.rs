@@ -77,6 +77,11 @@ pub struct DecodeArgs {
     /// The down GEMM's form.
     #[arg(long, value_name = "FORM")]
     gemm_down: Option<String>,
+    /// The GEMMs that run as swap-AB tensor-core GEMMs (issue 20): none, all (o_proj, gate_up,
+    /// down; the default) or a comma-separated list of them; applied after the --gemm forms
+    /// (a GEMM given a --gemm form is otherwise a decode GEMM).
+    #[arg(long, value_name = "LIST")]
+    swap_ab: Option<String>,
     /// The decode attention's form: `cuda` (CUDA cores, the default) or `tc` (tensor cores).
     #[arg(long, value_name = "FORM", default_value = "cuda")]
     attn: String,
@@ -135,6 +140,12 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
         return Err(usage(format!("--reps {}: allowed 1 to 1000", args.reps)));
     }
     let (gemm_all, gemm_roles) = gemm_forms(&args)?;
+    let swap_ab = args
+        .swap_ab
+        .as_deref()
+        .map(StepConfig::parse_swap_ab)
+        .transpose()
+        .map_err(|e| usage(format!("--swap-ab: {e}")))?;
     let attn_form =
         AttnForm::parse(&args.attn).map_err(|e| usage(format!("--attn {:?}: {e}", args.attn)))?;
     let mut dims = if args.small {
@@ -204,9 +215,20 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
     let mut step = build_step(&dev, &dims, case, &weights, |c| {
         c.stamps = ctx.tracing();
         c.set_gemm_forms(gemm_all, gemm_roles);
+        if let Some(set) = swap_ab {
+            c.swap_ab = set;
+        }
         c.attention = attn_form;
     })?;
-    let forms: Vec<String> = (0..4).map(|r| step.config().gemm_for(r).label()).collect();
+    let forms: Vec<String> = (0..4)
+        .map(|r| {
+            if step.config().swap_ab[r] {
+                "swapab".to_string()
+            } else {
+                step.config().gemm_for(r).label()
+            }
+        })
+        .collect();
     say!(
         "GEMM forms: qkv {}, o_proj {}, gate_up {}, down {}; attention {}",
         forms[0],

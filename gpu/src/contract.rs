@@ -755,6 +755,10 @@ pub mod swap_ab_gemm {
     /// `flags` bit: the producer loads the first stages' weight tiles before
     /// `griddepcontrol.wait` (the weights must not be written by the preceding kernel).
     pub const FLAG_WEIGHTS_EARLY: u32 = 1;
+    /// Shift of the `%globaltimer` stamp slot in `flags` (16 bits), as `decode_gemm`'s: with a
+    /// non-null `stamps` the kernel stamps `[slot][decode_step::STAMP_WORDS]` (first CTA start,
+    /// first and last CTA past the producer's `griddepcontrol.wait`, last CTA end).
+    pub const STAMP_SLOT_SHIFT: u32 = 16;
 
     const _: () = {
         let mut i = 0;

@@ -23,7 +23,8 @@ use crate::device::Device;
 use crate::driver::graph::{self as dg, CaptureGuard, CudaGraph, GraphExec};
 use crate::error::{Error, Result};
 use crate::kernels::pdl::{chain_step_checked, require_pdl};
-use crate::launch::LaunchConfig;
+use crate::launch::{LaunchConfig, LaunchLimits};
+use crate::loaded::Kernel;
 use crate::memory::DeviceViewMut;
 use crate::stream::Stream;
 use crate::trace::Stage;
@@ -61,6 +62,9 @@ struct Step {
     config: sys::CUlaunchConfig,
     _attrs: Vec<sys::CUlaunchAttribute>,
     args: Vec<KernelArg>,
+    /// The kernel of a module other than the device's ([`Chain::push_kernel`]): keeps that
+    /// module loaded while the step (or a graph captured from it) may launch `func`.
+    _keep: Option<Kernel>,
 }
 
 impl Step {
@@ -72,6 +76,7 @@ impl Step {
             config,
             _attrs: attrs,
             args: args.to_vec(),
+            _keep: None,
         }
     }
 
@@ -218,6 +223,44 @@ impl<'a> Chain<'a> {
         cfg.validate(self.dev, kernel)?;
         let func = self.dev.kernel(kernel)?.cu_function();
         self.steps.push(Step::new(func, &cfg, &self.stream, args));
+        Ok(())
+    }
+
+    /// Appends a launch of `kernel`, an entry of any module loaded into the chain's device
+    /// context (e.g. [`crate::kernels::tc_gemm::TcGemm`]'s sm_90a module), with `cfg` (its
+    /// `pdl` flag replaced by the chain's; clusters allowed) and `args`. The step holds a clone
+    /// of `kernel`, so its module stays loaded while the chain or a graph captured from it lives.
+    ///
+    /// Errors: [`Error::WrongContext`] (a kernel of another context), [`Error::TooLarge`] (as
+    /// [`Chain::push_raw`]), the errors of [`LaunchConfig::check`] against the kernel's limits.
+    ///
+    /// # Safety
+    /// As [`Chain::push_raw`].
+    pub unsafe fn push_kernel(
+        &mut self,
+        name: &'static str,
+        kernel: &Kernel,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        if kernel.context_raw() != self.dev.raw_context() {
+            return Err(Error::WrongContext {
+                what: "Chain::push_kernel (a kernel of another context's module)",
+            });
+        }
+        if args.len() > MAX_ARGS {
+            return Err(Error::TooLarge {
+                what: "chain step arguments",
+                value: args.len() as u64,
+                max: MAX_ARGS as u64,
+            });
+        }
+        self.check_room(1)?;
+        let cfg = cfg.with_pdl(self.pdl);
+        cfg.check(name, &LaunchLimits::of(self.dev, kernel))?;
+        let mut step = Step::new(kernel.cu_function(), &cfg, &self.stream, args);
+        step._keep = Some(kernel.clone());
+        self.steps.push(step);
         Ok(())
     }
 

@@ -537,19 +537,10 @@ pub(crate) unsafe fn stamp(stamps: *mut u64, slot: u32, word: u32) {
     if stamps.is_null() || thread_idx_x() != 0 {
         return;
     }
-    let now = crate::device::clock::global_timer_ns();
     let a = stamps
         .wrapping_add(slot as usize * crate::contract::decode_step::STAMP_WORDS + word as usize);
-    // SAFETY: the caller's contract (a u64 of the stamp buffer); atomics, so CTAs don't race.
-    unsafe {
-        if word < 2 {
-            core::arch::asm!("red.relaxed.gpu.global.min.u64 [{a}], {v};", a = in(reg64) a,
-                v = in(reg64) now, options(nostack));
-        } else {
-            core::arch::asm!("red.relaxed.gpu.global.max.u64 [{a}], {v};", a = in(reg64) a,
-                v = in(reg64) now, options(nostack));
-        }
-    }
+    // SAFETY: the caller's contract: a u64 of the stamp buffer that only stamps touch.
+    unsafe { crate::device::clock::stamp_word(a, word >= 2) };
 }
 
 /// `cp.async.bulk.prefetch.L2.global [p], bytes` (PTX ISA 8.0, sm_90): a hint to bring `bytes`

@@ -123,6 +123,8 @@ struct Gemm<const NT: u32, const S: u32> {
     out_f32: bool,
     epilogue: u32,
     flags: u32,
+    /// `%globaltimer` stamp buffer (null: none); slot `flags >> STAMP_SLOT_SHIFT`.
+    stamps: *mut u64,
     /// This CTA's K slice: k-blocks `kb0 .. kb0 + kbs`.
     kb0: u32,
     kbs: u32,
@@ -177,6 +179,11 @@ fn producer<const NT: u32, const S: u32>(g: Gemm<NT, S>) {
     }
     // X (and W without the flag) may be written by the previous kernel on the stream (PDL).
     pdl::wait();
+    // SAFETY: stamps is null or the launch's stamp buffer (launch contract).
+    unsafe {
+        stamp_by(g.stamps, g.flags >> STAMP_SLOT_SHIFT, 1);
+        stamp_by(g.stamps, g.flags >> STAMP_SLOT_SHIFT, 2);
+    }
     let mut early_st = PipelineState::<S>::new();
     let mut j = 0;
     while j < early {
@@ -424,6 +431,7 @@ struct Params {
     out_f32: u32,
     epilogue: u32,
     flags: u32,
+    stamps: *mut u64,
 }
 
 /// The kernel body of every entry.
@@ -463,6 +471,7 @@ where
         out_f32: p.out_f32 != 0,
         epilogue: p.epilogue,
         flags: p.flags,
+        stamps: p.stamps,
         kb0,
         kbs: kb1 - kb0,
         n0: (block_idx_x() / ksplit) * W_ROWS as u32,
@@ -478,7 +487,10 @@ where
         ring: unsafe { TmaPipeline::<S>::at(smem + barriers_offset(NT) as u32) },
     };
     let tid = thread_idx_x();
+    let slot = p.flags >> STAMP_SLOT_SHIFT;
     if tid == 0 {
+        // SAFETY: stamps is null or the launch's stamp buffer (launch contract).
+        unsafe { stamp_by(p.stamps, slot, 0) };
         // SAFETY: one thread initialises the barriers before anyone uses them.
         unsafe { g.ring.init(CONSUMER_WARPGROUPS) };
         mbarrier::fence_init();
@@ -505,6 +517,28 @@ where
     // No CTA exits while a peer may still read its partial tile.
     // SAFETY: every thread of the cluster, once more.
     unsafe { cluster::sync_cluster() };
+    if tid == 0 {
+        // SAFETY: stamps is null or the launch's stamp buffer (launch contract).
+        unsafe { stamp_by(p.stamps, slot, 3) };
+    }
+}
+
+/// Folds `%globaltimer` into word `word` of stamp slot `slot` (`decode_step::STAMP_WORDS` words
+/// per slot: words 0 and 1 keep the minimum over callers, 2 and 3 the maximum); nothing when
+/// `stamps` is null. The caller picks the one thread per CTA that stamps.
+///
+/// # Safety
+/// `stamps` is null or holds at least `(slot + 1) * STAMP_WORDS` u64 that only stamps touch
+/// during the kernel.
+#[inline(always)]
+unsafe fn stamp_by(stamps: *mut u64, slot: u32, word: u32) {
+    if stamps.is_null() {
+        return;
+    }
+    let a = stamps
+        .wrapping_add(slot as usize * crate::contract::decode_step::STAMP_WORDS + word as usize);
+    // SAFETY: the caller's contract: a u64 of the stamp buffer that only stamps touch.
+    unsafe { crate::device::clock::stamp_word(a, word >= 2) };
 }
 
 macro_rules! entry {
@@ -524,7 +558,9 @@ macro_rules! entry {
         /// 16-byte aligned, `ldc` a multiple of 8, overlapping neither A nor B; `bias` is 0 or
         /// the address of N f32; `epilogue` is one of the `EPI_*` codes; with
         /// `FLAG_WEIGHTS_EARLY` no kernel running before this one writes B; `ksplit <=
-        /// ceil(K / BK)`.
+        /// ceil(K / BK)`; `stamps` is 0 or a stamp buffer of at least `(slot + 1) *
+        /// decode_step::STAMP_WORDS` u64 (`slot = flags >> STAMP_SLOT_SHIFT`) that only stamps
+        /// touch during the kernel.
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -541,6 +577,7 @@ macro_rules! entry {
             out_f32: u32,
             epilogue: u32,
             flags: u32,
+            stamps: u64,
         ) {
             let p = Params {
                 tmap_w,
@@ -556,6 +593,7 @@ macro_rules! entry {
                 out_f32,
                 epilogue,
                 flags,
+                stamps: stamps as *mut u64,
             };
             // SAFETY: the launch contract above.
             unsafe { swap_ab_gemm::<$nt, { stages($nt) as u32 }>(p) }

@@ -366,6 +366,22 @@ pub fn pack_gate_up_rows<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -
     out
 }
 
+/// Gate and up weights (`[inter][hidden]` each) as the swap-AB GEMM's SwiGLU epilogue pairs
+/// them: row `2 j` is gate row `j`, row `2 j + 1` up row `j` (`[2 inter][hidden]`;
+/// `contract::swap_ab_gemm::EPI_SWIGLU`). Panics unless both hold `inter * hidden` elements (the
+/// step checks [`HostLayer`](step::HostLayer) sizes first).
+pub fn pack_gate_up_pairs<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -> Vec<T> {
+    let (n, k) = (dims.intermediate, dims.hidden);
+    assert_eq!(w_gate.len(), n * k, "w_gate size");
+    assert_eq!(w_up.len(), n * k, "w_up size");
+    let mut out = Vec::with_capacity(2 * n * k);
+    for (g, u) in w_gate.chunks_exact(k).zip(w_up.chunks_exact(k)) {
+        out.extend_from_slice(g);
+        out.extend_from_slice(u);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,15 +33,20 @@ use warpline_gpu::contract::decode_gemm as gc;
 use warpline_gpu::contract::decode_step as sc;
 
 use super::reference::{normal_bf16, LayerWeights};
-use super::{check_batch, pack_gate_up_rows, pack_qkv_rows, DecodeDims, KvLayout};
+use super::{
+    check_batch, pack_gate_up_pairs, pack_gate_up_rows, pack_qkv_rows, DecodeDims, KvLayout,
+};
 use crate::chain::{Chain, Graph, KernelArg};
 use crate::device::Device;
 use crate::error::{CudaCall, Error, Result};
 use crate::kernels::decode_gemm::{launch_shape, DecodeConfig, DecodeLaunchShape};
-use crate::kernels::tc_gemm::GemmShape;
+use crate::kernels::tc_gemm::{GemmShape, SwapAbConfig, SwapAbShape, TcGemm};
 use crate::launch::LaunchConfig;
+use crate::loaded::Kernel;
 use crate::memory::{DeviceBuffer, MemPool};
 use crate::stream::Stream;
+use crate::tensor_map::{TensorMap, TmaSwizzle};
+use warpline_gpu::contract::swap_ab_gemm as wc;
 
 /// How the step's kernels are launched (the issue's variants a to e).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -159,6 +164,14 @@ pub struct StepConfig {
     /// `gemm`). The GEMMs differ in N (6144, 4096, 28672, 4096 at Llama-8B sizes), so the best
     /// form and k-split differ too; the same epilogue-entry rules apply to each.
     pub gemm_roles: [Option<DecodeConfig>; 4],
+    /// The GEMMs, in step order (qkv, o_proj, gate_up, down), that run as issue 20's swap-AB
+    /// tensor-core configuration (`TcGemm`'s `GemmConfig::SwapAb`: wgmma with the tokens as N,
+    /// split-K over a cluster, the residual add and SwiGLU fused) instead of the decode GEMM of
+    /// [`Self::gemm_for`]; launch shape by `swap_ab_shape`'s rule, weights loaded before
+    /// `griddepcontrol.wait` in variants (c) and (e). The qkv GEMM must stay `false`: its
+    /// epilogue (RoPE, paged-cache append) exists only in the decode GEMM. Needs an sm_90a device
+    /// (compute capability 9.0).
+    pub swap_ab: [bool; 4],
     /// Bytes of each GEMM's weights that variant (c)/(e) prefetches into L2 before
     /// `griddepcontrol.wait`, beyond the first k-block every warp loads into registers, in whole
     /// k-blocks per warp (`(N K 2) / iterations` bytes each; rounded down, so a budget below
@@ -252,6 +265,7 @@ impl StepConfig {
             splits: None,
             gemm: Self::default_gemm(batch),
             gemm_roles: Self::default_roles(batch),
+            swap_ab: Self::default_swap_ab(batch),
             prefetch_bytes: 4 << 20,
             stamps: false,
             attention: AttnForm::default(),
@@ -297,17 +311,69 @@ impl StepConfig {
         }
     }
 
+    /// The GEMMs that take the swap-AB form by default ([`Self::swap_ab`]): o_proj, gate_up
+    /// and down at every batch (qkv cannot).
+    pub fn default_swap_ab(_batch: usize) -> [bool; 4] {
+        [false, true, true, true]
+    }
+
+    /// The GEMM role names of [`Self::swap_ab`] and [`Self::gemm_roles`], in step order.
+    pub const GEMM_ROLES: [&'static str; 4] = ["qkv", "o_proj", "gate_up", "down"];
+
+    /// Parses a set of swap-AB GEMMs for [`Self::swap_ab`]: `none`, `all` (o_proj, gate_up
+    /// and down), or a comma-separated list of `o_proj`, `gate_up`, `down`. Errors:
+    /// [`Error::BadShape`] naming the allowed values (qkv included: its epilogue is the decode
+    /// GEMM's only).
+    pub fn parse_swap_ab(list: &str) -> Result<[bool; 4]> {
+        match list {
+            "none" => return Ok([false; 4]),
+            "all" => return Ok([false, true, true, true]),
+            _ => {}
+        }
+        let mut set = [false; 4];
+        for name in list.split(',') {
+            match Self::GEMM_ROLES.iter().position(|&r| r == name.trim()) {
+                Some(r) if r > 0 => set[r] = true,
+                _ => {
+                    return Err(Error::BadShape {
+                        what: "decode step swap-AB GEMMs",
+                        detail: format!(
+                            "{name:?} in {list:?}; allowed: none, all, or a comma-separated list of o_proj, gate_up, down (qkv's RoPE / cache epilogue is the decode GEMM's only)"
+                        ),
+                    })
+                }
+            }
+        }
+        Ok(set)
+    }
+
+    /// The swap-AB GEMMs as [`Self::parse_swap_ab`] reads them (`none` or a list).
+    pub fn swap_ab_label(&self) -> String {
+        let names: Vec<&str> = (0..4)
+            .filter(|&r| self.swap_ab[r])
+            .map(|r| Self::GEMM_ROLES[r])
+            .collect();
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(",")
+        }
+    }
+
     /// Sets the GEMM forms a caller chose: `all` (if any) for every GEMM, the default per-GEMM
     /// forms stepping aside, then each `Some` of `roles` (0 qkv, 1 o_proj, 2 gate_up, 3 down)
-    /// for its GEMM. For the bench's and the CLI's form flags.
+    /// for its GEMM. A GEMM given a decode-GEMM form this way is a decode GEMM ([`Self::swap_ab`]
+    /// cleared for it; `all` clears every one). For the bench's and the CLI's form flags.
     pub fn set_gemm_forms(&mut self, all: Option<DecodeConfig>, roles: [Option<DecodeConfig>; 4]) {
         if let Some(g) = all {
             self.gemm = g;
             self.gemm_roles = [None; 4];
+            self.swap_ab = [false; 4];
         }
-        for (slot, form) in self.gemm_roles.iter_mut().zip(roles) {
+        for ((slot, form), swap) in self.gemm_roles.iter_mut().zip(roles).zip(&mut self.swap_ab) {
             if form.is_some() {
                 *slot = form;
+                *swap = false;
             }
         }
     }
@@ -433,7 +499,9 @@ impl HostLayer {
 }
 
 /// One launch of a chain: entry, configuration, arguments.
-type Launch = (&'static str, LaunchConfig, Vec<KernelArg>);
+/// One launch of a chain: entry name, the kernel when it is not of the device's own module
+/// (the swap-AB GEMM's sm_90a entries), configuration, arguments.
+type Launch = (&'static str, Option<Kernel>, LaunchConfig, Vec<KernelArg>);
 
 /// One layer on the device.
 struct DeviceLayer {
@@ -499,6 +567,13 @@ pub struct KernelStamps {
 pub struct DecodeStep<'d> {
     // Declared first: dropped before the buffers their launches point into.
     chains: Vec<Chain<'d>>,
+    /// The sm_90a module of the swap-AB GEMMs (when [`StepConfig::swap_ab`] names any); the
+    /// chains' steps hold clones of its kernels, which keep it loaded.
+    tc: Option<TcGemm<'d>>,
+    /// Launch shape of each swap-AB GEMM (`None`: the decode GEMM).
+    swap: [Option<SwapAbShape>; 4],
+    /// The swap-AB GEMMs' tensor maps (see [`map_slots`]), over the step's own buffers.
+    tmaps: Option<DeviceBuffer<[u64; 16]>>,
     /// The launches of each chain (entry, configuration, arguments), for
     /// [`DecodeStep::run_kernels`].
     launches: Vec<Vec<Launch>>,
@@ -539,6 +614,18 @@ const MIN_PAGES_PER_SPLIT: u32 = 4;
 /// A decode-attention CTA's fixed cost (Q load, barrier setup, merge, stores) in pages of
 /// streaming, for [`attention_splits`]' estimate.
 const CTA_COST_PAGES: u32 = 4;
+
+/// Tensor-map slots of the swap-AB GEMMs in the step's table: `3 * layers` weight maps, then
+/// one activation-input map per GEMM.
+fn map_slots(layers: usize) -> usize {
+    3 * layers + 3
+}
+
+/// The slot of GEMM `role`'s (1 o_proj, 2 gate_up, 3 down) weight map of `layer`
+/// (`3 * layer + role - 1`), or with `None` its activation-input map (`3 * layers + role - 1`).
+fn map_slot(layers: usize, layer: Option<usize>, role: usize) -> usize {
+    3 * layer.unwrap_or(layers) + role - 1
+}
 
 /// The attention's KV splits for `cfg` on `sms` SMs (see [`StepConfig::splits`]): returns
 /// `(splits, pages_per_split)`, every split non-empty at full capacity.
@@ -688,6 +775,26 @@ impl<'d> DecodeStep<'d> {
             epi_kernel(&ls_gu, gc::EPI_SWIGLU, 2)?,
             epi_kernel(&ls_down, gc::EPI_STORE, 3)?,
         ];
+        if cfg.swap_ab[0] {
+            return Err(Error::BadShape {
+                what: "decode step qkv GEMM form",
+                detail: "swap-AB; the qkv GEMM's epilogue (RoPE, paged-cache append) exists only in the decode GEMM; allowed: the swap-AB form for o_proj, gate_up and down".into(),
+            });
+        }
+        let shapes4 = [s_qkv, s_o, s_gu, s_down];
+        let tc = if cfg.swap_ab.iter().any(|&on| on) {
+            Some(TcGemm::new(dev)?)
+        } else {
+            None
+        };
+        let mut swap: [Option<SwapAbShape>; 4] = [None; 4];
+        if let Some(tc) = &tc {
+            for (r, slot) in swap.iter_mut().enumerate() {
+                if cfg.swap_ab[r] {
+                    *slot = Some(tc.swap_ab_shape(shapes4[r], SwapAbConfig::default())?);
+                }
+            }
+        }
         let attn_variant = sc::ATTN_VARIANTS
             .iter()
             .find(|v| v.head_dim == dims.head_dim && v.group == dims.group())
@@ -765,7 +872,11 @@ impl<'d> DecodeStep<'d> {
                 wqkv: upload(&pack_qkv_rows(&dims, &w.wqkv))?,
                 wo: upload(&w.wo)?,
                 ffn_norm: upload(&w.ffn_norm)?,
-                wgu: upload(&pack_gate_up_rows(&dims, &w.w_gate, &w.w_up))?,
+                wgu: upload(&if cfg.swap_ab[2] {
+                    pack_gate_up_pairs(&dims, &w.w_gate, &w.w_up)
+                } else {
+                    pack_gate_up_rows(&dims, &w.w_gate, &w.w_up)
+                })?,
                 w_down: upload(&w.w_down)?,
                 k_cache,
                 v_cache,
@@ -781,6 +892,46 @@ impl<'d> DecodeStep<'d> {
         let part_o = pool.alloc_async::<f32>(stream, part_len.max(1))?;
         let part_ml = pool.alloc_async::<f32>(stream, (2 * part_len / dims.head_dim).max(1))?;
         let per_layer = if splits > 1 { 8 } else { 7 };
+        // The swap-AB GEMMs' tensor maps: per layer its weights (W_BOX boxes), then per GEMM its
+        // activation input (x_box(tokens) boxes), all over buffers of this step, in one table.
+        let tmaps = if swap.iter().any(Option::is_some) {
+            let sw = TmaSwizzle::B128;
+            let mut raw = vec![[0u64; 16]; map_slots(cfg.layers)];
+            let mut put = |slot: usize, map: TensorMap<'_>| {
+                for (w, c) in raw[slot].iter_mut().zip(map.bytes().chunks_exact(8)) {
+                    *w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+                }
+            };
+            let x_in = [None, Some(&attn), Some(&normed), Some(&act)];
+            for r in 1..4 {
+                let (Some(ls), Some(x)) = (swap[r], x_in[r]) else {
+                    continue;
+                };
+                let s = shapes4[r];
+                let xm = TensorMap::matrix(
+                    &x.view(0..x.len())?,
+                    s.m,
+                    s.k,
+                    s.k,
+                    wc::x_box(ls.tokens),
+                    sw,
+                )?;
+                put(map_slot(cfg.layers, None, r), xm);
+                for (l, layer) in layers.iter().enumerate() {
+                    let w = [None, Some(&layer.wo), Some(&layer.wgu), Some(&layer.w_down)][r];
+                    if let Some(w) = w {
+                        let wm =
+                            TensorMap::matrix(&w.view(0..w.len())?, s.n, s.k, s.k, wc::W_BOX, sw)?;
+                        put(map_slot(cfg.layers, Some(l), r), wm);
+                    }
+                }
+            }
+            let mut t = pool.alloc_async::<[u64; 16]>(stream, raw.len())?;
+            t.copy_from_host(&raw)?;
+            Some(t)
+        } else {
+            None
+        };
         let mut stamps = pool.alloc_async::<u64>(stream, cfg.layers * 8 * sc::STAMP_WORDS)?;
         // (u64 elements: no memset pattern; an H2D copy of the reset values.)
         let n_slots = stamps.len() / sc::STAMP_WORDS;
@@ -793,6 +944,9 @@ impl<'d> DecodeStep<'d> {
 
         let mut step = Self {
             chains: Vec::new(),
+            tc,
+            swap,
+            tmaps,
             launches: Vec::new(),
             dev,
             stream: stream.clone(),
@@ -882,16 +1036,16 @@ impl<'d> DecodeStep<'d> {
             let mut slot = base_slot;
             let mut push = |chain: &mut Chain<'d>,
                             role: &'static str,
-                            kernel: &'static str,
-                            cfg: LaunchConfig,
-                            args: &[KernelArg],
+                            (kernel, foreign, cfg, args): Launch,
                             bytes: u64|
              -> Result<()> {
+                let entry = match &foreign {
+                    Some(k) => k,
+                    None => self.dev.kernel(kernel)?,
+                };
                 // Registers limit the CTA size per entry (e.g. 245 registers: at most 256
                 // threads): refuse before anything is queued.
-                let max_threads = self
-                    .dev
-                    .kernel(kernel)?
+                let max_threads = entry
                     .func
                     .max_threads_per_block()
                     .call("cuFuncGetAttribute")?;
@@ -911,14 +1065,20 @@ impl<'d> DecodeStep<'d> {
                 // only weights (never written by the step), positions and block tables (written
                 // only by the host, stream-ordered) and prefetch KV pages into L2; the block
                 // table is validated on every host update (set_inputs) and the kernels trap on
-                // an entry outside the cache rather than access it.
-                unsafe { chain.push_raw(kernel, cfg, args) }?;
-                launches.push((kernel, cfg, args.to_vec()));
+                // an entry outside the cache rather than access it. The swap-AB GEMMs' tensor
+                // maps (the step's table) cover exactly their A and B buffers, and they load
+                // weights before the wait only, which the step never writes.
+                unsafe {
+                    match &foreign {
+                        Some(k) => chain.push_kernel(kernel, k, cfg, &args),
+                        None => chain.push_raw(kernel, cfg, &args),
+                    }
+                }?;
                 self.dev.bind()?;
-                // SAFETY: a function of the device's module; its context was bound just above.
+                // SAFETY: a function of a module of the device; its context was bound above.
                 let ctas_per_sm = unsafe {
                     crate::driver::core::occupancy_max_blocks_per_sm(
-                        self.dev.kernel(kernel)?.cu_function(),
+                        entry.cu_function(),
                         cfg.block[0],
                         cfg.shared_mem_bytes as usize,
                     )
@@ -927,11 +1087,12 @@ impl<'d> DecodeStep<'d> {
                     layer: l,
                     role,
                     kernel,
-                    grid: cfg.grid[0],
+                    grid: cfg.grid[0] * cfg.grid[1],
                     block: cfg.block[0],
                     bytes,
                     ctas_per_sm: ctas_per_sm.max(0) as u32,
                 });
+                launches.push((kernel, foreign, cfg, args));
                 Ok(())
             };
             let flags_s = |slot: u32| -> u32 {
@@ -949,25 +1110,67 @@ impl<'d> DecodeStep<'d> {
             push(
                 chain,
                 "rmsnorm1",
-                sc::RMSNORM_KERNEL,
-                norm_cfg,
-                &[
-                    u64a(src),
-                    u64a(layer.attn_norm.device_ptr()),
-                    u64a(self.normed.device_ptr()),
-                    u64a(resid),
-                    u32a(b),
-                    u32a(hidden),
-                    f32a(d.eps as f32),
-                    u64a(stamps),
-                    u32a(flags_s(slot)),
-                ],
+                (
+                    sc::RMSNORM_KERNEL,
+                    None,
+                    norm_cfg,
+                    vec![
+                        u64a(src),
+                        u64a(layer.attn_norm.device_ptr()),
+                        u64a(self.normed.device_ptr()),
+                        u64a(resid),
+                        u32a(b),
+                        u32a(hidden),
+                        f32a(d.eps as f32),
+                        u64a(stamps),
+                        u32a(flags_s(slot)),
+                    ],
+                ),
                 norm_bytes,
             )?;
             slot += 1;
-            let gemm = |i: usize, slot: u32| -> (LaunchConfig, &'static str, u32) {
+            // GEMM `i` (0 qkv, 1 o_proj, 2 gate_up, 3 down) of this layer: `C = A W^T + beta C`
+            // (or its epilogue) as the decode GEMM or, per StepConfig::swap_ab, the swap-AB GEMM.
+            #[allow(clippy::too_many_arguments)]
+            let gemm = |i: usize,
+                        slot: u32,
+                        a: u64,
+                        w: u64,
+                        c: u64,
+                        ldc: usize,
+                        beta: f32,
+                        epi: u64|
+             -> Result<Launch> {
+                let s = shapes[i];
+                if let (Some(ls), Some(tc), Some(maps)) = (self.swap[i], &self.tc, &self.tmaps) {
+                    let map = |layer| {
+                        maps.device_ptr() + (map_slot(self.cfg.layers, layer, i) * 128) as u64
+                    };
+                    let mut cfg = LaunchConfig::linear(1, wc::THREADS_PER_CTA, ls.smem_bytes)
+                        .with_cluster_x(ls.ksplit);
+                    cfg.grid = ls.grid();
+                    let flags = (slot << wc::STAMP_SLOT_SHIFT)
+                        | if early { wc::FLAG_WEIGHTS_EARLY } else { 0 };
+                    let epilogue = if i == 2 { wc::EPI_SWIGLU } else { wc::EPI_NONE };
+                    let args = vec![
+                        u64a(map(Some(l))),
+                        u64a(map(None)),
+                        u64a(c),
+                        u64a(0),
+                        u32a(s.m as u32),
+                        u32a(s.n as u32),
+                        u32a(s.k as u32),
+                        u32a(ldc as u32),
+                        f32a(1.0),
+                        f32a(beta),
+                        u32a(0),
+                        u32a(epilogue),
+                        u32a(flags),
+                        u64a(stamps),
+                    ];
+                    return Ok((ls.kernel, Some(tc.entry(ls.kernel)?.clone()), cfg, args));
+                }
                 let ls = &gemms[i];
-                let kernel = epi_kernels[i];
                 let mut flags = (slot << gc::STAMP_SLOT_SHIFT)
                     | if self.cfg.gemm_for(i).l2_prefetch {
                         gc::FLAG_L2_PREFETCH_256
@@ -975,29 +1178,13 @@ impl<'d> DecodeStep<'d> {
                         0
                     };
                 if early {
-                    let pf = pf_iters(ls, shapes[i], self.cfg.prefetch_bytes);
+                    let pf = pf_iters(ls, s, self.cfg.prefetch_bytes);
                     flags |= gc::FLAG_WEIGHTS_EARLY;
                     if pf > 0 {
                         flags |= gc::FLAG_PREFETCH_L2_BULK | (pf << gc::PF_ITERS_SHIFT);
                     }
                 }
-                (
-                    LaunchConfig::linear(ls.grid, ls.warps * 32, ls.smem_bytes),
-                    kernel,
-                    flags,
-                )
-            };
-            let gemm_args = |a: u64,
-                             w: u64,
-                             c: u64,
-                             s: GemmShape,
-                             ldc: usize,
-                             beta: f32,
-                             ksplit: u32,
-                             flags: u32,
-                             epi: u64|
-             -> Vec<KernelArg> {
-                vec![
+                let args = vec![
                     u64a(a),
                     u64a(w),
                     u64a(c),
@@ -1010,30 +1197,32 @@ impl<'d> DecodeStep<'d> {
                     f32a(1.0),
                     f32a(beta),
                     u32a(0),
-                    u32a(ksplit),
+                    u32a(ls.ksplit),
                     u32a(flags),
                     u64a(stamps),
                     u64a(epi),
-                ]
+                ];
+                Ok((
+                    epi_kernels[i],
+                    None,
+                    LaunchConfig::linear(ls.grid, ls.warps * 32, ls.smem_bytes),
+                    args,
+                ))
             };
             // 2. QKV + RoPE + cache append.
-            let (cfg, kernel, flags) = gemm(0, slot);
             push(
                 chain,
                 "qkv",
-                kernel,
-                cfg,
-                &gemm_args(
+                gemm(
+                    0,
+                    slot,
                     self.normed.device_ptr(),
                     layer.wqkv.device_ptr(),
                     self.q.device_ptr(),
-                    shapes[0],
                     d.q_width(),
                     0.0,
-                    gemms[0].ksplit,
-                    flags,
                     layer.qkv_args.device_ptr(),
-                ),
+                )?,
                 (shapes[0].n * shapes[0].k * 2) as u64,
             )?;
             slot += 1;
@@ -1046,30 +1235,33 @@ impl<'d> DecodeStep<'d> {
             push(
                 chain,
                 "attn",
-                attn_kernel,
-                LaunchConfig::linear(
-                    b * d.kv_heads as u32 * self.splits,
-                    attn_threads,
-                    attn_smem as u32,
+                (
+                    attn_kernel,
+                    None,
+                    LaunchConfig::linear(
+                        b * d.kv_heads as u32 * self.splits,
+                        attn_threads,
+                        attn_smem as u32,
+                    ),
+                    vec![
+                        u64a(self.q.device_ptr()),
+                        u64a(layer.k_cache.device_ptr()),
+                        u64a(layer.v_cache.device_ptr()),
+                        u64a(bt_ptr),
+                        u64a(pos_ptr),
+                        u64a(self.attn.device_ptr()),
+                        u64a(self.part_o.device_ptr()),
+                        u64a(self.part_ml.device_ptr()),
+                        u32a(d.kv_heads as u32),
+                        u32a(d.page_size as u32),
+                        u32a(self.cfg.layout.max_pages_per_seq as u32),
+                        u32a(self.cfg.layout.num_pages as u32),
+                        u32a(self.splits | pps << 16),
+                        f32a(scale_log2),
+                        u64a(stamps),
+                        u32a(flags_s(slot)),
+                    ],
                 ),
-                &[
-                    u64a(self.q.device_ptr()),
-                    u64a(layer.k_cache.device_ptr()),
-                    u64a(layer.v_cache.device_ptr()),
-                    u64a(bt_ptr),
-                    u64a(pos_ptr),
-                    u64a(self.attn.device_ptr()),
-                    u64a(self.part_o.device_ptr()),
-                    u64a(self.part_ml.device_ptr()),
-                    u32a(d.kv_heads as u32),
-                    u32a(d.page_size as u32),
-                    u32a(self.cfg.layout.max_pages_per_seq as u32),
-                    u32a(self.cfg.layout.num_pages as u32),
-                    u32a(self.splits | pps << 16),
-                    f32a(scale_log2),
-                    u64a(stamps),
-                    u32a(flags_s(slot)),
-                ],
                 kv_bytes,
             )?;
             slot += 1;
@@ -1077,39 +1269,38 @@ impl<'d> DecodeStep<'d> {
                 push(
                     chain,
                     "combine",
-                    sc::COMBINE_KERNEL,
-                    LaunchConfig::linear(b * d.heads as u32, sc::COMBINE_THREADS, 0),
-                    &[
-                        u64a(self.part_o.device_ptr()),
-                        u64a(self.part_ml.device_ptr()),
-                        u64a(self.attn.device_ptr()),
-                        u32a(d.head_dim as u32),
-                        u32a(self.splits),
-                        u64a(stamps),
-                        u32a(flags_s(slot)),
-                    ],
+                    (
+                        sc::COMBINE_KERNEL,
+                        None,
+                        LaunchConfig::linear(b * d.heads as u32, sc::COMBINE_THREADS, 0),
+                        vec![
+                            u64a(self.part_o.device_ptr()),
+                            u64a(self.part_ml.device_ptr()),
+                            u64a(self.attn.device_ptr()),
+                            u32a(d.head_dim as u32),
+                            u32a(self.splits),
+                            u64a(stamps),
+                            u32a(flags_s(slot)),
+                        ],
+                    ),
                     0,
                 )?;
                 slot += 1;
             }
             // 5. O projection + residual (in place into h).
-            let (cfg, kernel, flags) = gemm(1, slot);
             push(
                 chain,
                 "o_proj",
-                kernel,
-                cfg,
-                &gemm_args(
+                gemm(
+                    1,
+                    slot,
                     self.attn.device_ptr(),
                     layer.wo.device_ptr(),
                     self.h.device_ptr(),
-                    shapes[1],
                     d.hidden,
                     1.0,
-                    gemms[1].ksplit,
-                    flags,
                     0,
-                ),
+                )?,
                 (shapes[1].n * shapes[1].k * 2) as u64,
             )?;
             slot += 1;
@@ -1117,61 +1308,56 @@ impl<'d> DecodeStep<'d> {
             push(
                 chain,
                 "rmsnorm2",
-                sc::RMSNORM_KERNEL,
-                norm_cfg,
-                &[
-                    u64a(self.h.device_ptr()),
-                    u64a(layer.ffn_norm.device_ptr()),
-                    u64a(self.normed.device_ptr()),
-                    u64a(0),
-                    u32a(b),
-                    u32a(hidden),
-                    f32a(d.eps as f32),
-                    u64a(stamps),
-                    u32a(flags_s(slot)),
-                ],
+                (
+                    sc::RMSNORM_KERNEL,
+                    None,
+                    norm_cfg,
+                    vec![
+                        u64a(self.h.device_ptr()),
+                        u64a(layer.ffn_norm.device_ptr()),
+                        u64a(self.normed.device_ptr()),
+                        u64a(0),
+                        u32a(b),
+                        u32a(hidden),
+                        f32a(d.eps as f32),
+                        u64a(stamps),
+                        u32a(flags_s(slot)),
+                    ],
+                ),
                 norm_bytes,
             )?;
             slot += 1;
             // 7. gate/up + SiLU(gate) * up.
-            let (cfg, kernel, flags) = gemm(2, slot);
             push(
                 chain,
                 "gate_up",
-                kernel,
-                cfg,
-                &gemm_args(
+                gemm(
+                    2,
+                    slot,
                     self.normed.device_ptr(),
                     layer.wgu.device_ptr(),
                     self.act.device_ptr(),
-                    shapes[2],
                     d.intermediate,
                     0.0,
-                    gemms[2].ksplit,
-                    flags,
                     0,
-                ),
+                )?,
                 (shapes[2].n * shapes[2].k * 2) as u64,
             )?;
             slot += 1;
             // 8. down + residual.
-            let (cfg, kernel, flags) = gemm(3, slot);
             push(
                 chain,
                 "down",
-                kernel,
-                cfg,
-                &gemm_args(
+                gemm(
+                    3,
+                    slot,
                     self.act.device_ptr(),
                     layer.w_down.device_ptr(),
                     self.h.device_ptr(),
-                    shapes[3],
                     d.hidden,
                     1.0,
-                    gemms[3].ksplit,
-                    flags,
                     0,
-                ),
+                )?,
                 (shapes[3].n * shapes[3].k * 2) as u64,
             )?;
             debug_assert!(slot < base_slot + 8);
@@ -1192,11 +1378,16 @@ impl<'d> DecodeStep<'d> {
             });
         }
         let mut chain = Chain::new(self.dev, &self.stream, self.chains[variant.chain()].pdl())?;
-        for (kernel, cfg, args) in &all[range] {
+        for (kernel, foreign, cfg, args) in &all[range] {
             // SAFETY: the same launches as the step's own chain (see push_all): arguments
             // checked against the entries, buffers owned by the step, which outlives the
             // queued work's use of them (buffers are freed stream-ordered on drop).
-            unsafe { chain.push_raw(kernel, *cfg, args) }?;
+            unsafe {
+                match foreign {
+                    Some(k) => chain.push_kernel(kernel, k, *cfg, args),
+                    None => chain.push_raw(kernel, *cfg, args),
+                }
+            }?;
         }
         chain.run()
     }
@@ -1603,11 +1794,14 @@ mod tests {
             ksplit: Some(4),
             ..cfg.gemm
         };
-        // Roles only: the defaults of the other GEMMs stay.
+        // Roles only: the defaults of the other GEMMs stay; a GEMM given a decode form is a
+        // decode GEMM.
+        assert_eq!(cfg.swap_ab, [false, true, true, true]);
         cfg.set_gemm_forms(None, [None, Some(o), None, None]);
         assert_eq!(cfg.gemm_for(0).warps, 4);
         assert_eq!(cfg.gemm_for(1), o);
         assert_eq!(cfg.gemm_for(2).ksplit, Some(2));
+        assert_eq!(cfg.swap_ab, [false, false, true, true]);
         // One form for all: the default per-GEMM forms step aside, roles still apply.
         let all = DecodeConfig {
             unroll: 4,
@@ -1619,6 +1813,32 @@ mod tests {
             assert_eq!(cfg.gemm_for(role), all, "role {role}");
         }
         assert_eq!(cfg.gemm_for(3), o);
+        assert_eq!(cfg.swap_ab, [false; 4]);
+    }
+
+    #[test]
+    fn issue21_swap_ab_sets_parse() {
+        assert_eq!(StepConfig::parse_swap_ab("none").unwrap(), [false; 4]);
+        assert_eq!(
+            StepConfig::parse_swap_ab("all").unwrap(),
+            [false, true, true, true]
+        );
+        assert_eq!(
+            StepConfig::parse_swap_ab("down, o_proj").unwrap(),
+            [false, true, false, true]
+        );
+        for bad in ["qkv", "", "o_proj,", "gate", "all,down"] {
+            assert!(
+                matches!(StepConfig::parse_swap_ab(bad), Err(Error::BadShape { .. })),
+                "{bad:?}"
+            );
+        }
+        let d = DecodeDims::small();
+        let mut cfg = StepConfig::new(&d, 5, 1, 64);
+        for list in ["none", "gate_up", "o_proj,down", "o_proj,gate_up,down"] {
+            cfg.swap_ab = StepConfig::parse_swap_ab(list).unwrap();
+            assert_eq!(cfg.swap_ab_label(), list);
+        }
     }
 
     #[test]

@@ -372,6 +372,13 @@ impl<'d> TcGemm<'d> {
         self.module.untyped_kernel(name)
     }
 
+    /// The loaded entry `name` of the sm_90a module (its dynamic shared memory limit raised as
+    /// [`TcGemm::new`] says), for launches the caller builds itself, e.g. the decode step's
+    /// chain. Errors: [`Error::MissingKernel`].
+    pub(crate) fn entry(&self, name: &str) -> Result<&Kernel> {
+        self.kernel(name)
+    }
+
     fn config(grid: u32, cluster: u32, pdl: bool) -> LaunchConfig {
         LaunchConfig::linear(grid, contract::THREADS_PER_CTA, contract::SMEM_BYTES as u32)
             .with_cluster_x(cluster)

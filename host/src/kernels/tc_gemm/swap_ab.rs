@@ -240,6 +240,7 @@ impl TcGemm<'_> {
                 } else {
                     0
                 }),
+                ParamValue::new(0u64),
             ],
             maps,
         };
