@@ -16,7 +16,7 @@
 //! attention's KV splits), `WARPLINE_DECODE_ATTN=tc|cuda` (the attention's form, default
 //! CUDA cores), `WARPLINE_DECODE_GEMM_QKV`, `_O`, `_GU`, `_DOWN` (one GEMM's
 //! configuration label, over `WARPLINE_DECODE_GEMM`; such a GEMM is a decode GEMM),
-//! `WARPLINE_DECODE_SWAPAB=none|all|o_proj,gate_up,down` (the swap-AB GEMMs, after the forms), `WARPLINE_DECODE_TIMELINE=file.png`
+//! `WARPLINE_DECODE_SWAPAB=none|all|qkv,o_proj,gate_up,down` (the swap-AB GEMMs, after the forms), `WARPLINE_DECODE_TIMELINE=file.png`
 //! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`
 //! in the `wait` colour; variant `WARPLINE_DECODE_TIMELINE_VARIANT`, default `e`), `WARPLINE_DECODE_NPY=dir` (also
 //! write one step's inputs, weights, caches and output for `scripts/torch_decode.py --check

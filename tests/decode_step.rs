@@ -173,13 +173,13 @@ fn issue21_decode_step_matches_reference() {
     };
     let seed = gemm_seed("decode_step");
     for positions in [vec![16u32], vec![0], vec![0, 15, 16, 31, 40]] {
-        // (KV splits, decode-GEMM configuration, swap-AB GEMMs): the default (w8, u2, A
-        // prefetch, two row tiles up to 32 sequences; o_proj, gate_up and down as swap-AB
-        // GEMMs); ksplit 1, which gives every warp several k-blocks, so variant c/e also runs
-        // the L2 bulk weight prefetch; and the other epilogue forms (u4 without A prefetch, and
-        // u2 + A prefetch with one row tile), the last two with every GEMM a decode GEMM or
-        // only o_proj and down as swap-AB GEMMs (the residual epilogue of both forms, the
-        // tensor-map slots of a partial set).
+        // (KV splits, decode-GEMM configuration, swap-AB GEMMs): the default (every GEMM a
+        // swap-AB GEMM); ksplit 1, which gives every warp several k-blocks, so
+        // variant c/e also runs the L2 bulk weight prefetch, with qkv alone as a swap-AB GEMM
+        // (its RoPE / paged-cache epilogue); the other epilogue forms (u4 without A prefetch,
+        // every GEMM a decode GEMM; u2 + A prefetch with one row tile, with qkv, o_proj and down
+        // as swap-AB GEMMs: the residual epilogue of both forms and the tensor-map slots of a
+        // partial set).
         let dflt = setup(seed, &[0], 1, None).cfg.gemm;
         let swap_dflt = StepConfig::default_swap_ab(positions.len());
         let decode_only = [false; 4];
@@ -191,7 +191,7 @@ fn issue21_decode_step_matches_reference() {
                     ksplit: Some(1),
                     ..dflt
                 },
-                decode_only,
+                [true, false, false, false],
             ),
             (
                 None,
@@ -214,7 +214,7 @@ fn issue21_decode_step_matches_reference() {
                     prefetch_a: true,
                     l2_prefetch: false,
                 },
-                [false, true, false, true],
+                [true, true, false, true],
             ),
         ];
         for (splits, gemm, swap_ab) in gemms {
@@ -623,13 +623,6 @@ fn issue21_decode_bad_input_typed_errors() {
     bad_gemm.gemm.prefetch_a = false;
     assert!(matches!(
         DecodeStep::new(&dev, &stream, s.dims, bad_gemm, &host),
-        Err(Error::BadShape { .. })
-    ));
-    // The qkv GEMM as a swap-AB GEMM (its RoPE / cache epilogue is the decode GEMM's only).
-    let mut bad_swap = s.cfg;
-    bad_swap.swap_ab[0] = true;
-    assert!(matches!(
-        DecodeStep::new(&dev, &stream, s.dims, bad_swap, &host),
         Err(Error::BadShape { .. })
     ));
     // Batch over 64, bad dims.

@@ -77,9 +77,9 @@ pub struct DecodeArgs {
     /// The down GEMM's form.
     #[arg(long, value_name = "FORM")]
     gemm_down: Option<String>,
-    /// The GEMMs that run as swap-AB tensor-core GEMMs (issue 20): none, all (o_proj, gate_up,
-    /// down; the default) or a comma-separated list of them; applied after the --gemm forms
-    /// (a GEMM given a --gemm form is otherwise a decode GEMM).
+    /// The GEMMs that run as swap-AB tensor-core GEMMs (issue 20): none, all, or a
+    /// comma-separated list of qkv, o_proj, gate_up, down (default: all); applied after the
+    /// --gemm forms (a GEMM given a --gemm form is otherwise a decode GEMM).
     #[arg(long, value_name = "LIST")]
     swap_ab: Option<String>,
     /// The decode attention's form: `cuda` (CUDA cores, the default) or `tc` (tensor cores).

@@ -752,6 +752,13 @@ pub mod swap_ab_gemm {
     /// columns, N even) is `silu(v[2j]) * v[2j + 1] + beta * C[j]` (gate and up rows of the
     /// weights interleaved).
     pub const EPI_SWIGLU: u32 = 3;
+    /// The decode step's QKV epilogue (issue 21; not offered by `TcGemm`): `bias` is the
+    /// address of the `decode_gemm::QKV_ARGS` argument block, C is Q (`M x heads * head_dim`
+    /// bf16, pitch `ldc`), `out_f32 = 0`, `beta = 0`; the weight rows are packed in RoPE pairs
+    /// (rows `2 i`, `2 i + 1` of each head are dims `i` and `i + head_dim / 2`; `head_dim` a
+    /// multiple of 4, `N = (heads + 2 kv_heads) head_dim`): RoPE on the Q and K heads, Q into C,
+    /// K and V into the paged caches at each token's position (traps as the decode GEMM's).
+    pub const EPI_QKV: u32 = 4;
     /// `flags` bit: the producer loads the first stages' weight tiles before
     /// `griddepcontrol.wait` (the weights must not be written by the preceding kernel).
     pub const FLAG_WEIGHTS_EARLY: u32 = 1;

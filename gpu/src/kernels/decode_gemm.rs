@@ -42,6 +42,8 @@ use crate::device::pdl;
 use crate::device::smem::{dynamic_smem_base, dynamic_smem_size, Shared};
 use crate::device::thread::{block_dim_x, block_idx_x, sync_threads, thread_idx_x};
 
+use super::qkv_store::QkvArgs;
+
 /// `$body` once for each `$i` in the list, as a constant (so arrays indexed by `$i` stay in
 /// registers: no loop for LLVM to keep rolled).
 macro_rules! unroll {
@@ -629,19 +631,9 @@ unsafe fn epilogue_swiglu<const T: usize, const R: usize>(
     });
 }
 
-/// Reads word `i` of the QKV argument block.
-///
-/// # Safety
-/// `epi` points to `QKV_ARGS` readable u64.
-#[inline(always)]
-unsafe fn arg(epi: *const u64, i: usize) -> u64 {
-    // SAFETY: the caller's contract.
-    unsafe { epi.add(i).read() }
-}
-
 /// Epilogue [`EPI_QKV`]: RoPE on the Q and K heads (rotate half: the lane holds dim `j = 8 p' +
 /// g` in `d[0..2]` and `j + d/2` in `d[2..4]`, `p'` the row tile within the head), Q to C, K and
-/// V into the paged caches at each token's position.
+/// V into the paged caches at each token's position (`qkv_store`, shared with the swap-AB GEMM).
 ///
 /// # Safety
 /// The launch contract of the qkv entries: the argument block (`QKV_ARGS` words) describes a
@@ -657,27 +649,8 @@ unsafe fn epilogue_qkv<const T: usize, const R: usize>(
     r0: &[u64; MAX_ROW_TILES],
     t: u32,
 ) {
-    let e = p.epi;
-    // SAFETY: the launch contract (QKV_ARGS readable words).
-    let (positions, bt, kc, vc, rope, w5, w6, w7, max_pos) = unsafe {
-        (
-            arg(e, 0) as *const u32,
-            arg(e, 1) as *const u32,
-            arg(e, 2) as *mut u16,
-            arg(e, 3) as *mut u16,
-            arg(e, 4) as *const f32,
-            arg(e, 5),
-            arg(e, 6),
-            arg(e, 7),
-            arg(e, 8),
-        )
-    };
-    let (heads, kv_heads) = (w5 as u32 as u64, w5 >> 32);
-    let (d, page) = (w6 as u32 as u64, w6 >> 32);
-    let (bt_stride, num_pages) = (w7 as u32 as u64, w7 >> 32);
-    if d == 0 || page == 0 {
-        trap();
-    }
+    // SAFETY: the launch contract (QKV_ARGS readable words describing the buffers).
+    let a = unsafe { QkvArgs::load(p.epi) };
     unroll!(RT in [0, 1] {
         unroll!(Q in [0, 1, 2, 3, 4, 5, 6, 7] {
             unroll!(I in [0, 1] {
@@ -685,60 +658,13 @@ unsafe fn epilogue_qkv<const T: usize, const R: usize>(
                 if RT < R && Q < T && r0[RT] < p.n as u64 && tok < p.m {
                     let base = r0[RT] - r0[RT] % 16; // first row of the tile
                     let g = r0[RT] % 16;
-                    let head = base / d;
-                    let j = (base % d) / 2 + g; // 8 p' + g
-                    let half = d / 2;
-                    // SAFETY: tok < m (launch contract: positions has m entries).
-                    let pos = unsafe { positions.add(tok as usize).read() } as u64;
+                    let head = base / a.d;
+                    let j = (base % a.d) / 2 + g; // 8 p' + g
                     let x0 = p.alpha * acc[RT][Q][I];
                     let x1 = p.alpha * acc[RT][Q][2 + I];
-                    let (y0, y1) = if head < heads + kv_heads {
-                        if pos >= max_pos {
-                            trap();
-                        }
-                        // SAFETY: pos < max_pos, j < d / 2: inside the table.
-                        let (c, s) = unsafe {
-                            let q = rope.add(((pos * half + j) * 2) as usize);
-                            (q.read(), q.add(1).read())
-                        };
-                        (x0 * c - x1 * s, x1 * c + x0 * s)
-                    } else {
-                        (x0, x1)
-                    };
-                    let (b0, b1) = (pack_bf16x2(y0, 0.0) as u16, pack_bf16x2(y1, 0.0) as u16);
-                    if head < heads {
-                        let idx = tok as usize * p.ldc as usize + (head * d + j) as usize;
-                        // SAFETY: C holds m rows of pitch ldc >= heads * d (launch contract).
-                        unsafe {
-                            let cp = (p.c as *mut u16).add(idx);
-                            cp.write_volatile(b0);
-                            cp.add(half as usize).write_volatile(b1);
-                        }
-                    } else {
-                        let (cache, kvh) = if head < heads + kv_heads {
-                            (kc, head - heads)
-                        } else {
-                            (vc, head - heads - kv_heads)
-                        };
-                        let blk = pos / page;
-                        if blk >= bt_stride {
-                            trap();
-                        }
-                        // SAFETY: tok < m rows of bt_stride entries, blk < bt_stride.
-                        let pg = unsafe { bt.add((tok as u64 * bt_stride + blk) as usize).read() }
-                            as u64;
-                        if pg >= num_pages {
-                            trap();
-                        }
-                        let off = ((pg * kv_heads + kvh) * page + pos % page) * d + j;
-                        // SAFETY: pg < num_pages, kvh < kv_heads, pos % page < page, j + d/2 < d:
-                        // inside the cache (launch contract); one writer per element.
-                        unsafe {
-                            let cp = cache.add(off as usize);
-                            cp.write_volatile(b0);
-                            cp.add(half as usize).write_volatile(b1);
-                        }
-                    }
+                    // SAFETY: tok < m, head < n / d, j < d / 2 (the packed rows); C holds m rows
+                    // of pitch ldc >= heads * d (launch contract); one writer per element.
+                    unsafe { a.store_pair(p.c as *mut u16, p.ldc as u64, tok, head, j, x0, x1) };
                 }
             });
         });

@@ -20,6 +20,7 @@ mod device_check;
 mod gemm;
 #[cfg(not(feature = "sm90a"))]
 mod pdl;
+mod qkv_store;
 #[cfg(not(feature = "sm90a"))]
 mod signal;
 #[cfg(feature = "sm90a")]

@@ -37,6 +37,8 @@ use crate::device::tma::TensorMap;
 use crate::device::warpgroup::thread_in_warpgroup;
 use crate::device::wgmma::{self, Accumulators, MatrixDescriptor, Swizzle};
 
+use super::qkv_store::QkvArgs;
+
 /// One 128-byte-swizzle atom (8 rows of 128 bytes): wgmma's stride-dimension byte offset.
 const ATOM_BYTES: u32 = 8 * 128;
 /// `WGMMA_K` slices per stage.
@@ -323,6 +325,19 @@ unsafe fn epilogue<const NT: u32, const S: u32>(g: Gemm<NT, S>, m: u32, n: u32, 
         g.alpha * v[2],
         g.alpha * v[3],
     ];
+    if g.epilogue == EPI_QKV {
+        // SAFETY: the launch contract of EPI_QKV: `bias` is the QKV argument block, C is Q
+        // (bf16, pitch ldc), the weight rows are packed in RoPE pairs (rows 2i, 2i + 1 of a
+        // head: dims i and i + d/2), d a multiple of 4 and N = (heads + 2 kv_heads) d, so rows
+        // n .. n + 4 are the pairs i, i + 1 of one head; m < M; one writer per element.
+        unsafe {
+            let a = QkvArgs::load(g.bias as *const u64);
+            let (head, i) = (n as u64 / a.d, (n as u64 % a.d) / 2);
+            a.store_pair(g.c as *mut u16, g.ldc as u64, m, head, i, x[0], x[1]);
+            a.store_pair(g.c as *mut u16, g.ldc as u64, m, head, i + 1, x[2], x[3]);
+        }
+        return;
+    }
     let valid = (g.n - n).min(4);
     if g.bias != 0 {
         let mut e = 0;
@@ -556,7 +571,8 @@ macro_rules! entry {
         /// valid until the kernel completes; `c` / `ldc` address a row-major C of M rows and
         /// `N` (or `N / 2` for `EPI_SWIGLU`, N even) columns of f32 (`out_f32 != 0`) or BF16,
         /// 16-byte aligned, `ldc` a multiple of 8, overlapping neither A nor B; `bias` is 0 or
-        /// the address of N f32; `epilogue` is one of the `EPI_*` codes; with
+        /// the address of N f32; `epilogue` is one of the `EPI_*` codes (`EPI_QKV`: C, `bias`
+        /// and the weights' row order as `contract::swap_ab_gemm::EPI_QKV` says); with
         /// `FLAG_WEIGHTS_EARLY` no kernel running before this one writes B; `ksplit <=
         /// ceil(K / BK)`; `stamps` is 0 or a stamp buffer of at least `(slot + 1) *
         /// decode_step::STAMP_WORDS` u64 (`slot = flags >> STAMP_SLOT_SHIFT`) that only stamps

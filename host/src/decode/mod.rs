@@ -366,6 +366,22 @@ pub fn pack_gate_up_rows<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -
     out
 }
 
+/// Reorders the rows of a logical `wqkv` (`[(H + 2 Hkv) d][hidden]`) into the order the swap-AB
+/// GEMM's QKV epilogue reads (`contract::swap_ab_gemm::EPI_QKV`): within each head, packed rows
+/// `2 i` and `2 i + 1` are dims `i` and `i + d/2`, so each 4-row group of the epilogue holds two
+/// whole RoPE pairs.
+pub fn pack_qkv_pairs<T: Copy>(dims: &DecodeDims, wqkv: &[T]) -> Vec<T> {
+    let (d, k) = (dims.head_dim, dims.hidden);
+    assert_eq!(wqkv.len(), dims.qkv_rows() * k, "wqkv size");
+    let mut out = Vec::with_capacity(wqkv.len());
+    for packed in 0..dims.qkv_rows() {
+        let (head, r) = (packed / d, packed % d);
+        let logical = head * d + r / 2 + (r % 2) * (d / 2);
+        out.extend_from_slice(&wqkv[logical * k..][..k]);
+    }
+    out
+}
+
 /// Gate and up weights (`[inter][hidden]` each) as the swap-AB GEMM's SwiGLU epilogue pairs
 /// them: row `2 j` is gate row `j`, row `2 j + 1` up row `j` (`[2 inter][hidden]`;
 /// `contract::swap_ab_gemm::EPI_SWIGLU`). Panics unless both hold `inter * hidden` elements (the
@@ -385,6 +401,26 @@ pub fn pack_gate_up_pairs<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn issue21_qkv_pairs_packing_is_a_permutation_of_rope_pairs() {
+        let d = DecodeDims::small();
+        let k = d.hidden;
+        // Row r of the logical weight holds r in every element.
+        let w: Vec<u32> = (0..d.qkv_rows() * k).map(|i| (i / k) as u32).collect();
+        let p = pack_qkv_pairs(&d, &w);
+        let hd = d.head_dim;
+        let mut seen = vec![false; d.qkv_rows()];
+        for packed in 0..d.qkv_rows() {
+            let logical = p[packed * k] as usize;
+            assert!(p[packed * k..][..k].iter().all(|&v| v as usize == logical));
+            assert!(!std::mem::replace(&mut seen[logical], true));
+            let (head, r) = (packed / hd, packed % hd);
+            assert_eq!(logical / hd, head);
+            // Rows 2i, 2i + 1 of a head: dims i and i + d/2 (one RoPE pair).
+            assert_eq!(logical % hd, r / 2 + (r % 2) * hd / 2);
+        }
+    }
 
     fn layout() -> KvLayout {
         KvLayout {

@@ -2,18 +2,19 @@
 //! [`super`]) for a batch of `B` sequences from warpline's kernels, as one chain of launches on
 //! one stream, in the five variants of [`Variant`].
 //!
-//! Per layer (kernels of the sm_90 module; `gpu/src/kernels/decode_step.rs` and the epilogue
-//! entries of `gpu/src/kernels/decode_gemm.rs`):
+//! Per layer (`gpu/src/kernels/decode_step.rs` of the sm_90 module; each GEMM either the swap-AB
+//! GEMM of the sm_90a module, `gpu/src/kernels/swap_ab_gemm.rs`, the default, or an epilogue
+//! entry of `gpu/src/kernels/decode_gemm.rs`, per [`StepConfig::swap_ab`]):
 //!
 //! ```text
 //!  rmsnorm(x or h) -> normed            [layer 0 also copies x into h, the residual stream]
-//!  decode_gemm _qkv    normed x Wqkv^T -> RoPE -> q, K/V rows into the paged caches
+//!  GEMM, QKV epilogue  normed x Wqkv^T -> RoPE -> q, K/V rows into the paged caches
 //!  decode_attn         q, caches, block table -> attn (or split partials)
 //!  decode_attn_combine (only with more than one KV split)
-//!  decode_gemm _store  attn x Wo^T + h -> h           (beta = 1: the residual add, in place)
+//!  GEMM, residual      attn x Wo^T + h -> h           (beta = 1: the residual add, in place)
 //!  rmsnorm(h) -> normed
-//!  decode_gemm _swiglu normed x Wgu^T -> silu(gate) * up -> act
-//!  decode_gemm _store  act x Wdown^T + h -> h
+//!  GEMM, SwiGLU        normed x Wgu^T -> silu(gate) * up -> act
+//!  GEMM, residual      act x Wdown^T + h -> h
 //! ```
 //!
 //! The output of the step is `h` (`[B][hidden]`, bf16) after the last layer.
@@ -34,7 +35,8 @@ use warpline_gpu::contract::decode_step as sc;
 
 use super::reference::{normal_bf16, LayerWeights};
 use super::{
-    check_batch, pack_gate_up_pairs, pack_gate_up_rows, pack_qkv_rows, DecodeDims, KvLayout,
+    check_batch, pack_gate_up_pairs, pack_gate_up_rows, pack_qkv_pairs, pack_qkv_rows, DecodeDims,
+    KvLayout,
 };
 use crate::chain::{Chain, Graph, KernelArg};
 use crate::device::Device;
@@ -168,8 +170,8 @@ pub struct StepConfig {
     /// tensor-core configuration (`TcGemm`'s `GemmConfig::SwapAb`: wgmma with the tokens as N,
     /// split-K over a cluster, the residual add and SwiGLU fused) instead of the decode GEMM of
     /// [`Self::gemm_for`]; launch shape by `swap_ab_shape`'s rule, weights loaded before
-    /// `griddepcontrol.wait` in variants (c) and (e). The qkv GEMM must stay `false`: its
-    /// epilogue (RoPE, paged-cache append) exists only in the decode GEMM. Needs an sm_90a device
+    /// `griddepcontrol.wait` in variants (c) and (e). The qkv GEMM's RoPE and paged-cache
+    /// epilogue is shared by both forms (`gpu/src/kernels/qkv_store.rs`). Needs an sm_90a device
     /// (compute capability 9.0).
     pub swap_ab: [bool; 4],
     /// Bytes of each GEMM's weights that variant (c)/(e) prefetches into L2 before
@@ -311,34 +313,37 @@ impl StepConfig {
         }
     }
 
-    /// The GEMMs that take the swap-AB form by default ([`Self::swap_ab`]): o_proj, gate_up
-    /// and down at every batch (qkv cannot).
+    /// The GEMMs that take the swap-AB form by default ([`Self::swap_ab`]): all four, at every
+    /// batch. Measured on the H200 (2026-11-29, benches/decode_step, variant e, us per layer,
+    /// each pair in one call): o_proj, gate_up and down as swap-AB against the decode GEMM's best
+    /// forms, 8 x 4096 191.0 -> 187.9, 32 x 4096 376.8 -> 342.4, 64 x 2048 578.2 -> 400.2; then
+    /// qkv too, 8 x 4096 188.4 -> 186.0, 32 x 4096 343.5 -> 334.0 (qkv 26.6 -> 16.8 us), 64 x
+    /// 2048 401.8 -> 362.2.
     pub fn default_swap_ab(_batch: usize) -> [bool; 4] {
-        [false, true, true, true]
+        [true; 4]
     }
 
     /// The GEMM role names of [`Self::swap_ab`] and [`Self::gemm_roles`], in step order.
     pub const GEMM_ROLES: [&'static str; 4] = ["qkv", "o_proj", "gate_up", "down"];
 
-    /// Parses a set of swap-AB GEMMs for [`Self::swap_ab`]: `none`, `all` (o_proj, gate_up
-    /// and down), or a comma-separated list of `o_proj`, `gate_up`, `down`. Errors:
-    /// [`Error::BadShape`] naming the allowed values (qkv included: its epilogue is the decode
-    /// GEMM's only).
+    /// Parses a set of swap-AB GEMMs for [`Self::swap_ab`]: `none`, `all`, or a
+    /// comma-separated list of `qkv`, `o_proj`, `gate_up`, `down`. Errors: [`Error::BadShape`]
+    /// naming the allowed values.
     pub fn parse_swap_ab(list: &str) -> Result<[bool; 4]> {
         match list {
             "none" => return Ok([false; 4]),
-            "all" => return Ok([false, true, true, true]),
+            "all" => return Ok([true; 4]),
             _ => {}
         }
         let mut set = [false; 4];
         for name in list.split(',') {
             match Self::GEMM_ROLES.iter().position(|&r| r == name.trim()) {
-                Some(r) if r > 0 => set[r] = true,
-                _ => {
+                Some(r) => set[r] = true,
+                None => {
                     return Err(Error::BadShape {
                         what: "decode step swap-AB GEMMs",
                         detail: format!(
-                            "{name:?} in {list:?}; allowed: none, all, or a comma-separated list of o_proj, gate_up, down (qkv's RoPE / cache epilogue is the decode GEMM's only)"
+                            "{name:?} in {list:?}; allowed: none, all, or a comma-separated list of qkv, o_proj, gate_up, down"
                         ),
                     })
                 }
@@ -615,16 +620,16 @@ const MIN_PAGES_PER_SPLIT: u32 = 4;
 /// streaming, for [`attention_splits`]' estimate.
 const CTA_COST_PAGES: u32 = 4;
 
-/// Tensor-map slots of the swap-AB GEMMs in the step's table: `3 * layers` weight maps, then
+/// Tensor-map slots of the swap-AB GEMMs in the step's table: `4 * layers` weight maps, then
 /// one activation-input map per GEMM.
 fn map_slots(layers: usize) -> usize {
-    3 * layers + 3
+    4 * layers + 4
 }
 
-/// The slot of GEMM `role`'s (1 o_proj, 2 gate_up, 3 down) weight map of `layer`
-/// (`3 * layer + role - 1`), or with `None` its activation-input map (`3 * layers + role - 1`).
+/// The slot of GEMM `role`'s (0 qkv, 1 o_proj, 2 gate_up, 3 down) weight map of `layer`
+/// (`4 * layer + role`), or with `None` its activation-input map (`4 * layers + role`).
 fn map_slot(layers: usize, layer: Option<usize>, role: usize) -> usize {
-    3 * layer.unwrap_or(layers) + role - 1
+    4 * layer.unwrap_or(layers) + role
 }
 
 /// The attention's KV splits for `cfg` on `sms` SMs (see [`StepConfig::splits`]): returns
@@ -775,12 +780,6 @@ impl<'d> DecodeStep<'d> {
             epi_kernel(&ls_gu, gc::EPI_SWIGLU, 2)?,
             epi_kernel(&ls_down, gc::EPI_STORE, 3)?,
         ];
-        if cfg.swap_ab[0] {
-            return Err(Error::BadShape {
-                what: "decode step qkv GEMM form",
-                detail: "swap-AB; the qkv GEMM's epilogue (RoPE, paged-cache append) exists only in the decode GEMM; allowed: the swap-AB form for o_proj, gate_up and down".into(),
-            });
-        }
         let shapes4 = [s_qkv, s_o, s_gu, s_down];
         let tc = if cfg.swap_ab.iter().any(|&on| on) {
             Some(TcGemm::new(dev)?)
@@ -869,7 +868,11 @@ impl<'d> DecodeStep<'d> {
             qkv_args.copy_from_host(&args)?;
             layers.push(DeviceLayer {
                 attn_norm: upload(&w.attn_norm)?,
-                wqkv: upload(&pack_qkv_rows(&dims, &w.wqkv))?,
+                wqkv: upload(&if cfg.swap_ab[0] {
+                    pack_qkv_pairs(&dims, &w.wqkv)
+                } else {
+                    pack_qkv_rows(&dims, &w.wqkv)
+                })?,
                 wo: upload(&w.wo)?,
                 ffn_norm: upload(&w.ffn_norm)?,
                 wgu: upload(&if cfg.swap_ab[2] {
@@ -902,11 +905,12 @@ impl<'d> DecodeStep<'d> {
                     *w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
                 }
             };
-            let x_in = [None, Some(&attn), Some(&normed), Some(&act)];
-            for r in 1..4 {
-                let (Some(ls), Some(x)) = (swap[r], x_in[r]) else {
+            let x_in = [&normed, &attn, &normed, &act];
+            for r in 0..4 {
+                let Some(ls) = swap[r] else {
                     continue;
                 };
+                let x = x_in[r];
                 let s = shapes4[r];
                 let xm = TensorMap::matrix(
                     &x.view(0..x.len())?,
@@ -918,12 +922,9 @@ impl<'d> DecodeStep<'d> {
                 )?;
                 put(map_slot(cfg.layers, None, r), xm);
                 for (l, layer) in layers.iter().enumerate() {
-                    let w = [None, Some(&layer.wo), Some(&layer.wgu), Some(&layer.w_down)][r];
-                    if let Some(w) = w {
-                        let wm =
-                            TensorMap::matrix(&w.view(0..w.len())?, s.n, s.k, s.k, wc::W_BOX, sw)?;
-                        put(map_slot(cfg.layers, Some(l), r), wm);
-                    }
+                    let w = [&layer.wqkv, &layer.wo, &layer.wgu, &layer.w_down][r];
+                    let wm = TensorMap::matrix(&w.view(0..w.len())?, s.n, s.k, s.k, wc::W_BOX, sw)?;
+                    put(map_slot(cfg.layers, Some(l), r), wm);
                 }
             }
             let mut t = pool.alloc_async::<[u64; 16]>(stream, raw.len())?;
@@ -1151,12 +1152,16 @@ impl<'d> DecodeStep<'d> {
                     cfg.grid = ls.grid();
                     let flags = (slot << wc::STAMP_SLOT_SHIFT)
                         | if early { wc::FLAG_WEIGHTS_EARLY } else { 0 };
-                    let epilogue = if i == 2 { wc::EPI_SWIGLU } else { wc::EPI_NONE };
+                    let (epilogue, bias) = match i {
+                        0 => (wc::EPI_QKV, epi),
+                        2 => (wc::EPI_SWIGLU, 0),
+                        _ => (wc::EPI_NONE, 0),
+                    };
                     let args = vec![
                         u64a(map(Some(l))),
                         u64a(map(None)),
                         u64a(c),
-                        u64a(0),
+                        u64a(bias),
                         u32a(s.m as u32),
                         u32a(s.n as u32),
                         u32a(s.k as u32),
@@ -1796,12 +1801,12 @@ mod tests {
         };
         // Roles only: the defaults of the other GEMMs stay; a GEMM given a decode form is a
         // decode GEMM.
-        assert_eq!(cfg.swap_ab, [false, true, true, true]);
+        assert_eq!(cfg.swap_ab, [true; 4]);
         cfg.set_gemm_forms(None, [None, Some(o), None, None]);
         assert_eq!(cfg.gemm_for(0).warps, 4);
         assert_eq!(cfg.gemm_for(1), o);
         assert_eq!(cfg.gemm_for(2).ksplit, Some(2));
-        assert_eq!(cfg.swap_ab, [false, false, true, true]);
+        assert_eq!(cfg.swap_ab, [true, false, true, true]);
         // One form for all: the default per-GEMM forms step aside, roles still apply.
         let all = DecodeConfig {
             unroll: 4,
@@ -1819,15 +1824,16 @@ mod tests {
     #[test]
     fn issue21_swap_ab_sets_parse() {
         assert_eq!(StepConfig::parse_swap_ab("none").unwrap(), [false; 4]);
-        assert_eq!(
-            StepConfig::parse_swap_ab("all").unwrap(),
-            [false, true, true, true]
-        );
+        assert_eq!(StepConfig::parse_swap_ab("all").unwrap(), [true; 4]);
         assert_eq!(
             StepConfig::parse_swap_ab("down, o_proj").unwrap(),
             [false, true, false, true]
         );
-        for bad in ["qkv", "", "o_proj,", "gate", "all,down"] {
+        assert_eq!(
+            StepConfig::parse_swap_ab("qkv").unwrap(),
+            [true, false, false, false]
+        );
+        for bad in ["q", "", "o_proj,", "gate", "all,down"] {
             assert!(
                 matches!(StepConfig::parse_swap_ab(bad), Err(Error::BadShape { .. })),
                 "{bad:?}"
@@ -1835,7 +1841,7 @@ mod tests {
         }
         let d = DecodeDims::small();
         let mut cfg = StepConfig::new(&d, 5, 1, 64);
-        for list in ["none", "gate_up", "o_proj,down", "o_proj,gate_up,down"] {
+        for list in ["none", "gate_up", "o_proj,down", "qkv,o_proj,gate_up,down"] {
             cfg.swap_ab = StepConfig::parse_swap_ab(list).unwrap();
             assert_eq!(cfg.swap_ab_label(), list);
         }
