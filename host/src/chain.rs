@@ -211,6 +211,22 @@ impl<'a> Chain<'a> {
         cfg: LaunchConfig,
         args: &[KernelArg],
     ) -> Result<()> {
+        let dev = self.dev;
+        let k = dev.kernel(kernel)?;
+        self.push_step(kernel, k, None, cfg, args)
+    }
+
+    /// The checks and the step of [`Chain::push_raw`] and [`Chain::push_kernel`]: at most
+    /// [`MAX_ARGS`] arguments, room for one more step, `cfg` (with the chain's PDL flag) within
+    /// `kernel`'s limits; `keep` is held by the step.
+    fn push_step(
+        &mut self,
+        name: &'static str,
+        kernel: &Kernel,
+        keep: Option<Kernel>,
+        cfg: LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
         if args.len() > MAX_ARGS {
             return Err(Error::TooLarge {
                 what: "chain step arguments",
@@ -220,9 +236,10 @@ impl<'a> Chain<'a> {
         }
         self.check_room(1)?;
         let cfg = cfg.with_pdl(self.pdl);
-        cfg.validate(self.dev, kernel)?;
-        let func = self.dev.kernel(kernel)?.cu_function();
-        self.steps.push(Step::new(func, &cfg, &self.stream, args));
+        cfg.check(name, &LaunchLimits::of(self.dev, kernel))?;
+        let mut step = Step::new(kernel.cu_function(), &cfg, &self.stream, args);
+        step._keep = keep;
+        self.steps.push(step);
         Ok(())
     }
 
@@ -248,20 +265,7 @@ impl<'a> Chain<'a> {
                 what: "Chain::push_kernel (a kernel of another context's module)",
             });
         }
-        if args.len() > MAX_ARGS {
-            return Err(Error::TooLarge {
-                what: "chain step arguments",
-                value: args.len() as u64,
-                max: MAX_ARGS as u64,
-            });
-        }
-        self.check_room(1)?;
-        let cfg = cfg.with_pdl(self.pdl);
-        cfg.check(name, &LaunchLimits::of(self.dev, kernel))?;
-        let mut step = Step::new(kernel.cu_function(), &cfg, &self.stream, args);
-        step._keep = Some(kernel.clone());
-        self.steps.push(step);
-        Ok(())
+        self.push_step(name, kernel, Some(kernel.clone()), cfg, args)
     }
 
     /// # Safety
