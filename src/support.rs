@@ -248,6 +248,41 @@ pub fn upload<T: warpline::kernels::tc_gemm::TcInput>(
     (buf, host)
 }
 
+/// A GEMM test's C: `len` elements, all NaN unless `values`, in which case the `rows x cols`
+/// block at row pitch `pitch` holds normal samples rounded to `O` (padding stays NaN), uploaded
+/// to a new buffer of `pool` on `stream`. Returns the buffer and the host values (widened). The
+/// samples are drawn only with `values` (so a case with `beta == 0` leaves `rng` as it was).
+/// Panics on allocation or copy errors (tests only).
+#[allow(clippy::too_many_arguments)]
+pub fn upload_c<I, O>(
+    pool: &warpline::MemPool,
+    stream: &warpline::Stream,
+    rng: &mut rand::rngs::StdRng,
+    rows: usize,
+    cols: usize,
+    pitch: usize,
+    len: usize,
+    values: bool,
+) -> (warpline::DeviceBuffer<O>, Vec<f32>)
+where
+    I: warpline::kernels::tc_gemm::TcInput,
+    O: warpline::kernels::tc_gemm::TcOutput<I>,
+{
+    let mut host = vec![f32::NAN; len];
+    if values {
+        let v = normal(rng, rows * cols);
+        for r in 0..rows {
+            for c in 0..cols {
+                host[r * pitch + c] = O::from_f32(v[r * cols + c]).to_f32();
+            }
+        }
+    }
+    let mut buf = pool.alloc_async::<O>(stream, len).unwrap();
+    buf.copy_from_host(&host.iter().map(|&v| O::from_f32(v)).collect::<Vec<_>>())
+        .unwrap();
+    (buf, host)
+}
+
 /// A hand-written sm_90 module with one kernel, `y[i] = a * x[i] + y[i]` for `i < n`.
 pub const SAXPY_PTX: &str = r#"
 // saxpy, written by hand

@@ -21,7 +21,7 @@ use warpline::kernels::tc_gemm::{
     TcOutput,
 };
 use warpline::{bf16, f16, Device, Error, MemPool};
-use warpline_suite::support::{gpu_or_skip, normal, upload};
+use warpline_suite::support::{gpu_or_skip, upload, upload_c};
 
 fn seed() -> u64 {
     warpline_suite::support::gemm_seed("decode_gemm")
@@ -79,18 +79,8 @@ fn run_case<T: TcInput, O: TcOutput<T>>(
     let (da, ha) = upload::<T>(&pool, &stream, &mut rng, m, k, lda);
     let (db, hb) = upload::<T>(&pool, &stream, &mut rng, n, k, ldb);
     let c_len = m * ldc;
-    let mut c0 = vec![f32::NAN; c_len];
-    if case.beta != 0.0 {
-        let v = normal(&mut rng, m * n);
-        for i in 0..m {
-            for j in 0..n {
-                c0[i * ldc + j] = O::from_f32(v[i * n + j]).to_f32();
-            }
-        }
-    }
-    let mut dc = pool.alloc_async::<O>(&stream, c_len).unwrap();
-    dc.copy_from_host(&c0.iter().map(|&v| O::from_f32(v)).collect::<Vec<_>>())
-        .unwrap();
+    let (mut dc, c0) =
+        upload_c::<T, O>(&pool, &stream, &mut rng, m, n, ldc, c_len, case.beta != 0.0);
     let a = Matrix::new(da.as_view(), m, k, lda);
     let b = Matrix::new(db.as_view(), n, k, ldb);
     let c = MatrixMut::new(dc.as_view_mut(), m, n, ldc);

@@ -17,7 +17,7 @@ use warpline::kernels::tc_gemm::{
     TcGemm, TcGemmOptions, TcOutput, FP8_SCALE_BLOCK,
 };
 use warpline::{bf16, Device, DeviceBuffer, Error, MemPool, F8E4M3};
-use warpline_suite::support::{fp8_matrix, gpu_or_skip, normal, pitch8, pitch_out};
+use warpline_suite::support::{fp8_matrix, gpu_or_skip, pitch8, pitch_out, upload_c};
 
 fn seed() -> u64 {
     warpline_suite::support::gemm_seed("fp8_block_gemm")
@@ -156,18 +156,8 @@ fn run_case<O: TcOutput<bf16>>(tc: &TcGemm<'_>, case: Case) {
     let (da, db) = (upload(&p.a_codes), upload(&p.b_codes));
     let (dsa, dsb) = (upload_f32(&p.a_scales), upload_f32(&p.b_scales));
     let c_len = (m - 1) * ldc + n;
-    let mut c0 = vec![f32::NAN; c_len];
-    if case.beta != 0.0 {
-        let v = normal(&mut rng, m * n);
-        for r in 0..m {
-            for c in 0..n {
-                c0[r * ldc + c] = O::from_f32(v[r * n + c]).to_f32();
-            }
-        }
-    }
-    let mut dc = pool.alloc_async::<O>(&stream, c_len).unwrap();
-    dc.copy_from_host(&c0.iter().map(|&v| O::from_f32(v)).collect::<Vec<_>>())
-        .unwrap();
+    let (mut dc, c0) =
+        upload_c::<bf16, O>(&pool, &stream, &mut rng, m, n, ldc, c_len, case.beta != 0.0);
     let opts = TcGemmOptions {
         cluster: case.cluster,
         pdl: case.pdl,

@@ -13,7 +13,7 @@ use warpline::kernels::tc_gemm::{
 };
 use warpline::kernels::GemmConfig;
 use warpline::{bf16, Device, DeviceBuffer, Error, MemPool, Stream, F8E4M3, F8E5M2};
-use warpline_suite::support::{fp8_matrix, gpu_or_skip, normal, pitch8, pitch_out};
+use warpline_suite::support::{fp8_matrix, gpu_or_skip, pitch8, pitch_out, upload_c};
 
 fn seed() -> u64 {
     warpline_suite::support::gemm_seed("fp8_gemm")
@@ -99,18 +99,8 @@ fn run_case<B: Fp8Input, O: TcOutput<bf16>>(tc: &TcGemm<'_>, case: Case) {
     let (da, ha) = upload_fp8::<F8E4M3>(&pool, &stream, &mut rng, m, k, lda, 8.0);
     let (db, hb) = upload_fp8::<B>(&pool, &stream, &mut rng, n, k, ldb, 0.5);
     let c_len = (m - 1) * ldc + n;
-    let mut c0 = vec![f32::NAN; c_len];
-    if case.beta != 0.0 {
-        let v = normal(&mut rng, m * n);
-        for r in 0..m {
-            for c in 0..n {
-                c0[r * ldc + c] = O::from_f32(v[r * n + c]).to_f32();
-            }
-        }
-    }
-    let mut dc = pool.alloc_async::<O>(&stream, c_len).unwrap();
-    dc.copy_from_host(&c0.iter().map(|&v| O::from_f32(v)).collect::<Vec<_>>())
-        .unwrap();
+    let (mut dc, c0) =
+        upload_c::<bf16, O>(&pool, &stream, &mut rng, m, n, ldc, c_len, case.beta != 0.0);
     let scale_buf = |v: Option<f32>| {
         v.map(|v| {
             let mut b = pool.alloc_async::<f32>(&stream, 1).unwrap();

@@ -24,7 +24,7 @@ use warpline::kernels::tc_gemm::{
     SwapAbConfig, TcGemm, TcGemmOptions, TcOutput, WeightsBeforeWait,
 };
 use warpline::{bf16, Device, Error, MemPool};
-use warpline_suite::support::{gpu_or_skip, normal, upload};
+use warpline_suite::support::{gpu_or_skip, normal, upload, upload_c};
 
 fn seed() -> u64 {
     warpline_suite::support::gemm_seed("swap_ab_gemm")
@@ -102,18 +102,16 @@ fn run_case<O: TcOutput<bf16>>(dev: &Device, tc: &TcGemm<'_>, case: Case) {
     let mut dbias = pool.alloc_async::<f32>(&stream, n).unwrap();
     dbias.copy_from_host(&bias_host).unwrap();
     let c_len = m * ldc;
-    let mut c0 = vec![f32::NAN; c_len];
-    if case.beta != 0.0 {
-        let v = normal(&mut rng, m * nc);
-        for i in 0..m {
-            for j in 0..nc {
-                c0[i * ldc + j] = O::from_f32(v[i * nc + j]).to_f32();
-            }
-        }
-    }
-    let mut dc = pool.alloc_async::<O>(&stream, c_len).unwrap();
-    dc.copy_from_host(&c0.iter().map(|&v| O::from_f32(v)).collect::<Vec<_>>())
-        .unwrap();
+    let (mut dc, c0) = upload_c::<bf16, O>(
+        &pool,
+        &stream,
+        &mut rng,
+        m,
+        nc,
+        ldc,
+        c_len,
+        case.beta != 0.0,
+    );
     {
         let a = Matrix::new(da.as_view(), m, k, lda);
         let b = Matrix::new(db.as_view(), n, k, ldb);
@@ -389,50 +387,51 @@ fn issue20_swap_ab_gemm_refuses_bad_input() {
         activation: act,
         bias: None,
     };
-    let err = |r: warpline::Result<warpline::kernels::tc_gemm::TcGemmPlan<'_>>| r.unwrap_err();
-    // SwiGLU with odd N.
-    assert!(matches!(
-        err(tc.plan_fused(
+    // The error of `plan_fused` on A and these operands (each case must be refused).
+    let mut refused = |b: Matrix<'_, bf16>,
+                       layout: BLayout,
+                       c_cols: usize,
+                       epilogue: Epilogue<'_>,
+                       opts: &TcGemmOptions|
+     -> Error {
+        tc.plan_fused(
             &stream,
             am(),
-            bm(),
-            BLayout::ColMajor,
-            mk(&mut c, n / 2),
+            b,
+            layout,
+            mk(&mut c, c_cols),
             1.0,
             0.0,
+            epilogue,
+            opts,
+        )
+        .unwrap_err()
+    };
+    // SwiGLU with odd N.
+    assert!(matches!(
+        refused(
+            bm(),
+            BLayout::ColMajor,
+            n / 2,
             epi(Activation::SwiGlu),
             &opts
-        )),
+        ),
         Error::BadShape { .. }
     ));
     // C as wide as N with SwiGLU (even N), and C of the wrong width without it.
     let b100 = || Matrix::new(b.as_view(), 100, k, k);
     assert!(matches!(
-        err(tc.plan_fused(
-            &stream,
-            am(),
+        refused(
             b100(),
             BLayout::ColMajor,
-            mk(&mut c, 100),
-            1.0,
-            0.0,
+            100,
             epi(Activation::SwiGlu),
             &opts
-        )),
+        ),
         Error::LengthMismatch { .. }
     ));
     assert!(matches!(
-        err(tc.plan_fused(
-            &stream,
-            am(),
-            bm(),
-            BLayout::ColMajor,
-            mk(&mut c, 100),
-            1.0,
-            0.0,
-            epi(Activation::None),
-            &opts
-        )),
+        refused(bm(), BLayout::ColMajor, 100, epi(Activation::None), &opts),
         Error::LengthMismatch { .. }
     ));
     // A bias shorter than N.
@@ -441,33 +440,13 @@ fn issue20_swap_ab_gemm_refuses_bad_input() {
         bias: Some(bias.as_view()),
     };
     assert!(matches!(
-        err(tc.plan_fused(
-            &stream,
-            am(),
-            bm(),
-            BLayout::ColMajor,
-            mk(&mut c, n),
-            1.0,
-            0.0,
-            short,
-            &opts
-        )),
+        refused(bm(), BLayout::ColMajor, n, short, &opts),
         Error::LengthMismatch { .. }
     ));
     // Row-major B.
     let brow = Matrix::new(b.as_view(), k, n, n);
     assert!(matches!(
-        err(tc.plan_fused(
-            &stream,
-            am(),
-            brow,
-            BLayout::RowMajor,
-            mk(&mut c, n),
-            1.0,
-            0.0,
-            epi(Activation::None),
-            &opts
-        )),
+        refused(brow, BLayout::RowMajor, n, epi(Activation::None), &opts),
         Error::BadShape { .. }
     ));
     // K = 128 has 2 k-blocks: ksplit 4 is refused; a cooperative knob too.
@@ -480,17 +459,7 @@ fn issue20_swap_ab_gemm_refuses_bad_input() {
         ..opts
     };
     assert!(matches!(
-        err(tc.plan_fused(
-            &stream,
-            am(),
-            bm(),
-            BLayout::ColMajor,
-            mk(&mut c, n),
-            1.0,
-            0.0,
-            epi(Activation::None),
-            &o4
-        )),
+        refused(bm(), BLayout::ColMajor, n, epi(Activation::None), &o4),
         Error::BadShape { .. }
     ));
     let knob = TcGemmOptions {
@@ -498,17 +467,7 @@ fn issue20_swap_ab_gemm_refuses_bad_input() {
         ..opts
     };
     assert!(matches!(
-        err(tc.plan_fused(
-            &stream,
-            am(),
-            bm(),
-            BLayout::ColMajor,
-            mk(&mut c, n),
-            1.0,
-            0.0,
-            epi(Activation::None),
-            &knob
-        )),
+        refused(bm(), BLayout::ColMajor, n, epi(Activation::None), &knob),
         Error::BadShape { .. }
     ));
     // Another configuration with a fused epilogue.
@@ -517,17 +476,7 @@ fn issue20_swap_ab_gemm_refuses_bad_input() {
         ..opts
     };
     assert!(matches!(
-        err(tc.plan_fused(
-            &stream,
-            am(),
-            bm(),
-            BLayout::ColMajor,
-            mk(&mut c, n),
-            1.0,
-            0.0,
-            epi(Activation::Gelu),
-            &coop
-        )),
+        refused(bm(), BLayout::ColMajor, n, epi(Activation::Gelu), &coop),
         Error::BadShape { .. }
     ));
     stream.synchronize().unwrap();

@@ -21,7 +21,7 @@ use warpline::kernels::tc_gemm::{
 };
 use warpline::ordering::{synchronize_timeout, OnTimeout, TaskGraph};
 use warpline::{bf16, f16, Device, DeviceBuffer, Error, MemPool};
-use warpline_suite::support::{gpu_or_skip, normal, upload};
+use warpline_suite::support::{gpu_or_skip, upload, upload_c};
 
 // ------------------------------------------------------------------------------------------------
 // Helpers
@@ -100,18 +100,8 @@ fn run_case<T: TcInput, O: TcOutput<T>>(tc: &TcGemm<'_>, case: Case) {
     let (db, hb) = upload::<T>(&pool, &stream, &mut rng, br, bc, ldb);
     // C: old values for beta != 0 (rounded to O), NaN padding; else all NaN.
     let c_len = (m - 1) * ldc + n;
-    let mut c0 = vec![f32::NAN; c_len];
-    if case.beta != 0.0 {
-        let v = normal(&mut rng, m * n);
-        for r in 0..m {
-            for c in 0..n {
-                c0[r * ldc + c] = O::from_f32(v[r * n + c]).to_f32();
-            }
-        }
-    }
-    let mut dc = pool.alloc_async::<O>(&stream, c_len).unwrap();
-    dc.copy_from_host(&c0.iter().map(|&v| O::from_f32(v)).collect::<Vec<_>>())
-        .unwrap();
+    let (mut dc, c0) =
+        upload_c::<T, O>(&pool, &stream, &mut rng, m, n, ldc, c_len, case.beta != 0.0);
     let defaults = TcGemmOptions::default();
     let opts = TcGemmOptions {
         cluster: case.cluster,
