@@ -14,7 +14,7 @@
 //! (default all), `WARPLINE_DECODE_SMALL=1` (the tests' small dims instead of Llama-8B),
 //! `WARPLINE_DECODE_JSON=file` (rows and timeline as JSON), `WARPLINE_DECODE_SPLITS=n` (the
 //! attention's KV splits), `WARPLINE_DECODE_ATTN=tc|cuda` (the attention's form, default
-//! CUDA cores), `WARPLINE_DECODE_GEMM_QKV`, `_O`, `_GU`, `_DOWN` (one GEMM's
+//! `AttnForm::for_page`: tensor cores at 16-token pages), `WARPLINE_DECODE_GEMM_QKV`, `_O`, `_GU`, `_DOWN` (one GEMM's
 //! configuration label, over `WARPLINE_DECODE_GEMM`; such a GEMM is a decode GEMM),
 //! `WARPLINE_DECODE_SWAPAB=none|all|qkv,o_proj,gate_up,down` (the swap-AB GEMMs, after the forms), `WARPLINE_DECODE_TIMELINE=file.png`
 //! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`

@@ -358,6 +358,23 @@ fn issue21_decode_attention_forms_match_reference_at_llama_head_dims() {
             }
         }
     }
+    // The tensor-core form's TMA boxes at other page sizes: 8 (four boxes per chunk) and 64
+    // (a chunk is half a page), positions at both page and chunk boundaries.
+    for page_size in [8, 64] {
+        let dims = DecodeDims { page_size, ..d128 };
+        for splits in [Some(1), Some(3)] {
+            let mut s = setup_with(dims, 320 / page_size, seed, &positions, 1, splits);
+            s.cfg.attention = AttnForm::TensorCores;
+            let mut step = build(&dev, &s);
+            let (traces, h, _) = layer_reference(&s);
+            let out = run_and_read(&mut step, Variant::PdlPrefetch);
+            let mid = step.intermediates().unwrap();
+            let attn: Vec<f64> = traces.iter().flat_map(|t| t.attn.clone()).collect();
+            eprintln!("page {page_size}, form tc, splits {}", step.splits());
+            check("attention", &mid.attn, &attn);
+            check("layer output", &out, &h);
+        }
+    }
 }
 
 /// Each kernel alone, on inputs that are the reference's own (bf16-valued) intermediates,
@@ -648,6 +665,24 @@ fn issue21_decode_bad_input_typed_errors() {
             &host
         ),
         Err(Error::BadShape { .. })
+    ));
+    // The tensor-core attention with pages its TMA boxes cannot tile (4 tokens).
+    let small_pages = DecodeDims {
+        page_size: 4,
+        ..s.dims
+    };
+    assert!(matches!(
+        DecodeStep::new(
+            &dev,
+            &stream,
+            small_pages,
+            StepConfig {
+                attention: AttnForm::TensorCores,
+                ..StepConfig::new(&small_pages, 2, 1, 48)
+            },
+            &host
+        ),
+        Err(Error::BadShape { what, .. }) if what.contains("tensor-core attention")
     ));
     let step = build(&dev, &s);
     let x = bf(&s.x);

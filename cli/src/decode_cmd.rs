@@ -82,9 +82,11 @@ pub struct DecodeArgs {
     /// --gemm forms (a GEMM given a --gemm form is otherwise a decode GEMM).
     #[arg(long, value_name = "LIST")]
     swap_ab: Option<String>,
-    /// The decode attention's form: `cuda` (CUDA cores, the default) or `tc` (tensor cores).
-    #[arg(long, value_name = "FORM", default_value = "cuda")]
-    attn: String,
+    /// The decode attention's form: `tc` (tensor cores, fed by TMA; pages of 8, 16, 32 or a
+    /// multiple of 32 tokens) or `cuda` (CUDA cores, any page size). Default: `tc` where the
+    /// page size allows it, else `cuda`.
+    #[arg(long, value_name = "FORM")]
+    attn: Option<String>,
 }
 
 /// The step's GEMM forms from the flags, checked before the device opens: the form for every
@@ -146,8 +148,11 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
         .map(StepConfig::parse_swap_ab)
         .transpose()
         .map_err(|e| usage(format!("--swap-ab: {e}")))?;
-    let attn_form =
-        AttnForm::parse(&args.attn).map_err(|e| usage(format!("--attn {:?}: {e}", args.attn)))?;
+    let attn_form = args
+        .attn
+        .as_deref()
+        .map(|a| AttnForm::parse(a).map_err(|e| usage(format!("--attn {a:?}: {e}"))))
+        .transpose()?;
     let mut dims = if args.small {
         DecodeDims::small()
     } else {
@@ -218,7 +223,9 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
         if let Some(set) = swap_ab {
             c.swap_ab = set;
         }
-        c.attention = attn_form;
+        if let Some(a) = attn_form {
+            c.attention = a;
+        }
     })?;
     let forms: Vec<String> = (0..4)
         .map(|r| {
@@ -235,7 +242,7 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
         forms[1],
         forms[2],
         forms[3],
-        attn_form.name()
+        step.config().attention.name()
     );
     let rows = run_case(&step, case, &variants, copy, args.reps, 10)?;
     say!(

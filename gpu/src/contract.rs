@@ -1302,7 +1302,7 @@ pub mod device_check {
     }
 }
 /// The other kernels of one LLM decode step (issue 21; `gpu/src/kernels/decode_step.rs`): RMSNorm,
-/// paged GQA decode attention (split-KV) and its combine step. Every entry takes `stamps: u64`
+/// paged GQA decode attention (split-KV, the splits combined by each (sequence, KV head)'s last CTA). Every entry takes `stamps: u64`
 /// (0: none) and stamps `%globaltimer` into `[slot][STAMP_WORDS]`.
 pub mod decode_step {
     /// Words per stamp slot: `[0]` first CTA start (atomic min), `[1]` first CTA past
@@ -1350,24 +1350,60 @@ pub mod decode_step {
     /// into its output (`mma.m16n8k8`, the probabilities as A, straight from the scores'
     /// registers).
     pub const ATTN_TC_WARPS: u32 = ATTN_CHUNK_ROWS / 8;
-    /// Threads per tensor-core attention CTA: the consumer warps and one loader warp (its 32
-    /// lanes copy one chunk row each by `cp.async`, 16 bytes at a time, XOR-swizzled).
+    /// Threads per tensor-core attention CTA: the consumer warps and one loader warp (its lane 0
+    /// issues the chunks' TMA copies).
     pub const ATTN_TC_THREADS: u32 = (ATTN_TC_WARPS + 1) * 32;
     /// The tensor-core attention's launch bound, CTAs per SM (`.minnctapersm`).
     pub const ATTN_TC_CTAS_PER_SM: u32 = 2;
+    /// Stages of the tensor-core attention's KV ring.
+    pub const ATTN_TC_STAGES: u32 = 6;
+    /// Alignment of the tensor-core attention's ring (the 128-byte swizzle's period).
+    pub const ATTN_TC_RING_ALIGN: usize = 1024;
 
-    /// Dynamic shared memory of a tensor-core attention CTA: the ring (as the CUDA-core
-    /// entry's, rows XOR-swizzled in 16-byte units by `row % 8`) and the merge area over it
-    /// (per consumer warp and head, `head_dim` accumulators plus the running max and sum, f32).
-    pub const fn attn_tc_smem_bytes(head_dim: usize, group: usize) -> usize {
-        let ring = ATTN_STAGES as usize * 2 * ATTN_CHUNK_ROWS as usize * head_dim * 2;
-        let merge = ATTN_TC_WARPS as usize * group * (head_dim + 2) * 4;
-        ATTN_RING_OFFSET + if ring > merge { ring } else { merge }
+    /// Rows of one TMA box of the tensor-core attention's KV tensor maps for `page_size`-token
+    /// pages: `min(page_size, ATTN_CHUNK_ROWS)`, so that every box lies in one page and a
+    /// chunk is whole boxes; 0 where the page size does not allow that (it must be 8, 16 or 32,
+    /// or a multiple of 32: boxes of at least 8 rows keep each box 1024-byte aligned in the
+    /// swizzled ring).
+    pub const fn attn_tc_box_rows(page_size: usize) -> usize {
+        if page_size >= 8
+            && page_size.is_multiple_of(8)
+            && (ATTN_CHUNK_ROWS as usize).is_multiple_of(page_size)
+        {
+            page_size
+        } else if page_size > 0 && page_size.is_multiple_of(ATTN_CHUNK_ROWS as usize) {
+            ATTN_CHUNK_ROWS as usize
+        } else {
+            0
+        }
     }
+
+    /// Dynamic shared memory of a tensor-core attention CTA: the ring's barriers, then (aligned
+    /// up to [`ATTN_TC_RING_ALIGN`] at run time) the larger of the ring ([`ATTN_TC_STAGES`]
+    /// chunks; in each, K then V, each as `head_dim / 64` column halves of
+    /// [`ATTN_CHUNK_ROWS`] rows of 128 bytes, 128-byte swizzled by TMA) and the merge area over
+    /// it (per consumer warp and head, `head_dim` accumulators plus the running max and sum,
+    /// f32).
+    pub const fn attn_tc_smem_bytes(head_dim: usize, group: usize) -> usize {
+        let ring = ATTN_TC_STAGES as usize * 2 * ATTN_CHUNK_ROWS as usize * head_dim * 2;
+        let merge = ATTN_TC_WARPS as usize * group * (head_dim + 2) * 4;
+        ATTN_RING_OFFSET + ATTN_TC_RING_ALIGN + if ring > merge { ring } else { merge }
+    }
+
+    /// The tensor-core attention's KV tensor maps (the entry's `kv_maps` points at two, K then
+    /// V, 128 bytes each, 64-byte aligned) over a cache of `rows = num_pages * n_kv * page_size`
+    /// rows of `head_dim` bf16: rank 2, dims `{head_dim, rows}`, row stride `head_dim * 2`
+    /// bytes, box `{64, attn_tc_box_rows(page_size)}`, 128-byte swizzle. `rows` must stay below
+    /// 2^31 (signed coordinates).
+    pub const ATTN_TC_BOX_COLS: u32 = 64;
 
     /// One attention entry: head dim and query heads per KV head. Parameter list: `q, k_cache,
     /// v_cache, block_table, positions, out, part_o, part_ml: u64`, `n_kv, page_size, bt_stride,
-    /// num_pages, splits_pps: u32` (`splits | pages_per_split << 16`), `scale_log2: f32`, `stamps: u64`, `flags: u32`.
+    /// num_pages, splits_pps: u32` (`splits | pages_per_split << 16`), `scale_log2: f32`, `stamps: u64`, `kv_maps: u64`
+    /// (the tensor-core entry's KV tensor maps, [`ATTN_TC_BOX_COLS`]; unused by the CUDA-core
+    /// entry, which may get 0), `counters: u64` (with `splits > 1`: `batch x n_kv` u32, all 0
+    /// before the launch and again after it: the split-KV combine's arrival counts, which the
+    /// last CTA of each (sequence, KV head) resets), `flags: u32`.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct AttnVariant {
         /// Entry point.
@@ -1432,18 +1468,21 @@ pub mod decode_step {
         ATTN_RING_OFFSET + if ring > merge { ring } else { merge }
     }
 
-    /// `decode_attn_combine_bf16(part_o, part_ml, out, heads, head_dim, splits, stamps,
-    /// flags)`: one CTA per (sequence, query head), merges the splits' partial outputs.
-    pub const COMBINE_KERNEL: &str = "decode_attn_combine_bf16";
-    /// Threads per combine CTA.
-    pub const COMBINE_THREADS: u32 = 128;
-
     const _: () = {
         assert!(attn_smem_bytes(128, 4) <= 100 * 1024);
         assert!(attn_smem_bytes(64, 8) <= 100 * 1024);
         assert!(2 * ATTN_STAGES as usize * 8 <= ATTN_RING_OFFSET);
         assert!(ATTN_CHUNK_ROWS == 32 && ATTN_TC_WARPS * 8 == ATTN_CHUNK_ROWS);
         assert!(ATTN_TC_CTAS_PER_SM as usize * attn_tc_smem_bytes(128, 4) <= 227 * 1024);
+        assert!(2 * ATTN_TC_STAGES as usize * 8 <= ATTN_RING_OFFSET);
+        // The fused combine's flag and weights fit in the smallest ring (d 64).
+        assert!(
+            16 + 4 * 8 * MAX_SPLITS as usize
+                <= ATTN_STAGES as usize * 2 * ATTN_CHUNK_ROWS as usize * 64 * 2
+        );
+        assert!(
+            attn_tc_box_rows(16) == 16 && attn_tc_box_rows(64) == 32 && attn_tc_box_rows(4) == 0
+        );
         let mut i = 0;
         while i < ATTN_VARIANTS.len() {
             assert!(!ATTN_VARIANTS[i].tc_kernel.is_empty());

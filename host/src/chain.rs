@@ -31,7 +31,7 @@ use crate::trace::Stage;
 use warpline_gpu::contract::pdl as contract;
 
 /// Most kernel parameters a step may have.
-pub const MAX_ARGS: usize = 16;
+pub const MAX_ARGS: usize = 24;
 
 /// Most launches a chain may hold (each is one node of a captured graph).
 pub const MAX_STEPS: usize = 1 << 20;

@@ -1,6 +1,7 @@
 //! The non-GEMM kernels of one LLM decode step (issue 21; launch contract
 //! [`crate::contract::decode_step`]): RMSNorm, paged GQA decode attention with split-KV
-//! (flash-decoding) and its combine step. The projections are `decode_gemm`'s epilogue entries.
+//! (flash-decoding) whose last CTA per (sequence, KV head) combines the splits. The projections
+//! are GEMM epilogue entries.
 //!
 //! PDL: each kernel reads what does not depend on the previous kernel before
 //! `griddepcontrol.wait` (with `FLAG_EARLY`): RMSNorm its weight, attention the block table and
@@ -25,16 +26,15 @@
 
 use crate::contract::decode_step::*;
 use crate::device::bulk;
-use crate::device::cp_async;
 use crate::device::math::{exp2_approx, pack_bf16x2};
-use crate::device::mbarrier::fence_init;
 use crate::device::mma::{
     ld_global_nc_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16_f32_bf16, mma_m16n8k8_f32_bf16,
 };
 use crate::device::pdl;
-use crate::device::pipeline::{Pipeline, PipelineState, TmaPipeline};
+use crate::device::pipeline::{PipelineState, TmaPipeline};
 use crate::device::smem::{dynamic_smem_base, dynamic_smem_size, Shared};
 use crate::device::thread::{block_dim_x, block_idx_x, sync_threads, thread_idx_x};
+use crate::device::tma::TensorMap;
 use crate::device::warp::{reduce_sum_f32, shfl_xor_f32, sync_warp};
 
 use super::decode_gemm::stamp;
@@ -219,6 +219,8 @@ struct Attn {
     pages_per_split: u32,
     scale_log2: f32,
     stamps: *mut u64,
+    kv_maps: u64,
+    counters: *mut u32,
     flags: u32,
 }
 
@@ -632,11 +634,14 @@ unsafe fn cache_row(p: &Attn, c: &AttnCta, t: u32, d: u32) -> usize {
 
 /// The end of both attention forms: merges the CTA's `states` online-softmax states, stored at
 /// `ring` as `[state][head][d + 2]` f32 (accumulators, then running max and sum), into the
-/// output (one split) or the split's partial output, max and sum; stamps the CTA's end.
+/// output (one split) or the split's partial output, max and sum; with several splits the CTA
+/// that counts its (sequence, KV head)'s last split then combines them all ([`attn_combine`]);
+/// stamps the CTA's end.
 ///
 /// # Safety
 /// Every thread of the CTA calls it, convergently, after writing its states (it starts with a
-/// CTA barrier); the launch contract.
+/// CTA barrier); the launch contract; at least `16 + 4 * G * splits` bytes from `ring` lie in
+/// the dynamic shared memory.
 #[inline(always)]
 unsafe fn attn_merge<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32, states: u32) {
     let smem = Shared::<f32>::at(ring);
@@ -697,58 +702,197 @@ unsafe fn attn_merge<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32, s
         }
         idx += block_dim_x();
     }
+    if p.splits > 1 {
+        // SAFETY: every thread, convergently; the launch contract.
+        unsafe { attn_combine::<G>(p, c, ring, d) };
+    }
     // SAFETY: as above.
     unsafe { stamp(p.stamps, slot, 3) };
+}
+
+/// `fence.acq_rel.gpu` (PTX ISA 8.3 §9.7.12.4, `membar.gl`): this thread's memory operations
+/// before it are ordered before its operations after it, for every thread of the device.
+#[inline(always)]
+fn fence_gpu() {
+    // SAFETY: a fence only orders memory operations.
+    unsafe { core::arch::asm!("fence.acq_rel.gpu;", options(nostack)) };
+}
+
+/// The split-KV combine, fused into the attention (flash-decoding's reduction, done by the last
+/// CTA of each (sequence, KV head) instead of a kernel of its own): each CTA publishes its
+/// split's partials (every thread `fence.acq_rel.gpu` after its writes, then a CTA barrier) and
+/// counts itself on its (sequence, KV head)'s counter (`atom.acq_rel.gpu.add`, thread 0). The
+/// CTA that counts `splits - 1` resets the counter to 0 for the next launch and merges the
+/// splits: per head, the weights `w_s = l_s 2^(m_s - max m) / sum` into shared memory, then
+/// `out = sum_s w_s o_s` per element, reading the partials from L2 (`ld.global.cg`).
+///
+/// # Safety
+/// Every thread of the CTA calls it, convergently, after writing its split's partials; more
+/// than one split; `p.counters` holds `batch x n_kv` u32, 0 before the launch and written by nothing else
+/// during it; `16 + 4 * G * splits` bytes from `ring` lie in the dynamic shared memory, whose
+/// earlier contents are no longer needed once every thread passed the first barrier.
+#[inline(always)]
+unsafe fn attn_combine<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32) {
+    let tid = thread_idx_x();
+    let splits = p.splits;
+    let flag = Shared::<u32>::at(ring);
+    let wts = Shared::<f32>::at(ring + 16);
+    fence_gpu();
+    // SAFETY: every thread of the CTA reaches it (contract).
+    unsafe { sync_threads() };
+    if tid == 0 {
+        // SAFETY: b < batch, kvh < n_kv: inside the counters (contract).
+        let ctr = unsafe { p.counters.add((c.b * p.n_kv + c.kvh) as usize) };
+        let old: u32;
+        // SAFETY: a valid, 4-byte aligned global counter that only this launch's CTAs of this
+        // (sequence, KV head) touch, each once.
+        unsafe {
+            core::arch::asm!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], 1;", o = out(reg32) old,
+                p = in(reg64) ctr, options(nostack));
+        }
+        let last = old == splits - 1;
+        if last {
+            // SAFETY: every split counted: no CTA of this launch touches the counter again.
+            unsafe { ctr.write_volatile(0) };
+        }
+        // SAFETY: inside the dynamic shared memory (contract); read after the barrier below.
+        unsafe { flag.store(last as u32) };
+    }
+    // SAFETY: as above.
+    unsafe { sync_threads() };
+    // SAFETY: written before the barrier.
+    if unsafe { flag.load() } == 0 {
+        return;
+    }
+    fence_gpu();
+    let row0 = (c.b * c.heads + c.kvh * G as u32) as usize;
+    if tid < G as u32 {
+        let ml = p
+            .part_ml
+            .wrapping_add(2 * (row0 + tid as usize) * splits as usize);
+        // SAFETY: s < splits: inside this row's part_ml; written by this launch's CTAs before
+        // their counts, which this CTA's count acquired.
+        let state = |s: u32| unsafe {
+            (
+                ld_cg_f32(ml.add(2 * s as usize)),
+                ld_cg_f32(ml.add(2 * s as usize + 1)),
+            )
+        };
+        let mut mm = M_INIT;
+        let mut s = 0;
+        while s < splits {
+            let (ms, ls) = state(s);
+            if ls > 0.0 && ms > mm {
+                mm = ms;
+            }
+            s += 1;
+        }
+        let mut den = 0.0f32;
+        let mut s = 0;
+        while s < splits {
+            let (ms, ls) = state(s);
+            let w = if ls > 0.0 {
+                ls * exp2_approx(ms - mm)
+            } else {
+                0.0
+            };
+            // SAFETY: head tid's weights, inside 16 + 4 G splits bytes (contract).
+            unsafe { wts.add(tid * splits + s).store(w) };
+            den += w;
+            s += 1;
+        }
+        let inv = if den > 0.0 { 1.0 / den } else { 0.0 };
+        let mut s = 0;
+        while s < splits {
+            // SAFETY: as above.
+            unsafe {
+                let at = wts.add(tid * splits + s);
+                at.store(at.load() * inv);
+            }
+            s += 1;
+        }
+    }
+    // SAFETY: every thread of the CTA reaches it (the branch above holds no barrier).
+    unsafe { sync_threads() };
+    let mut idx = tid;
+    while idx < G as u32 * d {
+        let (j, e) = (idx / d, idx % d);
+        let row = row0 + j as usize;
+        let mut o = 0.0f32;
+        let mut s = 0;
+        while s < splits {
+            // SAFETY: written before the barrier.
+            let w = unsafe { wts.add(j * splits + s).load() };
+            if w > 0.0 {
+                let ps = row * splits as usize + s as usize;
+                // SAFETY: s < splits, e < d: inside part_o; published as the weights were.
+                o += w * unsafe { ld_cg_f32(p.part_o.add(ps * d as usize + e as usize)) };
+            }
+            s += 1;
+        }
+        // SAFETY: out holds batch x heads x d bf16; one writer per element.
+        unsafe {
+            p.out
+                .add(row * d as usize + e as usize)
+                .write_volatile(pack_bf16x2(o, 0.0) as u16)
+        };
+        idx += block_dim_x();
+    }
 }
 
 /// The tensor-core attention body for head dim `64 * NV` and `G` query heads per KV head (the
 /// `tc_kernel` of each `AttnVariant`; same parameters, grid and outputs as [`attn`]).
 ///
-/// Roles: warp [`ATTN_TC_WARPS`] is the loader: its lanes copy each chunk's K and V rows by
-/// `cp.async` in 16-byte pieces, whole rows per step (coalesced), into the stage (piece `i` of row
-/// `r` at slot `i ^ (r % 8)`, so the 8 rows an `ldmatrix` reads lie in distinct bank groups; rows
-/// past the split are zero-filled); each chunk is one commit group, and each lane arrives on the
-/// chunk's full barrier once `cp.async.wait_group` says the group completed, up to
-/// `ATTN_STAGES - 1` chunks later
-/// (32 arrivals per phase). Warps `0..ATTN_TC_WARPS` are the consumers: warp `w` takes rows `8 w
-/// .. 8 w + 8` of every chunk:
+/// Roles: warp [`ATTN_TC_WARPS`] is the loader: its lane 0 copies each chunk's K and V rows by
+/// TMA (`cp.async.bulk.tensor.2d`, the `kv_maps` tensor maps, boxes of 64 columns by
+/// [`attn_tc_box_rows`] rows of one page, so a chunk is one box per page and column half per
+/// cache) into the next stage of an [`ATTN_TC_STAGES`]-deep ring; TMA's 128-byte swizzle puts
+/// 16-byte piece `j` of a 128-byte row `r` at slot `j ^ (r % 8)`, so the 8 rows an `ldmatrix`
+/// reads lie in distinct bank groups. Warps `0..ATTN_TC_WARPS` are the consumers: warp `w` takes
+/// rows `8 w .. 8 w + 8` of every chunk:
 /// - `S = Q K^T` by `mma.m16n8k16` (A: the `G` query heads as rows `0..G` of 16, the rest zero,
 ///   held in registers for the whole split; B: the 8 K rows by `ldmatrix`), two accumulators over
 ///   alternate k-steps;
 /// - the online softmax per head in base 2 on the accumulator fragment (each quad of lanes holds
 ///   one head's 8 scores; max by two shuffles; the sum kept per lane and reduced at the end);
+///   rows past the split are masked (their boxes hold other tokens' rows, or nothing yet);
 /// - `O += P V` by `mma.m16n8k8`: P is the scores' fragment packed to bf16 (as FlashAttention-2
-///   does), V's rows by `ldmatrix.trans`, one n-tile per 8 output columns.
+///   does), V's rows by `ldmatrix.trans`, one n-tile per 8 output columns; in a chunk of fewer
+///   rows the warp first zeroes its V rows past the split, since a zero probability times a
+///   stale NaN would still be NaN.
 ///
 /// Each warp's state (per head, `d` accumulators, max, sum) is merged through shared memory at
 /// the end, as in [`attn`].
 ///
 /// # Safety
 /// The launch contract of [`crate::contract::decode_step`] attention entries, with
-/// [`ATTN_TC_THREADS`] threads and [`attn_tc_smem_bytes`] bytes.
+/// [`ATTN_TC_THREADS`] threads, [`attn_tc_smem_bytes`] bytes and `kv_maps` the two tensor maps
+/// of [`ATTN_TC_BOX_COLS`] over this launch's caches (a page size without box rows traps).
 #[inline(always)]
 unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
     const { assert!(NV >= 1 && NV <= 2 && G >= 1 && G <= 8) };
     let d = 64 * NV as u32;
     // SAFETY: the launch contract.
     let c = unsafe { attn_cta::<G>(&p, ATTN_TC_THREADS, attn_tc_smem_bytes(d as usize, G)) };
+    let box_rows = attn_tc_box_rows(p.page_size as usize) as u32;
+    if box_rows == 0 {
+        trap();
+    }
     let tid = thread_idx_x();
     let (warp, lane) = (tid / 32, tid % 32);
     let base = dynamic_smem_base();
-    // SAFETY: the barriers take the first `Pipeline::BYTES` (< ATTN_RING_OFFSET) bytes of the
-    // dynamic shared memory (size checked), used for nothing else; per stage and phase the 32
-    // loader lanes commit once each and every consumer lane releases once.
-    let pipe = unsafe { Pipeline::<ATTN_STAGES>::at(base) };
-    if tid == 0 {
-        // SAFETY: one thread, before any other use; published by the barrier below.
-        unsafe { pipe.init(32, ATTN_TC_WARPS * 32) };
-        fence_init();
-    }
-    // SAFETY: every thread, convergently.
-    unsafe { sync_threads() };
-    let ring = base + ATTN_RING_OFFSET as u32;
-    let row_bytes = d * 2;
-    let half = ATTN_CHUNK_ROWS * row_bytes;
+    // SAFETY: the barriers take the first `TmaPipeline::BYTES` (< ATTN_RING_OFFSET) bytes of the
+    // dynamic shared memory (size checked), used for nothing else; one producer arming exactly
+    // the bytes it copies; every consumer lane releases once per stage and phase.
+    let pipe = unsafe { TmaPipeline::<ATTN_TC_STAGES>::at(base) };
+    // SAFETY: every thread, convergently, before any other use.
+    unsafe { pipe.init_cta(ATTN_TC_WARPS * 32) };
+    // The ring, aligned to the swizzle's 1024-byte period (attn_tc_smem_bytes leaves room).
+    let align = ATTN_TC_RING_ALIGN as u32;
+    let ring = (base + ATTN_RING_OFFSET as u32 + align - 1) & !(align - 1);
+    // One cache's rows in a stage: NV column halves, each ATTN_CHUNK_ROWS rows of 128 bytes.
+    let region = ATTN_CHUNK_ROWS * 128;
+    let half = NV as u32 * region;
     let stage_bytes = 2 * half;
     // Per lane: quad `g = lane / 4` is head g (rows >= G are padding), `t = lane % 4`.
     let (g, t) = (lane / 4, lane % 4);
@@ -757,67 +901,58 @@ unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
     let mut acc = [[0.0f32; 2]; 16];
     if warp == ATTN_TC_WARPS {
         pdl::launch_dependents();
-        // Loader: the 32 lanes copy each chunk row by row, `32 / pieces` rows per step (a row is
-        // `pieces` 16-byte pieces: each step reads whole rows, coalesced). Without FLAG_EARLY
-        // every copy waits for the predecessor; with it, only the chunk holding row `pos`
-        // (written by the QKV GEMM). Each chunk's copies are one commit group; a chunk's full
-        // barrier gets this lane's plain arrival once its group completed (`wait_group`), up to
-        // `LAG` chunks behind the copies, so `LAG + 1` chunks are in flight.
-        const LAG: u32 = ATTN_STAGES - 1;
-        let pieces = row_bytes / 16;
-        let per_step = 32 / pieces;
-        let piece = lane % pieces;
-        let mut waited = p.flags & FLAG_EARLY == 0;
-        if waited {
-            pdl::wait();
-        }
-        let mut st = PipelineState::<ATTN_STAGES>::new();
-        let mut arr = PipelineState::<ATTN_STAGES>::new();
-        let mut k = 0;
-        while k < c.chunks {
-            let (tok, rows) = chunk_of(k, c.t_begin, c.t_end);
-            if !waited && tok + rows > c.pos {
+        if lane == 0 {
+            // SAFETY: the launch contract: two valid maps over this launch's caches.
+            let (kmap, vmap) =
+                unsafe { (TensorMap::at(p.kv_maps), TensorMap::at(p.kv_maps + 128)) };
+            kmap.prefetch();
+            vmap.prefetch();
+            // Without FLAG_EARLY every copy waits for the predecessor; with it, only the chunk
+            // holding row `pos` (written by the QKV GEMM), as in `attn`.
+            let mut waited = p.flags & FLAG_EARLY == 0;
+            if waited {
                 pdl::wait();
-                waited = true;
             }
-            pipe.producer_acquire(st);
-            let stage = ring + st.stage() * stage_bytes;
-            let mut r = lane / pieces;
-            while r < ATTN_CHUNK_ROWS {
-                let (off, n) = if r < rows {
-                    // SAFETY: tok + r < t_end <= len.
-                    (unsafe { cache_row(&p, &c, tok + r, d) }, 16)
-                } else {
-                    (0, 0)
-                };
-                let at = stage + r * row_bytes + 16 * (piece ^ (r % 8));
-                let src = off + 8 * piece as usize;
-                // SAFETY: piece `piece` of row r of the acquired stage at its swizzled slot
-                // (inside the ring, 16-byte aligned); the sources are 16-byte aligned pieces of
-                // one cache row (or, zero-filled, the caches' first bytes, a valid address).
-                unsafe {
-                    cp_async::copy_16_zfill(at, p.k_cache.add(src) as *const f32, n);
-                    cp_async::copy_16_zfill(at + half, p.v_cache.add(src) as *const f32, n);
+            let box_bytes = box_rows * 128;
+            let mut st = PipelineState::<ATTN_TC_STAGES>::new();
+            let mut k = 0;
+            while k < c.chunks {
+                let (tok, rows) = chunk_of(k, c.t_begin, c.t_end);
+                if !waited && tok + rows > c.pos {
+                    pdl::wait();
+                    waited = true;
                 }
-                r += per_step;
+                let boxes = rows.div_ceil(box_rows);
+                let full = pipe.producer_acquire(st, 2 * NV as u32 * boxes * box_bytes);
+                let kst = ring + st.stage() * stage_bytes;
+                let mut i = 0;
+                while i < boxes {
+                    let tt = tok + i * box_rows;
+                    // SAFETY: tt < tok + rows <= t_end <= len. The chunk starts on a box
+                    // boundary of its page (splits start on pages, chunks are whole boxes), so
+                    // the box's rows lie in tt's page.
+                    let row = unsafe { cache_row(&p, &c, tt, d) } / d as usize;
+                    unroll!(H in [0, 1] {
+                        if H < NV {
+                            let at = kst + H as u32 * region + (tt - tok) * 128;
+                            // SAFETY: box `(64 H, row)` of each map (inside its cache: row +
+                            // box_rows <= the page's end) into the acquired stage at a multiple
+                            // of box_bytes (>= 1024) from the 1024-aligned ring, inside the
+                            // stage's region; the full barrier expects every box's bytes.
+                            unsafe {
+                                kmap.load_2d(at, 64 * H as i32, row as i32, full);
+                                vmap.load_2d(at + half, 64 * H as i32, row as i32, full);
+                            }
+                        }
+                    });
+                    i += 1;
+                }
+                st.advance();
+                k += 1;
             }
-            cp_async::commit_group();
-            if k >= LAG {
-                cp_async::wait_group::<LAG>();
-                pipe.producer_commit(arr);
-                arr.advance();
-            }
-            st.advance();
-            k += 1;
         }
-        // The trailing chunks: every copy completes, then their arrivals.
-        cp_async::wait_all();
-        let mut k = c.chunks.saturating_sub(LAG);
-        while k < c.chunks {
-            pipe.producer_commit(arr);
-            arr.advance();
-            k += 1;
-        }
+        // SAFETY: reconverges the loader warp before the CTA barrier below.
+        unsafe { sync_warp() };
     } else {
         pdl::wait();
         // SAFETY: as in `attn`.
@@ -845,21 +980,47 @@ unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
         let i8 = lane % 8;
         let quarter = lane / 8;
         let row = warp * 8 + i8;
-        let mut st = PipelineState::<ATTN_STAGES>::new();
+        // Piece `4 J + quarter` of row `row` (column half J / 2, piece 4 (J % 2) + quarter of
+        // its 128-byte row) at its swizzled slot, from the stage's K or V base.
+        let at = |j: u32| (j / 2) * region + row * 128 + 16 * ((4 * (j % 2) + quarter) ^ i8);
+        let mut st = PipelineState::<ATTN_TC_STAGES>::new();
         let mut k = 0;
         while k < c.chunks {
             let (_, rows) = chunk_of(k, c.t_begin, c.t_end);
             pipe.consumer_wait(st);
-            let kbase = ring + st.stage() * stage_bytes + row * row_bytes;
+            let kst = ring + st.stage() * stage_bytes;
+            if rows < warp * 8 + 8 {
+                // A short last chunk: zero this warp's V rows past the split (whatever the
+                // boxes or earlier chunks left there), then order those writes before the
+                // warp's reads and before the ring's next TMA fill (async proxy).
+                let mut idx = lane;
+                while idx < 64 * NV as u32 {
+                    let (rr, pc) = (idx / (8 * NV as u32), idx % (8 * NV as u32));
+                    let r = warp * 8 + rr;
+                    if r >= rows {
+                        // SAFETY: row r of this warp's 8 rows of the filled stage (only this
+                        // warp reads them), 16-byte aligned, inside the ring.
+                        unsafe {
+                            Shared::<f32>::at(
+                                kst + half + (pc / 8) * region + r * 128 + 16 * (pc % 8),
+                            )
+                            .store_v4([0.0; 4])
+                        };
+                    }
+                    idx += 32;
+                }
+                bulk::fence_proxy_async_shared();
+                // SAFETY: the whole warp (the condition is warp-uniform), converged.
+                unsafe { sync_warp() };
+            }
             // S = Q K^T: ldmatrix j gives B of k-steps 2j (regs 0, 1) and 2j + 1 (regs 2, 3).
             let mut s0 = [0.0f32; 4];
             let mut s1 = [0.0f32; 4];
             unroll!(J in [0, 1, 2, 3] {
                 if J < 2 * NV {
-                    let piece = 4 * J as u32 + quarter;
                     // SAFETY: rows of the stage the full barrier completed; 16-byte pieces at
                     // their swizzled slots; the whole warp, converged.
-                    let kf = unsafe { ldmatrix_x4(kbase + 16 * (piece ^ i8)) };
+                    let kf = unsafe { ldmatrix_x4(kst + at(J as u32)) };
                     s0 = mma_m16n8k16_f32_bf16([qa[2 * J][0], 0, qa[2 * J][1], 0], [kf[0], kf[1]], s0);
                     s1 = mma_m16n8k16_f32_bf16(
                         [qa[2 * J + 1][0], 0, qa[2 * J + 1][1], 0],
@@ -901,12 +1062,10 @@ unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
             });
             let pa = [pack_bf16x2(p0, p1), 0u32];
             // O += P V: ldmatrix.trans j gives B of n-tiles 4j .. 4j + 3 (8 columns each).
-            let vbase = kbase + half;
             unroll!(J in [0, 1, 2, 3] {
                 if J < 2 * NV {
-                    let piece = 4 * J as u32 + quarter;
                     // SAFETY: as above.
-                    let vf = unsafe { ldmatrix_x4_trans(vbase + 16 * (piece ^ i8)) };
+                    let vf = unsafe { ldmatrix_x4_trans(kst + half + at(J as u32)) };
                     unroll!(Q in [0, 1, 2, 3] {
                         let n = 4 * J + Q;
                         let o = mma_m16n8k8_f32_bf16(pa, vf[Q], [acc[n][0], acc[n][1], 0.0, 0.0]);
@@ -916,7 +1075,7 @@ unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
             });
             // SAFETY: the whole warp reconverges; every lane releases (as in `attn`).
             unsafe { sync_warp() };
-            pipe.consumer_release(st);
+            pipe.consumer_release_local(st);
             st.advance();
             k += 1;
         }
@@ -926,8 +1085,8 @@ unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
             l += unsafe { shfl_xor_f32(l, X as u32) };
         });
     }
-    // Every chunk the loader issued was waited for by the consumers (and the loader waited for
-    // its own copies): the merge area over the ring is free once every warp is past this barrier.
+    // Every chunk the loader issued was waited for by the consumers: no copy is in flight, and
+    // the merge area over the ring is free once every warp is past this barrier.
     // SAFETY: every thread of the CTA reaches it, warp-convergent.
     unsafe { sync_threads() };
     let smem = Shared::<f32>::at(ring);
@@ -995,6 +1154,8 @@ macro_rules! attn_entry {
             splits_pps: u32,
             scale_log2: f32,
             stamps: *mut u64,
+            kv_maps: u64,
+            counters: *mut u32,
             flags: u32,
         ) {
             let (splits, pages_per_split) = (splits_pps & 0xffff, splits_pps >> 16);
@@ -1015,6 +1176,8 @@ macro_rules! attn_entry {
                 pages_per_split,
                 scale_log2,
                 stamps,
+                kv_maps,
+                counters,
                 flags,
             };
             // SAFETY: the caller's launch contract.
@@ -1090,12 +1253,14 @@ attn_entry!(
     ATTN_TC_CTAS_PER_SM
 );
 
-/// `ld.global.cg.f32`: a load cached in L2 only (PTX ISA §9.7.9.8), so a line another kernel
+/// `ld.global.cg.f32`: a load cached in L2 only (PTX ISA §9.7.9.8), so a line another CTA
 /// wrote is never read stale from this SM's L1; weak, so the compiler may batch independent
 /// loads (a `volatile` load may not be reordered, which serialised the combine's split loop).
 ///
 /// # Safety
-/// `p` is a valid, 4-byte aligned global address that nothing writes while this kernel reads it.
+/// `p` is a valid, 4-byte aligned global address whose writes happen before this read (an
+/// earlier kernel's, or another CTA's published by a fence and acquired) and that nothing
+/// writes while it is read.
 #[inline(always)]
 unsafe fn ld_cg_f32(p: *const f32) -> f32 {
     let v: f32;
@@ -1105,122 +1270,4 @@ unsafe fn ld_cg_f32(p: *const f32) -> f32 {
             options(pure, readonly, nostack))
     };
     v
-}
-
-/// Merges the splits of one (sequence, query head) per CTA: `out = sum_s w_s o_s / sum_s w_s`
-/// with `w_s = l_s 2^(m_s - max m)`. Every warp reads the `(m, l)` of all splits (lane `j` the
-/// splits `j, j + 32, ..`) and reduces them by shuffles, so the weights need no shared memory;
-/// each thread then sums its output elements over the splits, 32 independent L2 loads at a time.
-///
-/// # Safety
-/// Grid `batch * heads` CTAs of `COMBINE_THREADS` threads; `part_o` `batch x heads x splits x
-/// head_dim` f32 and `part_ml` `batch x heads x splits x 2` f32 written by the previous kernel;
-/// `out` `batch x heads x head_dim` bf16, aliasing neither; `1 <= splits <= MAX_SPLITS`.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "ptx-kernel" fn decode_attn_combine_bf16(
-    part_o: *const f32,
-    part_ml: *const f32,
-    out: *mut u16,
-    head_dim: u32,
-    splits: u32,
-    stamps: *mut u64,
-    flags: u32,
-) {
-    let slot = flags >> STAMP_SLOT_SHIFT;
-    // SAFETY: the launch contract (stamps).
-    unsafe { stamp(stamps, slot, 0) };
-    if splits == 0 || splits > MAX_SPLITS {
-        trap();
-    }
-    pdl::wait();
-    // SAFETY: as above.
-    unsafe {
-        stamp(stamps, slot, 1);
-        stamp(stamps, slot, 2);
-    }
-    pdl::launch_dependents();
-    let row = block_idx_x() as usize;
-    let lane = thread_idx_x() % 32;
-    let ml = part_ml.wrapping_add(2 * row * splits as usize);
-    // (m, l) of split `s`, or an empty state past the end.
-    let state = |s: u32| -> (f32, f32) {
-        if s < splits {
-            // SAFETY: s < splits: inside this row's part_ml (launch contract).
-            unsafe {
-                (
-                    ld_cg_f32(ml.add(2 * s as usize)),
-                    ld_cg_f32(ml.add(2 * s as usize + 1)),
-                )
-            }
-        } else {
-            (M_INIT, 0.0)
-        }
-    };
-    let chunks = splits.div_ceil(32);
-    // The running maximum over non-empty splits, the same in every lane.
-    let mut mm = M_INIT;
-    let mut c = 0;
-    while c < chunks {
-        let (ms, ls) = state(32 * c + lane);
-        let v = if ls > 0.0 { ms } else { M_INIT };
-        // SAFETY: every lane runs every chunk (chunks is CTA-uniform): full-mask shuffles.
-        let v = unsafe { crate::device::warp::reduce_max_f32(v) };
-        mm = if v > mm { v } else { mm };
-        c += 1;
-    }
-    // Per chunk, lane j's weight of split 32 c + j; the denominator, the same in every lane.
-    let mut den = 0.0f32;
-    let mut c = 0;
-    while c < chunks {
-        let (ms, ls) = state(32 * c + lane);
-        let w = if ls > 0.0 {
-            ls * exp2_approx(ms - mm)
-        } else {
-            0.0
-        };
-        // SAFETY: as above.
-        den += unsafe { reduce_sum_f32(w) };
-        c += 1;
-    }
-    let iters = head_dim.div_ceil(block_dim_x());
-    let mut it = 0;
-    while it < iters {
-        let e = thread_idx_x() + it * block_dim_x();
-        let mut num = 0.0f32;
-        let mut c = 0;
-        while c < chunks {
-            let (ms, ls) = state(32 * c + lane);
-            let w = if ls > 0.0 {
-                ls * exp2_approx(ms - mm)
-            } else {
-                0.0
-            };
-            let mut j = 0;
-            while j < 32 {
-                // SAFETY: as above (uniform loop bounds, full mask).
-                let wj = unsafe { crate::device::warp::shfl_idx_f32(w, j) };
-                let s = 32 * c + j;
-                if s < splits && e < head_dim && wj > 0.0 {
-                    let ps = row * splits as usize + s as usize;
-                    // SAFETY: s < splits, e < head_dim: inside part_o (launch contract).
-                    num +=
-                        wj * unsafe { ld_cg_f32(part_o.add(ps * head_dim as usize + e as usize)) };
-                }
-                j += 1;
-            }
-            c += 1;
-        }
-        if e < head_dim {
-            let v = if den > 0.0 { num / den } else { 0.0 };
-            // SAFETY: out holds batch x heads x head_dim bf16; one writer per element.
-            unsafe {
-                out.add(row * head_dim as usize + e as usize)
-                    .write_volatile(pack_bf16x2(v, 0.0) as u16)
-            };
-        }
-        it += 1;
-    }
-    // SAFETY: as above.
-    unsafe { stamp(stamps, slot, 3) };
 }

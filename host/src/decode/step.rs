@@ -9,8 +9,8 @@
 //! ```text
 //!  rmsnorm(x or h) -> normed            [layer 0 also copies x into h, the residual stream]
 //!  GEMM, QKV epilogue  normed x Wqkv^T -> RoPE -> q, K/V rows into the paged caches
-//!  decode_attn         q, caches, block table -> attn (or split partials)
-//!  decode_attn_combine (only with more than one KV split)
+//!  decode_attn         q, caches, block table -> attn (with KV splits: partials, which each
+//!                      (sequence, KV head)'s last CTA combines into attn)
 //!  GEMM, residual      attn x Wo^T + h -> h           (beta = 1: the residual add, in place)
 //!  rmsnorm(h) -> normed
 //!  GEMM, SwiGLU        normed x Wgu^T -> silu(gate) * up -> act
@@ -155,7 +155,7 @@ pub struct StepConfig {
     pub max_pos: usize,
     /// KV splits of the attention (`None`: the count with the least estimated time, whole
     /// waves of CTA slots times pages per split plus a fixed cost, with at least 4 pages per
-    /// split). With one split there is no combine kernel.
+    /// split). With several, the last CTA of each (sequence, KV head) combines the splits.
     pub splits: Option<u32>,
     /// The decode GEMMs' configuration (issue 20's tunables). Epilogue entries exist for
     /// unroll 4 (one row tile, no A prefetch), unroll 2 with the A prefetch (one row tile), and
@@ -181,29 +181,42 @@ pub struct StepConfig {
     pub prefetch_bytes: usize,
     /// Stamp `%globaltimer` per kernel ([`DecodeStep::stamps`]); costs a few atomics per CTA.
     pub stamps: bool,
-    /// The decode attention's form ([`AttnForm::CudaCores`] unless set: the tensor-core form
-    /// measured slower on the H200, docs/perf-notes.md, session 11).
+    /// The decode attention's form ([`AttnForm::for_page`]: the tensor-core form wherever its
+    /// TMA boxes tile the pages; it streams the KV cache at copy speed on the H200,
+    /// docs/perf-notes.md, session 15).
     pub attention: AttnForm,
 }
 
 /// The two forms of the paged GQA decode attention (`gpu/src/kernels/decode_step.rs`; the same
 /// parameters, grid and outputs, so every test and variant runs either).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnForm {
     /// 8 consumer warps score each row on CUDA cores (8 lanes per row, FMAs), the KV ring
-    /// filled by `cp.async.bulk` (`AttnVariant::kernel`, `ATTN_THREADS`, 1 CTA per SM).
-    #[default]
+    /// filled by `cp.async.bulk` (`AttnVariant::kernel`, `ATTN_THREADS`, 1 CTA per SM). Any
+    /// page size.
     CudaCores,
     /// 4 consumer warps score 8 rows each by `mma.m16n8k16` and fold them into the output by
-    /// `mma.m16n8k8` (P from the scores' registers, as FlashAttention-2), the ring filled by
-    /// `cp.async` with an XOR swizzle for `ldmatrix` (`AttnVariant::tc_kernel`,
-    /// `ATTN_TC_THREADS`, 2 CTAs per SM).
+    /// `mma.m16n8k8` (P from the scores' registers, as FlashAttention-2), the ring filled by TMA
+    /// through tensor maps over the caches with the 128-byte swizzle `ldmatrix` needs
+    /// (`AttnVariant::tc_kernel`, `ATTN_TC_THREADS`, 2 CTAs per SM). Page sizes 8, 16, 32 or a
+    /// multiple of 32 (`sc::attn_tc_box_rows`); others are refused.
     TensorCores,
 }
 
 impl AttnForm {
     /// The names `warpline decode --attn` and `WARPLINE_DECODE_ATTN` take: `tc`, `cuda`.
     pub const NAMES: [&'static str; 2] = ["tc", "cuda"];
+
+    /// The default form for `page_size`-token pages: [`Self::TensorCores`] where its TMA boxes
+    /// tile the pages (`sc::attn_tc_box_rows`: 8, 16, 32 or a multiple of 32), else
+    /// [`Self::CudaCores`].
+    pub fn for_page(page_size: usize) -> Self {
+        if sc::attn_tc_box_rows(page_size) > 0 {
+            Self::TensorCores
+        } else {
+            Self::CudaCores
+        }
+    }
 
     /// Parses [`Self::NAMES`]. Errors: [`Error::BadShape`] naming the allowed values.
     pub fn parse(name: &str) -> Result<Self> {
@@ -270,7 +283,7 @@ impl StepConfig {
             swap_ab: Self::default_swap_ab(batch),
             prefetch_bytes: 4 << 20,
             stamps: false,
-            attention: AttnForm::default(),
+            attention: AttnForm::for_page(dims.page_size),
         }
     }
 
@@ -535,7 +548,7 @@ struct Inputs {
 pub struct StepKernel {
     /// Layer.
     pub layer: usize,
-    /// Role (`rmsnorm1`, `qkv`, `attn`, `combine`, `o_proj`, `rmsnorm2`, `gate_up`, `down`).
+    /// Role (`rmsnorm1`, `qkv`, `attn`, `o_proj`, `rmsnorm2`, `gate_up`, `down`).
     pub role: &'static str,
     /// Entry name.
     pub kernel: &'static str,
@@ -577,7 +590,8 @@ pub struct DecodeStep<'d> {
     tc: Option<TcGemm<'d>>,
     /// Launch shape of each swap-AB GEMM (`None`: the decode GEMM).
     swap: [Option<SwapAbShape>; 4],
-    /// The swap-AB GEMMs' tensor maps (see [`map_slots`]), over the step's own buffers.
+    /// The swap-AB GEMMs' and the tensor-core attention's tensor maps (see [`map_slots`]), over
+    /// the step's own buffers.
     tmaps: Option<DeviceBuffer<[u64; 16]>>,
     /// The launches of each chain (entry, configuration, arguments), for
     /// [`DecodeStep::run_kernels`].
@@ -597,6 +611,8 @@ pub struct DecodeStep<'d> {
     act: DeviceBuffer<bf16>,
     part_o: DeviceBuffer<f32>,
     part_ml: DeviceBuffer<f32>,
+    /// The attention's split-KV combine counters (`batch x kv_heads` u32, zero between launches).
+    counters: DeviceBuffer<u32>,
     rope: DeviceBuffer<f32>,
     stamps: DeviceBuffer<u64>,
     // Last: the pool outlives the buffers allocated from it.
@@ -620,10 +636,16 @@ const MIN_PAGES_PER_SPLIT: u32 = 4;
 /// streaming, for [`attention_splits`]' estimate.
 const CTA_COST_PAGES: u32 = 4;
 
-/// Tensor-map slots of the swap-AB GEMMs in the step's table: `4 * layers` weight maps, then
-/// one activation-input map per GEMM.
+/// Tensor-map slots of the step's table: the swap-AB GEMMs' `4 * layers` weight maps, then one
+/// activation-input map per GEMM, then the tensor-core attention's K and V cache maps of each
+/// layer.
 fn map_slots(layers: usize) -> usize {
-    4 * layers + 4
+    6 * layers + 4
+}
+
+/// The slot of `layer`'s K cache map (its V cache map follows).
+fn kv_map_slot(layers: usize, layer: usize) -> usize {
+    4 * layers + 4 + 2 * layer
 }
 
 /// The slot of GEMM `role`'s (0 qkv, 1 o_proj, 2 gate_up, 3 down) weight map of `layer`
@@ -742,6 +764,25 @@ impl<'d> DecodeStep<'d> {
         }
         for (l, w) in weights.iter().enumerate() {
             w.check(&dims, l)?;
+        }
+        if cfg.attention == AttnForm::TensorCores {
+            if sc::attn_tc_box_rows(dims.page_size) == 0 {
+                return Err(Error::BadShape {
+                    what: "decode page size for the tensor-core attention (TMA boxes of one page)",
+                    detail: format!(
+                        "{} tokens; allowed: 8, 16, 32 or a multiple of 32 (or --attn cuda)",
+                        dims.page_size
+                    ),
+                });
+            }
+            let rows = cfg.layout.num_pages as u64 * (dims.kv_heads * dims.page_size) as u64;
+            if rows > i32::MAX as u64 {
+                return Err(Error::TooLarge {
+                    what: "decode KV cache rows for the tensor-core attention (pages x KV heads x page size; TMA coordinates are signed 32-bit)",
+                    value: rows,
+                    max: i32::MAX as u64,
+                });
+            }
         }
         let sms = dev.capabilities().sm_count;
         let (splits, pps) = attention_splits(&dims, &cfg, sms)?;
@@ -894,10 +935,13 @@ impl<'d> DecodeStep<'d> {
         let part_len = b * dims.heads * splits as usize * dims.head_dim;
         let part_o = pool.alloc_async::<f32>(stream, part_len.max(1))?;
         let part_ml = pool.alloc_async::<f32>(stream, (2 * part_len / dims.head_dim).max(1))?;
-        let per_layer = if splits > 1 { 8 } else { 7 };
+        // The fused combine's arrival counters: zero, and left zero by every launch.
+        let mut counters = pool.alloc_async::<u32>(stream, (b * dims.kv_heads).max(1))?;
+        counters.fill_async(0)?;
         // The swap-AB GEMMs' tensor maps: per layer its weights (W_BOX boxes), then per GEMM its
         // activation input (x_box(tokens) boxes), all over buffers of this step, in one table.
-        let tmaps = if swap.iter().any(Option::is_some) {
+        let tc_attn = cfg.attention == AttnForm::TensorCores;
+        let tmaps = if tc_attn || swap.iter().any(Option::is_some) {
             let sw = TmaSwizzle::B128;
             let mut raw = vec![[0u64; 16]; map_slots(cfg.layers)];
             let mut put = |slot: usize, map: TensorMap<'_>| {
@@ -925,6 +969,24 @@ impl<'d> DecodeStep<'d> {
                     let w = [&layer.wqkv, &layer.wo, &layer.wgu, &layer.w_down][r];
                     let wm = TensorMap::matrix(&w.view(0..w.len())?, s.n, s.k, s.k, wc::W_BOX, sw)?;
                     put(map_slot(cfg.layers, Some(l), r), wm);
+                }
+            }
+            if tc_attn {
+                // Rows of 64 columns (128 bytes, the swizzle's span), box rows of one page.
+                let box_rows = sc::attn_tc_box_rows(dims.page_size) as u32;
+                let rows = cfg.layout.num_pages * dims.kv_heads * dims.page_size;
+                for (l, layer) in layers.iter().enumerate() {
+                    for (i, cache) in [&layer.k_cache, &layer.v_cache].into_iter().enumerate() {
+                        let m = TensorMap::matrix(
+                            &cache.view(0..cache.len())?,
+                            rows,
+                            dims.head_dim,
+                            dims.head_dim,
+                            [sc::ATTN_TC_BOX_COLS, box_rows],
+                            sw,
+                        )?;
+                        put(kv_map_slot(cfg.layers, l) + i, m);
+                    }
                 }
             }
             let mut t = pool.alloc_async::<[u64; 16]>(stream, raw.len())?;
@@ -971,6 +1033,7 @@ impl<'d> DecodeStep<'d> {
             act,
             part_o,
             part_ml,
+            counters,
             rope,
             stamps,
         };
@@ -989,7 +1052,6 @@ impl<'d> DecodeStep<'d> {
                 &shapes,
                 attn_variant,
                 pps,
-                per_layer,
             )?;
             if ci == 0 {
                 step.kernels = kernels;
@@ -1011,7 +1073,6 @@ impl<'d> DecodeStep<'d> {
         shapes: &[GemmShape; 4],
         attn_variant: &sc::AttnVariant,
         pps: u32,
-        per_layer: usize,
     ) -> Result<(Vec<StepKernel>, Vec<Launch>)> {
         let d = &self.dims;
         let b = self.cfg.batch as u32;
@@ -1231,12 +1292,19 @@ impl<'d> DecodeStep<'d> {
                 (shapes[0].n * shapes[0].k * 2) as u64,
             )?;
             slot += 1;
-            // 3. Attention (+ 4. combine).
+            // 3. Attention (with KV splits, its last CTAs combine them).
             let kv_bytes = 2
                 * (self.cfg.batch * self.cfg.layout.max_pages_per_seq * d.page_size) as u64
                 * (d.kv_heads * d.head_dim * 2) as u64;
             let scale_log2 = (std::f64::consts::LOG2_E / (d.head_dim as f64).sqrt()) as f32;
             let (attn_kernel, attn_threads, attn_smem) = self.cfg.attention.launch(attn_variant);
+            // The tensor-core form's K and V tensor maps (adjacent slots of the table).
+            let kv_maps = match (&self.tmaps, self.cfg.attention) {
+                (Some(maps), AttnForm::TensorCores) => {
+                    maps.device_ptr() + (kv_map_slot(self.cfg.layers, l) * 128) as u64
+                }
+                _ => 0,
+            };
             push(
                 chain,
                 "attn",
@@ -1264,34 +1332,14 @@ impl<'d> DecodeStep<'d> {
                         u32a(self.splits | pps << 16),
                         f32a(scale_log2),
                         u64a(stamps),
+                        u64a(kv_maps),
+                        u64a(self.counters.device_ptr()),
                         u32a(flags_s(slot)),
                     ],
                 ),
                 kv_bytes,
             )?;
             slot += 1;
-            if per_layer == 8 {
-                push(
-                    chain,
-                    "combine",
-                    (
-                        sc::COMBINE_KERNEL,
-                        None,
-                        LaunchConfig::linear(b * d.heads as u32, sc::COMBINE_THREADS, 0),
-                        vec![
-                            u64a(self.part_o.device_ptr()),
-                            u64a(self.part_ml.device_ptr()),
-                            u64a(self.attn.device_ptr()),
-                            u32a(d.head_dim as u32),
-                            u32a(self.splits),
-                            u64a(stamps),
-                            u32a(flags_s(slot)),
-                        ],
-                    ),
-                    0,
-                )?;
-                slot += 1;
-            }
             // 5. O projection + residual (in place into h).
             push(
                 chain,
@@ -1707,19 +1755,11 @@ pub fn check_step_entries(ptx: &str) -> Result<()> {
         int("splits_pps"),
         flt("scale_log2"),
         ptr("stamps"),
+        ptr("kv_maps"),
+        ptr("counters"),
         int("flags"),
     ];
-    let combine = vec![
-        ptr("part_o"),
-        ptr("part_ml"),
-        ptr("out"),
-        int("head_dim"),
-        int("splits"),
-        ptr("stamps"),
-        int("flags"),
-    ];
-    let mut want: Vec<(&str, &Vec<RustParam>)> =
-        vec![(sc::RMSNORM_KERNEL, &norm), (sc::COMBINE_KERNEL, &combine)];
+    let mut want: Vec<(&str, &Vec<RustParam>)> = vec![(sc::RMSNORM_KERNEL, &norm)];
     for v in gc::EPI_VARIANTS {
         want.push((v.kernel, &gemm));
     }
