@@ -1477,7 +1477,7 @@ pub mod decode_step {
         assert!(2 * ATTN_TC_STAGES as usize * 8 <= ATTN_RING_OFFSET);
         // The fused combine's flag and weights fit in the smallest ring (d 64).
         assert!(
-            16 + 4 * 8 * MAX_SPLITS as usize
+            16 + 8 * 8 * MAX_SPLITS as usize
                 <= ATTN_STAGES as usize * 2 * ATTN_CHUNK_ROWS as usize * 64 * 2
         );
         assert!(

@@ -640,7 +640,7 @@ unsafe fn cache_row(p: &Attn, c: &AttnCta, t: u32, d: u32) -> usize {
 ///
 /// # Safety
 /// Every thread of the CTA calls it, convergently, after writing its states (it starts with a
-/// CTA barrier); the launch contract; at least `16 + 4 * G * splits` bytes from `ring` lie in
+/// CTA barrier); the launch contract; at least `16 + 8 * G * splits` bytes from `ring` lie in
 /// the dynamic shared memory.
 #[inline(always)]
 unsafe fn attn_merge<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32, states: u32) {
@@ -723,13 +723,14 @@ fn fence_gpu() {
 /// split's partials (every thread `fence.acq_rel.gpu` after its writes, then a CTA barrier) and
 /// counts itself on its (sequence, KV head)'s counter (`atom.acq_rel.gpu.add`, thread 0). The
 /// CTA that counts `splits - 1` resets the counter to 0 for the next launch and merges the
-/// splits: per head, the weights `w_s = l_s 2^(m_s - max m) / sum` into shared memory, then
-/// `out = sum_s w_s o_s` per element, reading the partials from L2 (`ld.global.cg`).
+/// splits: every (head, split)'s (m, l) into shared memory at once, per head the weights `w_s =
+/// l_s 2^(m_s - max m) / sum`, then `out = sum_s w_s o_s` per element, the partials read from L2
+/// (`ld.global.cg`) 8 splits at a time: a few dependent L2 round trips in all.
 ///
 /// # Safety
 /// Every thread of the CTA calls it, convergently, after writing its split's partials; more
 /// than one split; `p.counters` holds `batch x n_kv` u32, 0 before the launch and written by nothing else
-/// during it; `16 + 4 * G * splits` bytes from `ring` lie in the dynamic shared memory, whose
+/// during it; `16 + 8 * G * splits` bytes from `ring` lie in the dynamic shared memory, whose
 /// earlier contents are no longer needed once every thread passed the first barrier.
 #[inline(always)]
 unsafe fn attn_combine<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32) {
@@ -766,69 +767,92 @@ unsafe fn attn_combine<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32)
     }
     fence_gpu();
     let row0 = (c.b * c.heads + c.kvh * G as u32) as usize;
-    if tid < G as u32 {
-        let ml = p
+    let nt = block_dim_x();
+    // Every (head, split)'s (m, l) at once, one pair per thread: `[G][splits]` maxima at `wts`,
+    // sums after them.
+    let n = G as u32 * splits;
+    let mut i = tid;
+    while i < n {
+        let (j, sp) = (i / splits, i % splits);
+        let at = p
             .part_ml
-            .wrapping_add(2 * (row0 + tid as usize) * splits as usize);
-        // SAFETY: s < splits: inside this row's part_ml; written by this launch's CTAs before
-        // their counts, which this CTA's count acquired.
-        let state = |s: u32| unsafe {
-            (
-                ld_cg_f32(ml.add(2 * s as usize)),
-                ld_cg_f32(ml.add(2 * s as usize + 1)),
-            )
-        };
+            .wrapping_add(2 * ((row0 + j as usize) * splits as usize + sp as usize));
+        // SAFETY: inside part_ml (j < G, sp < splits), written by this launch's CTAs before their
+        // counts, which this CTA's count acquired; inside 16 + 8 G splits bytes (contract).
+        unsafe {
+            wts.add(i).store(ld_cg_f32(at));
+            wts.add(n + i).store(ld_cg_f32(at.add(1)));
+        }
+        i += nt;
+    }
+    // SAFETY: every thread of the CTA reaches it.
+    unsafe { sync_threads() };
+    if tid < G as u32 {
+        // Head tid's weights `w_s = l_s 2^(m_s - max m) / sum`, over its maxima in place.
+        let (ms, ls) = (wts.add(tid * splits), wts.add(n + tid * splits));
         let mut mm = M_INIT;
-        let mut s = 0;
-        while s < splits {
-            let (ms, ls) = state(s);
-            if ls > 0.0 && ms > mm {
-                mm = ms;
+        let mut sp = 0;
+        while sp < splits {
+            // SAFETY: written before the barrier.
+            let (m, l) = unsafe { (ms.add(sp).load(), ls.add(sp).load()) };
+            if l > 0.0 && m > mm {
+                mm = m;
             }
-            s += 1;
+            sp += 1;
         }
         let mut den = 0.0f32;
-        let mut s = 0;
-        while s < splits {
-            let (ms, ls) = state(s);
-            let w = if ls > 0.0 {
-                ls * exp2_approx(ms - mm)
-            } else {
-                0.0
-            };
-            // SAFETY: head tid's weights, inside 16 + 4 G splits bytes (contract).
-            unsafe { wts.add(tid * splits + s).store(w) };
-            den += w;
-            s += 1;
+        let mut sp = 0;
+        while sp < splits {
+            // SAFETY: as above; only this thread touches head tid's entries now.
+            unsafe {
+                let (m, l) = (ms.add(sp).load(), ls.add(sp).load());
+                let w = if l > 0.0 {
+                    l * exp2_approx(m - mm)
+                } else {
+                    0.0
+                };
+                den += w;
+                ms.add(sp).store(w);
+            }
+            sp += 1;
         }
         let inv = if den > 0.0 { 1.0 / den } else { 0.0 };
-        let mut s = 0;
-        while s < splits {
+        let mut sp = 0;
+        while sp < splits {
             // SAFETY: as above.
-            unsafe {
-                let at = wts.add(tid * splits + s);
-                at.store(at.load() * inv);
-            }
-            s += 1;
+            unsafe { ms.add(sp).store(ms.add(sp).load() * inv) };
+            sp += 1;
         }
     }
     // SAFETY: every thread of the CTA reaches it (the branch above holds no barrier).
     unsafe { sync_threads() };
+    // One output element per thread and pass; its splits' partials in batches of 8 independent
+    // L2 loads.
     let mut idx = tid;
     while idx < G as u32 * d {
         let (j, e) = (idx / d, idx % d);
         let row = row0 + j as usize;
+        let po = p
+            .part_o
+            .wrapping_add(row * splits as usize * d as usize + e as usize);
         let mut o = 0.0f32;
-        let mut s = 0;
-        while s < splits {
-            // SAFETY: written before the barrier.
-            let w = unsafe { wts.add(j * splits + s).load() };
-            if w > 0.0 {
-                let ps = row * splits as usize + s as usize;
-                // SAFETY: s < splits, e < d: inside part_o; published as the weights were.
-                o += w * unsafe { ld_cg_f32(p.part_o.add(ps * d as usize + e as usize)) };
-            }
-            s += 1;
+        let mut s0 = 0;
+        while s0 < splits {
+            let mut v = [0.0f32; 8];
+            unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if s0 + (U as u32) < splits {
+                    // SAFETY: split s0 + U < splits, e < d: inside part_o; published as the
+                    // (m, l) were.
+                    v[U] = unsafe { ld_cg_f32(po.add((s0 as usize + U) * d as usize)) };
+                }
+            });
+            unroll!(U in [0, 1, 2, 3, 4, 5, 6, 7] {
+                if s0 + (U as u32) < splits {
+                    // SAFETY: written before the barrier.
+                    o += unsafe { wts.add(j * splits + s0 + U as u32).load() } * v[U];
+                }
+            });
+            s0 += 8;
         }
         // SAFETY: out holds batch x heads x d bf16; one writer per element.
         unsafe {
@@ -836,7 +860,7 @@ unsafe fn attn_combine<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32)
                 .add(row * d as usize + e as usize)
                 .write_volatile(pack_bf16x2(o, 0.0) as u16)
         };
-        idx += block_dim_x();
+        idx += nt;
     }
 }
 
