@@ -1310,7 +1310,7 @@ pub mod decode_step {
     /// `%globaltimer` ns. The host fills a slot with `u64::MAX, u64::MAX, 0, 0` before a run.
     pub const STAMP_WORDS: usize = 4;
     /// `flags` bit: read what does not depend on the previous kernel before `griddepcontrol.wait`
-    /// (RMSNorm: its weight; attention: `cp.async.bulk.prefetch.L2` of its first KV pages).
+    /// (RMSNorm: its weight; attention: the KV chunks of earlier tokens, copied into its ring).
     pub const FLAG_EARLY: u32 = 1;
     /// Shift of the stamp slot in `flags` (16 bits).
     pub const STAMP_SLOT_SHIFT: u32 = 16;

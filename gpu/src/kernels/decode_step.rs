@@ -5,16 +5,19 @@
 //!
 //! PDL: each kernel reads what does not depend on the previous kernel before
 //! `griddepcontrol.wait` (with `FLAG_EARLY`): RMSNorm its weight, attention the block table and
-//! positions (written by the host only) and an L2 prefetch of its first KV pages (the cache rows
-//! of earlier tokens; the new token's row, written by the QKV GEMM, is read only after the
-//! wait, and a prefetch only warms L2, which is coherent). Everything the previous kernel
-//! writes is read, and everything is written, after the wait. Each kernel triggers
-//! `launch_dependents` right after its wait: the dependent grid is scheduled once every CTA of
+//! positions (written by the host only) and the chunks of earlier tokens' KV rows, copied into
+//! its ring (no kernel of the step writes them; the chunk holding the new token's row, written
+//! by the QKV GEMM, is copied only after the wait). Everything the previous kernel writes is
+//! read, and everything is written, after the wait. RMSNorm and the attention's consumers
+//! trigger `launch_dependents` right after their wait, the attention's loader warp at its
+//! start: the dependent grid is scheduled once every CTA of
 //! this grid has triggered, and its own `griddepcontrol.wait` still waits for this grid to
 //! complete and flush (PTX ISA `griddepcontrol`), so the trigger's place only decides how early
 //! the dependent's CTAs may become resident.
 //!
-//! Attention, one CTA per (sequence, KV head, split), warp-specialized: a loader warp streams the
+//! Attention, two forms with one parameter list: the tensor-core form ([`attn_tc`], the host's
+//! default where its TMA boxes tile the pages) and the CUDA-core form described here. One CTA
+//! per (sequence, KV head, split), warp-specialized: a loader warp streams the
 //! split's KV cache into shared memory by `cp.async.bulk` (chunks of up to 32 rows of one page,
 //! K and V, an `ATTN_STAGES`-deep ring of full/empty mbarriers, so ~64 KiB per CTA are in
 //! flight); 8 consumer warps score each chunk, 8 lanes per row, `d / 8` elements per lane, every
@@ -559,7 +562,8 @@ struct AttnCta {
 }
 
 /// Stamps the CTA's start, checks the launch shape (`threads` per CTA, at least `smem` bytes of
-/// dynamic shared memory, non-zero splits and page size, a length inside the block table; traps
+/// dynamic shared memory, 1 to `MAX_SPLITS` splits, a non-zero page size, a length inside the
+/// block table; traps
 /// otherwise) and finds the CTA's work. Positions and block tables are written by the host only,
 /// so this runs before `griddepcontrol.wait`.
 ///
@@ -572,6 +576,7 @@ unsafe fn attn_cta<const G: usize>(p: &Attn, threads: u32, smem: usize) -> AttnC
     unsafe { stamp(p.stamps, slot, 0) };
     if block_dim_x() != threads
         || p.splits == 0
+        || p.splits > MAX_SPLITS
         || p.page_size == 0
         || (dynamic_smem_size() as usize) < smem
     {
@@ -750,6 +755,11 @@ unsafe fn attn_combine<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32)
         unsafe {
             core::arch::asm!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], 1;", o = out(reg32) old,
                 p = in(reg64) ctr, options(nostack));
+        }
+        if old >= splits {
+            // A counter that was not 0 at the launch (the contract): merging now would mix in
+            // splits not yet written, silently; abort instead.
+            trap();
         }
         let last = old == splits - 1;
         if last {
@@ -1014,9 +1024,10 @@ unsafe fn attn_tc<const NV: usize, const G: usize>(p: Attn) {
             pipe.consumer_wait(st);
             let kst = ring + st.stage() * stage_bytes;
             if rows < warp * 8 + 8 {
-                // A short last chunk: zero this warp's V rows past the split (whatever the
-                // boxes or earlier chunks left there), then order those writes before the
-                // warp's reads and before the ring's next TMA fill (async proxy).
+                // A short last chunk (the split's last): zero this warp's V rows past the split
+                // (whatever the boxes or earlier chunks left there), then order those writes
+                // before the warp's reads (and, by the proxy fence, before any later TMA write
+                // to the stage, though none follows in this CTA).
                 let mut idx = lane;
                 while idx < 64 * NV as u32 {
                     let (rr, pc) = (idx / (8 * NV as u32), idx % (8 * NV as u32));
@@ -1153,13 +1164,17 @@ macro_rules! attn_entry {
         /// Decode attention entry of [`crate::contract::decode_step`] (`ATTN_VARIANTS`).
         ///
         /// # Safety
-        /// Grid `batch * n_kv * splits` CTAs of `ATTN_THREADS` threads with
-        /// `attn_smem_bytes` of dynamic shared memory; `q` `batch x heads x d` bf16 (`heads =
-        /// n_kv * G`); caches `num_pages x n_kv x page_size x d` bf16; `block_table` `batch x
-        /// bt_stride` u32, `positions` `batch` u32 (`splits_pps = splits | pages_per_split << 16`) (both not written by any kernel while this
-        /// one may run); with `splits == 1` `out` `batch x heads x d` bf16, else `part_o`
-        /// `batch x heads x splits x d` f32 and `part_ml` `batch x heads x splits x 2` f32;
-        /// outputs alias nothing. A page `>= num_pages` or a length beyond the table traps.
+        /// Grid `batch * n_kv * splits` CTAs of `ATTN_THREADS` threads with `attn_smem_bytes`
+        /// of dynamic shared memory (the tensor-core entries: `ATTN_TC_THREADS`,
+        /// `attn_tc_smem_bytes`, and `kv_maps` the two tensor maps of `ATTN_TC_BOX_COLS` over
+        /// these caches); `q` `batch x heads x d` bf16 (`heads = n_kv * G`); caches `num_pages
+        /// x n_kv x page_size x d` bf16; `block_table` `batch x bt_stride` u32, `positions`
+        /// `batch` u32 (`splits_pps = splits | pages_per_split << 16`) (both not written by any
+        /// kernel while this one may run); `out` `batch x heads x d` bf16; with `splits > 1`
+        /// also `part_o` `batch x heads x splits x d` f32, `part_ml` `batch x heads x splits x
+        /// 2` f32 and `counters` `batch x n_kv` u32, all 0 before the launch (left 0 after
+        /// it); outputs alias nothing. A page `>= num_pages`, a length beyond the table, more
+        /// than `MAX_SPLITS` splits or a non-zero counter traps.
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(

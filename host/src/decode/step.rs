@@ -22,7 +22,8 @@
 //! PDL contract of the chain: every kernel reads the previous kernel's outputs, and writes
 //! anything, only after `griddepcontrol.wait`; before it, with the prefetch flags, a kernel
 //! reads only its weights (never written by the step), the block table and positions (written
-//! only by the host between runs, stream-ordered), and warms L2 with KV pages.
+//! only by the host between runs, stream-ordered), and the attention copies the KV rows of
+//! earlier tokens (written by earlier steps, never by a kernel of this one) into its ring.
 //!
 //! Errors are typed and raised before anything is queued (see [`DecodeStep::new`] and
 //! [`DecodeStep::set_inputs`]).
@@ -1125,11 +1126,13 @@ impl<'d> DecodeStep<'d> {
                 // (gpu/src/contract.rs `decode_gemm`, `decode_step`); the kernels touch the
                 // previous kernel's data only after griddepcontrol.wait, and before it read
                 // only weights (never written by the step), positions and block tables (written
-                // only by the host, stream-ordered) and prefetch KV pages into L2; the block
+                // only by the host, stream-ordered) and the KV rows of earlier tokens; the block
                 // table is validated on every host update (set_inputs) and the kernels trap on
-                // an entry outside the cache rather than access it. The swap-AB GEMMs' tensor
-                // maps (the step's table) cover exactly their A and B buffers, and they load
-                // weights before the wait only, which the step never writes.
+                // an entry outside the cache rather than access it. The tensor maps of the
+                // step's table cover exactly the swap-AB GEMMs' A and B buffers and each layer's
+                // K and V caches; the GEMMs load weights before the wait only, which the step
+                // never writes. With KV splits the attention's counters are zero before each
+                // launch and left zero by it (every CTA counts once; the last resets).
                 unsafe {
                     match &foreign {
                         Some(k) => chain.push_kernel(kernel, k, cfg, &args),
