@@ -237,15 +237,30 @@ pub fn upload<T: warpline::kernels::tc_gemm::TcInput>(
     let vals = normal(rng, rows * cols);
     let len = (rows - 1) * pitch + cols;
     let mut host = vec![f32::NAN; len];
-    for r in 0..rows {
-        for c in 0..cols {
-            host[r * pitch + c] = T::from_f32(vals[r * cols + c]).to_f32();
-        }
-    }
+    scatter_pitched(&mut host, &vals, cols, pitch, |v| T::from_f32(v).to_f32());
     let typed: Vec<T> = host.iter().map(|&v| T::from_f32(v)).collect();
     let mut buf = pool.alloc_async::<T>(stream, len).unwrap();
     buf.copy_from_host(&typed).unwrap();
     (buf, host)
+}
+
+/// Writes the row-major `vals` (rows of `cols`) into `host` at row pitch `pitch`, each value
+/// passed through `round` (the element type's rounding); the padding is left as it is.
+fn scatter_pitched(
+    host: &mut [f32],
+    vals: &[f32],
+    cols: usize,
+    pitch: usize,
+    round: impl Fn(f32) -> f32,
+) {
+    if cols == 0 {
+        return;
+    }
+    for (r, row) in vals.chunks_exact(cols).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            host[r * pitch + c] = round(v);
+        }
+    }
 }
 
 /// A GEMM test's C: `len` elements, all NaN unless `values`, in which case the `rows x cols`
@@ -271,11 +286,7 @@ where
     let mut host = vec![f32::NAN; len];
     if values {
         let v = normal(rng, rows * cols);
-        for r in 0..rows {
-            for c in 0..cols {
-                host[r * pitch + c] = O::from_f32(v[r * cols + c]).to_f32();
-            }
-        }
+        scatter_pitched(&mut host, &v, cols, pitch, |x| O::from_f32(x).to_f32());
     }
     let mut buf = pool.alloc_async::<O>(stream, len).unwrap();
     buf.copy_from_host(&host.iter().map(|&v| O::from_f32(v)).collect::<Vec<_>>())
