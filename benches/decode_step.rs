@@ -16,7 +16,10 @@
 //! attention's KV splits), `WARPLINE_DECODE_ATTN=tc|cuda` (the attention's form, default
 //! `AttnForm::for_page`: tensor cores at 16-token pages), `WARPLINE_DECODE_GEMM_QKV`, `_O`, `_GU`, `_DOWN` (one GEMM's
 //! configuration label, over `WARPLINE_DECODE_GEMM`; such a GEMM is a decode GEMM),
-//! `WARPLINE_DECODE_SWAPAB=none|all|qkv,o_proj,gate_up,down` (the swap-AB GEMMs, after the forms), `WARPLINE_DECODE_TIMELINE=file.png`
+//! `WARPLINE_DECODE_SWAPAB=none|all|qkv,o_proj,gate_up,down` (the swap-AB GEMMs, after the forms),
+//! `WARPLINE_DECODE_FUSE_NORM=0|1` (the RMSNorms as kernels or fused; default fused up to 32
+//! sequences), `WARPLINE_DECODE_SWAPAB_KSPLIT=q,o,gu,d` (each swap-AB GEMM's ksplit, 0 the
+//! rule's), `WARPLINE_DECODE_TIMELINE=file.png`
 //! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`
 //! in the `wait` colour; variant `WARPLINE_DECODE_TIMELINE_VARIANT`, default `e`), `WARPLINE_DECODE_NPY=dir` (also
 //! write one step's inputs, weights, caches and output for `scripts/torch_decode.py --check
@@ -117,12 +120,26 @@ fn main() -> warpline::Result<()> {
             if let Some(s) = env("WARPLINE_DECODE_SPLITS") {
                 c.splits = Some(s.parse().expect("WARPLINE_DECODE_SPLITS: a split count"));
             }
+            if let Some(f) = env("WARPLINE_DECODE_FUSE_NORM") {
+                c.fuse_norm = f != "0";
+            }
+            if let Some(l) = env("WARPLINE_DECODE_SWAPAB_KSPLIT") {
+                for (r, v) in l.split(',').enumerate().take(4) {
+                    let ks: u32 = v.parse().expect("WARPLINE_DECODE_SWAPAB_KSPLIT: 4 numbers");
+                    c.swap_ab_ksplit[r] = (ks > 0).then_some(ks);
+                }
+            }
         })?;
         println!(
-            "{}x{}: swap-AB GEMMs {}",
+            "{}x{}: swap-AB GEMMs {}, RMSNorm {}",
             case.batch,
             case.kv_len,
-            step.config().swap_ab_label()
+            step.config().swap_ab_label(),
+            if step.norm_fused() {
+                "fused into the GEMMs"
+            } else {
+                "as kernels"
+            }
         );
         let iters = 10;
         let r = run_case(&step, case, &variants, copy, 7, iters)?;

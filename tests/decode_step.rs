@@ -91,6 +91,16 @@ fn setup_with(
     }
 }
 
+/// The reference's rounding for `s`'s step: the fused RMSNorm's when the step fuses it (the
+/// default, with every GEMM swap-AB).
+fn rnd(s: &Setup) -> Rounding {
+    if s.cfg.fuse_norm && s.cfg.swap_ab.iter().all(|&on| on) {
+        Rounding::Bf16FusedNorm
+    } else {
+        Rounding::Bf16
+    }
+}
+
 fn bf(v: &[f32]) -> Vec<bf16> {
     v.iter().map(|&x| bf16::from_f32(x)).collect()
 }
@@ -127,9 +137,26 @@ fn layer_reference(s: &Setup) -> (Vec<reference::LayerTrace>, Vec<f64>, Vec<RefC
         &mut h,
         &s.positions,
         &s.block_table,
-        Rounding::Bf16,
+        rnd(s),
     );
     (traces, h, rc)
+}
+
+/// The reference's whole step of `s` (its rounding: [`rnd`]) from `s`'s caches: the output and
+/// the caches after the step.
+fn step_reference(s: &Setup) -> (Vec<f64>, Vec<RefCache>) {
+    let mut rc = ref_caches(s);
+    let want = reference::step(
+        &s.dims,
+        &s.cfg.layout,
+        &s.weights,
+        &mut rc,
+        &s.x,
+        &s.positions,
+        &s.block_table,
+        rnd(s),
+    );
+    (want, rc)
 }
 
 /// Checks `got` (bf16) against `want` with the module's bound; returns the largest error in
@@ -228,17 +255,7 @@ fn issue21_decode_step_matches_reference() {
                 step.splits(),
                 gemm.label()
             );
-            let mut rc = ref_caches(&s);
-            let want = reference::step(
-                &s.dims,
-                &s.cfg.layout,
-                &s.weights,
-                &mut rc,
-                &s.x,
-                &s.positions,
-                &s.block_table,
-                Rounding::Bf16,
-            );
+            let (want, rc) = step_reference(&s);
             for v in Variant::ALL {
                 let got = run_and_read(&mut step, v);
                 check(&format!("{} output", v.label()), &got, &want);
@@ -282,6 +299,37 @@ fn issue21_decode_step_matches_reference() {
     }
 }
 
+/// The fused RMSNorm at a hidden size that is no multiple of 64 (328: the last 64-column tile
+/// of the sums of squares holds 8 columns, and 6 partials per row, no multiple of 4, take the
+/// consumer's scalar path), fused and as kernels, two layers (down's fused output feeds the
+/// next layer), against the reference, every variant.
+#[test]
+fn issue21_decode_fused_norm_at_hidden_328() {
+    let Some(dev) = gpu_or_skip("issue21_decode_fused_norm_at_hidden_328") else {
+        return;
+    };
+    let seed = gemm_seed("decode_step fused norm 328");
+    let dims = DecodeDims {
+        hidden: 328,
+        ..DecodeDims::small()
+    };
+    for fuse in [true, false] {
+        let mut s = setup_with(dims, 3, seed, &[0, 17, 40], 2, None);
+        s.cfg.fuse_norm = fuse;
+        let mut step = build(&dev, &s);
+        assert_eq!(step.norm_fused(), fuse);
+        let (want, _) = step_reference(&s);
+        for v in Variant::ALL {
+            let got = run_and_read(&mut step, v);
+            check(
+                &format!("hidden 328, fused {fuse}, {} output", v.label()),
+                &got,
+                &want,
+            );
+        }
+    }
+}
+
 /// Each kernel's output in a one-layer step against the reference's intermediates: Q after
 /// RoPE (QKV GEMM epilogue), the attention output (attention, and combine with splits), the
 /// second RMSNorm, SiLU(gate) * up (gate/up epilogue), and the output (O and down residual
@@ -304,7 +352,15 @@ fn issue21_decode_step_kernels_match_reference() {
         eprintln!("splits {}", step.splits());
         check("q (QKV + RoPE)", &mid.q, &cat(|t| &t.q));
         check("attention", &mid.attn, &cat(|t| &t.attn));
-        check("rmsnorm2", &mid.normed, &cat(|t| &t.normed2));
+        if step.norm_fused() {
+            check(
+                "h * gamma (fused rmsnorm2)",
+                &mid.normed,
+                &times_gamma(&cat(|t| &t.h1), &s.weights[0].ffn_norm),
+            );
+        } else {
+            check("rmsnorm2", &mid.normed, &cat(|t| &t.normed2));
+        }
         check("silu(gate) * up", &mid.act, &cat(|t| &t.act));
         check("layer output", &out, &h);
     }
@@ -377,20 +433,42 @@ fn issue21_decode_attention_forms_match_reference_at_llama_head_dims() {
     }
 }
 
+/// `bf16(bf16(h) * gamma)` per row of `h` (`[rows][hidden]`): what a fused RMSNorm's first
+/// half writes (the row scale comes later, in the GEMM that reads it).
+fn times_gamma(h: &[f64], gamma: &[f32]) -> Vec<f64> {
+    h.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let hb = bf16::from_f64(v).to_f64();
+            bf16::from_f64(hb * gamma[i % gamma.len()] as f64).to_f64()
+        })
+        .collect()
+}
+
 /// Each kernel alone, on inputs that are the reference's own (bf16-valued) intermediates,
 /// against the reference's next intermediate: RMSNorm (and the copy of x into h), the QKV GEMM
 /// (Q after RoPE and the K/V rows written into the caches), attention (+ combine), the O
 /// projection with the residual add, RMSNorm, the gate/up GEMM with SiLU(gate) * up, and the
-/// down projection with the residual add. B = 5, ragged lengths, with and without KV splits.
+/// down projection with the residual add. B = 5, ragged lengths, with and without KV splits,
+/// with the RMSNorms as kernels and fused into the GEMMs (`StepConfig::fuse_norm`; then the
+/// first RMSNorm writes `x * gamma` and o_proj `h * gamma`, and qkv and gate_up run after the
+/// kernel that wrote their sums of squares).
 #[test]
 fn issue21_decode_each_kernel_alone() {
     let Some(dev) = gpu_or_skip("issue21_decode_each_kernel_alone") else {
         return;
     };
     let seed = gemm_seed("decode_step each kernel");
-    for splits in [Some(1), None] {
-        let s = setup(seed, &[0, 15, 16, 31, 40], 1, splits);
+    for (splits, fuse) in [
+        (Some(1), false),
+        (None, false),
+        (None, true),
+        (Some(1), true),
+    ] {
+        let mut s = setup(seed, &[0, 15, 16, 31, 40], 1, splits);
+        s.cfg.fuse_norm = fuse;
         let mut step = build(&dev, &s);
+        assert_eq!(step.norm_fused(), fuse, "every GEMM is swap-AB by default");
         let (traces, _, rc) = layer_reference(&s);
         let cat = |f: fn(&reference::LayerTrace) -> &Vec<f64>| -> Vec<f64> {
             traces.iter().flat_map(|t| f(t).clone()).collect()
@@ -402,18 +480,31 @@ fn issue21_decode_each_kernel_alone() {
         let v = Variant::PdlPrefetch;
         eprintln!("splits {}: kernels {roles:?}", step.splits());
 
+        let x64: Vec<f64> = s.x.iter().map(|&v| v as f64).collect();
         // RMSNorm of x; h = x.
         step.poison().unwrap();
         step.run_kernels(v, 0..1).unwrap();
         let mid = step.intermediates().unwrap();
-        check("rmsnorm1 alone", &mid.normed, &cat(|t| &t.normed));
+        if fuse {
+            check(
+                "rmsnorm1 alone (fused: x * gamma)",
+                &mid.normed,
+                &times_gamma(&x64, &s.weights[0].attn_norm),
+            );
+        } else {
+            check("rmsnorm1 alone", &mid.normed, &cat(|t| &t.normed));
+        }
         assert_eq!(step.output().unwrap(), bf(&s.x), "rmsnorm1 copies x into h");
 
-        // QKV + RoPE + cache append.
+        // QKV + RoPE + cache append (fused: after the RMSNorm that wrote its sums of squares).
         step.poison().unwrap();
-        step.write_activation(Activation::Normed, &up(&cat(|t| &t.normed)))
-            .unwrap();
-        step.run_kernels(v, at("qkv")..at("qkv") + 1).unwrap();
+        if fuse {
+            step.run_kernels(v, 0..at("qkv") + 1).unwrap();
+        } else {
+            step.write_activation(Activation::Normed, &up(&cat(|t| &t.normed)))
+                .unwrap();
+            step.run_kernels(v, at("qkv")..at("qkv") + 1).unwrap();
+        }
         check(
             "qkv alone: q",
             &step.intermediates().unwrap().q,
@@ -458,25 +549,41 @@ fn issue21_decode_each_kernel_alone() {
         step.write_activation(Activation::H, &bf(&s.x)).unwrap();
         step.run_kernels(v, at("o_proj")..at("o_proj") + 1).unwrap();
         check("o_proj alone", &step.output().unwrap(), &cat(|t| &t.h1));
+        if fuse {
+            check(
+                "o_proj alone: h * gamma (fused norm)",
+                &step.intermediates().unwrap().normed,
+                &times_gamma(&cat(|t| &t.h1), &s.weights[0].ffn_norm),
+            );
+        } else {
+            // RMSNorm of h.
+            step.poison().unwrap();
+            step.write_activation(Activation::H, &up(&cat(|t| &t.h1)))
+                .unwrap();
+            step.run_kernels(v, at("rmsnorm2")..at("rmsnorm2") + 1)
+                .unwrap();
+            check(
+                "rmsnorm2 alone",
+                &step.intermediates().unwrap().normed,
+                &cat(|t| &t.normed2),
+            );
+        }
 
-        // RMSNorm of h.
+        // gate/up + SiLU(gate) * up (fused: after o_proj, which wrote h * gamma and the sums
+        // of squares).
         step.poison().unwrap();
-        step.write_activation(Activation::H, &up(&cat(|t| &t.h1)))
-            .unwrap();
-        step.run_kernels(v, at("rmsnorm2")..at("rmsnorm2") + 1)
-            .unwrap();
-        check(
-            "rmsnorm2 alone",
-            &step.intermediates().unwrap().normed,
-            &cat(|t| &t.normed2),
-        );
-
-        // gate/up + SiLU(gate) * up.
-        step.poison().unwrap();
-        step.write_activation(Activation::Normed, &up(&cat(|t| &t.normed2)))
-            .unwrap();
-        step.run_kernels(v, at("gate_up")..at("gate_up") + 1)
-            .unwrap();
+        if fuse {
+            step.write_activation(Activation::Attn, &up(&cat(|t| &t.attn)))
+                .unwrap();
+            step.write_activation(Activation::H, &bf(&s.x)).unwrap();
+            step.run_kernels(v, at("o_proj")..at("gate_up") + 1)
+                .unwrap();
+        } else {
+            step.write_activation(Activation::Normed, &up(&cat(|t| &t.normed2)))
+                .unwrap();
+            step.run_kernels(v, at("gate_up")..at("gate_up") + 1)
+                .unwrap();
+        }
         check(
             "gate_up alone",
             &step.intermediates().unwrap().act,
@@ -527,26 +634,26 @@ fn issue21_decode_graph_replay_equals_eager_bitwise() {
             g.launch().unwrap();
             step.stream().synchronize().unwrap();
             let first = step.output().unwrap();
+            // The caches as the first replay left them (its rows rounded by the GPU): the
+            // reference of the second token starts from these.
+            let caches: Vec<RefCache> = (0..s.cfg.layers)
+                .map(|l| {
+                    let (k, v) = step.read_cache(l).unwrap();
+                    let f = |c: Vec<bf16>| c.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+                    RefCache::from_f32(&f(k), &f(v))
+                })
+                .collect();
             step.set_inputs(&bf(&x2), &pos2, &s.block_table).unwrap();
             g.launch().unwrap();
             step.stream().synchronize().unwrap();
-            (first, step.output().unwrap())
+            (first, step.output().unwrap(), caches)
         };
         assert_eq!(graph_out.0, eager[0], "{gv:?} replay differs from eager");
         let eager2 = run_and_read(&mut step, Variant::PdlPrefetch);
         assert_eq!(graph_out.1, eager2, "{gv:?} replay on new inputs differs");
-        // Reference on the new inputs: the caches hold the first step's rows too.
-        let mut rc = ref_caches(&s);
-        reference::step(
-            &s.dims,
-            &s.cfg.layout,
-            &s.weights,
-            &mut rc,
-            &s.x,
-            &s.positions,
-            &s.block_table,
-            Rounding::Bf16,
-        );
+        // Reference on the new inputs, from the caches the first replay left (the first
+        // step's rows as the GPU rounded them), so one step's bound applies.
+        let mut rc = graph_out.2;
         let want = reference::step(
             &s.dims,
             &s.cfg.layout,
@@ -555,10 +662,8 @@ fn issue21_decode_graph_replay_equals_eager_bitwise() {
             &x2,
             &pos2,
             &s.block_table,
-            Rounding::Bf16,
+            rnd(&s),
         );
-        // The GPU caches hold the first step's rows as the GPU rounded them; the bound covers
-        // that (one ulp per element of one key and value).
         check(&format!("{gv:?} second token"), &graph_out.1, &want);
         step.set_inputs(&bf(&s.x), &s.positions, &s.block_table)
             .unwrap();
@@ -709,17 +814,7 @@ fn issue21_decode_bad_input_typed_errors() {
         Err(Error::BadShape { .. })
     ));
     // The refused inputs left the previous ones in place: the step still matches.
-    let mut rc = ref_caches(&s);
-    let want = reference::step(
-        &s.dims,
-        &s.cfg.layout,
-        &s.weights,
-        &mut rc,
-        &s.x,
-        &s.positions,
-        &s.block_table,
-        Rounding::Bf16,
-    );
+    let (want, _) = step_reference(&s);
     step.run(Variant::PdlPrefetch).unwrap();
     step.stream().synchronize().unwrap();
     check("after refused inputs", &step.output().unwrap(), &want);

@@ -371,6 +371,8 @@ fn issue20_swap_ab_entries_use_wgmma_tma_and_dsmem_without_spills() {
             "griddepcontrol.wait".into(),
             "griddepcontrol.launch_dependents".into(),
             format!(".maxntid {}, 1, 1", c::THREADS_PER_CTA),
+            // The fused RMSNorm's per-tile sums of squares (FLAG_NORM_OUT).
+            "shfl.sync.bfly.b32".into(),
         ] {
             assert!(ptx.contains(&needle), "{name} lacks `{needle}`");
         }

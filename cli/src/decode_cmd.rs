@@ -87,6 +87,11 @@ pub struct DecodeArgs {
     /// page size allows it, else `cuda`.
     #[arg(long, value_name = "FORM")]
     attn: Option<String>,
+    /// Keep the RMSNorms as kernels instead of fusing them into the GEMMs around them (by
+    /// default fused up to 32 sequences; the fusion needs every GEMM to be a swap-AB GEMM,
+    /// without that they are kernels anyway).
+    #[arg(long)]
+    unfused_norm: bool,
 }
 
 /// The step's GEMM forms from the flags, checked before the device opens: the form for every
@@ -226,6 +231,9 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
         if let Some(a) = attn_form {
             c.attention = a;
         }
+        if args.unfused_norm {
+            c.fuse_norm = false;
+        }
     })?;
     let forms: Vec<String> = (0..4)
         .map(|r| {
@@ -237,12 +245,17 @@ pub fn run(ctx: &Ctx, args: DecodeArgs) -> CliResult<Value> {
         })
         .collect();
     say!(
-        "GEMM forms: qkv {}, o_proj {}, gate_up {}, down {}; attention {}",
+        "GEMM forms: qkv {}, o_proj {}, gate_up {}, down {}; attention {}; RMSNorm {}",
         forms[0],
         forms[1],
         forms[2],
         forms[3],
-        step.config().attention.name()
+        step.config().attention.name(),
+        if step.norm_fused() {
+            "fused into the GEMMs"
+        } else {
+            "as kernels"
+        }
     );
     let rows = run_case(&step, case, &variants, copy, args.reps, 10)?;
     say!(

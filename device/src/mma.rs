@@ -164,6 +164,27 @@ pub unsafe fn ld_global_nc_v4(p: *const u32) -> [u32; 4] {
     [x, y, z, w]
 }
 
+/// `ld.global.cg.v4.b32`: 16 bytes from global memory cached in L2 only (PTX ISA 8.0 §9.7.9.8,
+/// `.cg`): coherent with the writes of earlier kernels, so for data the previous kernel on the
+/// stream wrote, read after `griddepcontrol.wait` (under PDL the writer may still run when this
+/// kernel starts, so its data is not read-only for this kernel's lifetime and the `.nc` path
+/// does not apply).
+///
+/// # Safety
+/// `p` is a 16-byte aligned device address of 16 readable bytes.
+#[inline(always)]
+pub unsafe fn ld_global_cg_v4(p: *const u32) -> [u32; 4] {
+    let (x, y, z, w): (u32, u32, u32, u32);
+    // SAFETY: the caller's contract. `readonly`, not `pure`: kept after asm that may write
+    // memory (e.g. `griddepcontrol.wait`, which has a memory clobber).
+    unsafe {
+        asm!("ld.global.cg.v4.b32 {{{x}, {y}, {z}, {w}}}, [{p}];",
+            x = out(reg32) x, y = out(reg32) y, z = out(reg32) z, w = out(reg32) w,
+            p = in(reg64) p, options(nostack, readonly))
+    };
+    [x, y, z, w]
+}
+
 /// `ld.global.nc.u16`: one 16-bit element through the read-only path (ragged K tails).
 ///
 /// # Safety

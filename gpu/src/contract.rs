@@ -717,7 +717,8 @@ pub mod swap_ab_gemm {
     /// tile, the barriers and the alignment slack within [`smem_target`], at most
     /// [`MAX_STAGES`].
     pub const fn stages(nt: u32) -> usize {
-        let fixed = partial_bytes(nt) + SWIZZLE_ALIGN + 2 * MAX_STAGES * MBARRIER_BYTES;
+        let fixed =
+            partial_bytes(nt) + SWIZZLE_ALIGN + 2 * MAX_STAGES * MBARRIER_BYTES + norm_bytes(nt);
         let s = (smem_target(nt) - fixed) / (W_STAGE_BYTES + x_stage_bytes(nt));
         if s > MAX_STAGES {
             MAX_STAGES
@@ -738,9 +739,19 @@ pub mod swap_ab_gemm {
     pub const fn barriers_offset(nt: u32) -> usize {
         partial_offset(nt) + partial_bytes(nt)
     }
+    /// Offset of the fused RMSNorm's shared words (after the mbarriers, 16-byte aligned): the
+    /// [`NORM_ARGS_WORDS`] u64 of the argument block, then `nt` f32 row scales.
+    pub const fn norm_offset(nt: u32) -> usize {
+        (barriers_offset(nt) + 2 * stages(nt) * MBARRIER_BYTES).next_multiple_of(16)
+    }
+    /// Bytes of the fused RMSNorm's shared words: the block's words, `nt` row scales, the
+    /// tile's `W_ROWS` gamma values (bf16).
+    pub const fn norm_bytes(nt: u32) -> usize {
+        NORM_ARGS_WORDS * 8 + nt as usize * F32_BYTES + W_ROWS * IN_BYTES + 16
+    }
     /// Dynamic shared memory per CTA of token tile `nt`.
     pub const fn smem_bytes(nt: u32) -> usize {
-        barriers_offset(nt) + 2 * stages(nt) * MBARRIER_BYTES + SWIZZLE_ALIGN
+        norm_offset(nt) + norm_bytes(nt) + SWIZZLE_ALIGN
     }
     /// Epilogue: `alpha * acc + bias` (bias when given) `+ beta * C`.
     pub const EPI_NONE: u32 = 0;
@@ -767,6 +778,47 @@ pub mod swap_ab_gemm {
     /// first and last CTA past the producer's `griddepcontrol.wait`, last CTA end).
     pub const STAMP_SLOT_SHIFT: u32 = 16;
 
+    /// `flags` bit, RMSNorm fused into A's consumer (the decode step, issue 21): the GEMM's A is
+    /// `bf16(x * gamma)` of rows x that were never scaled by their RMS, and the argument block
+    /// at `norm` gives the sums of squares of x's rows in partials (`f32 [M][parts_in]`, row
+    /// `m`'s sum is the sum of its `parts_in` partials, in order). Each output is multiplied by
+    /// `1 / sqrt(sum_m / n_in + eps)` before the bias and the activation (RMSNorm is linear in
+    /// A's row, so `(x / rms(x) * gamma) W^T = (x * gamma) W^T / rms(x)`).
+    pub const FLAG_NORM_IN: u32 = 2;
+    /// `flags` bit, RMSNorm of C prepared for the next GEMM (`EPI_NONE`, BF16 C only): besides
+    /// C, the epilogue writes `normed = bf16(bf16(c) * gamma)` (`M x N` bf16, pitch `ld_out`)
+    /// and the sums of squares of C's BF16 values over each 64-column tile of weight rows into
+    /// `ss_out [M][ceil(N / 64)]` (f32, one writer each, no atomics: deterministic).
+    pub const FLAG_NORM_OUT: u32 = 4;
+    /// u64 words of the fused RMSNorm's argument block (`norm` parameter), in order:
+    /// `[0]` `ss_in` (address of f32 partials, [`FLAG_NORM_IN`]), `[1]` `parts_in`, `[2]` `n_in`
+    /// (the normalised row's length: the sum of squares is divided by it) in the low and the f32
+    /// bits of `eps` in the high 32 bits, `[3]` `gamma` (address of `N` bf16, [`FLAG_NORM_OUT`]),
+    /// `[4]` `normed` (address), `[5]` `ss_out` (address), `[6]` `ld_out` (elements, a multiple
+    /// of 4) in the low and `parts_out = ceil(N / 64)` in the high 32 bits, `[7]` 0.
+    pub const NORM_ARGS_WORDS: usize = 8;
+
+    /// The argument block of a fused RMSNorm ([`NORM_ARGS_WORDS`]): `input` is `(ss_in,
+    /// parts_in, n_in, eps)`, `output` `(gamma, normed, ss_out, ld_out, parts_out)`.
+    pub const fn norm_args(
+        input: Option<(u64, u32, u32, f32)>,
+        output: Option<(u64, u64, u64, u32, u32)>,
+    ) -> [u64; NORM_ARGS_WORDS] {
+        let mut a = [0u64; NORM_ARGS_WORDS];
+        if let Some((ss, parts, n, eps)) = input {
+            a[0] = ss;
+            a[1] = parts as u64;
+            a[2] = n as u64 | (eps.to_bits() as u64) << 32;
+        }
+        if let Some((gamma, normed, ss, ld, parts)) = output {
+            a[3] = gamma;
+            a[4] = normed;
+            a[5] = ss;
+            a[6] = ld as u64 | (parts as u64) << 32;
+        }
+        a
+    }
+
     const _: () = {
         let mut i = 0;
         while i < TOKEN_TILES.len() {
@@ -775,6 +827,7 @@ pub mod swap_ab_gemm {
             assert!(smem_bytes(nt) <= smem_target(nt));
             assert!(x_stage_bytes(nt).is_multiple_of(SWIZZLE_ALIGN));
             assert!(partial_offset(nt).is_multiple_of(16));
+            assert!(norm_offset(nt) + norm_bytes(nt) <= smem_bytes(nt));
             assert!(nt.is_multiple_of(KSPLITS[KSPLITS.len() - 1]));
             i += 1;
         }
@@ -1315,8 +1368,11 @@ pub mod decode_step {
     /// Shift of the stamp slot in `flags` (16 bits).
     pub const STAMP_SLOT_SHIFT: u32 = 16;
 
-    /// `decode_rmsnorm_bf16(x, w, out, resid, rows, n, eps, stamps, flags)`: one CTA per row,
-    /// `out = bf16(x / sqrt(mean(x^2) + eps) * w)`, and `resid = x` when `resid != 0`.
+    /// `decode_rmsnorm_bf16(x, w, out, resid, rows, n, eps, stamps, flags, partials)`: one CTA
+    /// per row, `out = bf16(x / sqrt(mean(x^2) + eps) * w)`, and `resid = x` when `resid != 0`.
+    /// With `partials != 0` (the first half of a fused RMSNorm, `swap_ab_gemm::FLAG_NORM_IN`)
+    /// `out = bf16(x * w)` and `partials[row][ceil(n / 64)]` (f32) the sums of squares of each
+    /// 64 columns of x.
     pub const RMSNORM_KERNEL: &str = "decode_rmsnorm_bf16";
     /// Threads per RMSNorm CTA.
     pub const RMSNORM_THREADS: u32 = 256;

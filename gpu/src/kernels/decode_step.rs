@@ -31,7 +31,8 @@ use crate::contract::decode_step::*;
 use crate::device::bulk;
 use crate::device::math::{exp2_approx, pack_bf16x2};
 use crate::device::mma::{
-    ld_global_nc_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16_f32_bf16, mma_m16n8k8_f32_bf16,
+    ld_global_cg_v4, ld_global_nc_v4, ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16_f32_bf16,
+    mma_m16n8k8_f32_bf16,
 };
 use crate::device::pdl;
 use crate::device::pipeline::{PipelineState, TmaPipeline};
@@ -80,11 +81,15 @@ fn unpack8(v: [u32; 4]) -> [f32; 8] {
 }
 
 /// RMSNorm of one row per CTA (`RMSNORM_THREADS` threads, `n <= RMSNORM_MAX_N`, `n % 8 == 0`).
+/// With `partials` non-null, the first half of a fused RMSNorm instead
+/// (`contract::swap_ab_gemm::FLAG_NORM_IN`): `out = bf16(x * w)`, unscaled, and the sums of
+/// squares of each 64 columns of x into `partials[row][ceil(n / 64)]`.
 ///
 /// # Safety
 /// `x` and `out` hold `rows x n` bf16, `w` `n` bf16, `resid` is null or `rows x n` bf16, all
 /// 16-byte aligned; `out` and `resid` alias nothing else; `w` is not written by the previous
-/// kernel (read before `griddepcontrol.wait` with `FLAG_EARLY`); `stamps` as in `decode_gemm`.
+/// kernel (read before `griddepcontrol.wait` with `FLAG_EARLY`); `stamps` as in `decode_gemm`;
+/// `partials` is null or holds `rows x ceil(n / 64)` f32 that alias nothing else.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "ptx-kernel" fn decode_rmsnorm_bf16(
@@ -97,6 +102,7 @@ pub unsafe extern "ptx-kernel" fn decode_rmsnorm_bf16(
     eps: f32,
     stamps: *mut u64,
     flags: u32,
+    partials: *mut f32,
 ) {
     let slot = flags >> STAMP_SLOT_SHIFT;
     // SAFETY: the launch contract (stamps).
@@ -140,17 +146,45 @@ pub unsafe extern "ptx-kernel" fn decode_rmsnorm_bf16(
     }
     let base = row as usize * n as usize;
     let mut xv = [[0u32; 4]; RMSNORM_VECS];
-    let mut ss = 0.0f32;
+    let mut ssv = [0.0f32; RMSNORM_VECS];
     unroll!(I in [0, 1, 2, 3] {
         let v = tid + (I as u32) * RMSNORM_THREADS;
         if v < nv {
             // SAFETY: row < rows, vector v < n / 8: inside x (launch contract).
-            xv[I] = unsafe { ld_global_nc_v4(x.add(base + 8 * v as usize) as *const u32) };
+            // `.cg`: x may be h, written by the previous kernel (PDL: not read-only for this
+            // kernel's lifetime).
+            xv[I] = unsafe { ld_global_cg_v4(x.add(base + 8 * v as usize) as *const u32) };
             for e in unpack8(xv[I]) {
-                ss = crate::device::math::fma(e, e, ss);
+                ssv[I] = crate::device::math::fma(e, e, ssv[I]);
             }
         }
     });
+    let fused = !partials.is_null();
+    if fused {
+        // Each 64 columns are the vectors of 8 consecutive threads: their sum of squares, in
+        // the first of them.
+        let parts = nv.div_ceil(8);
+        unroll!(I in [0, 1, 2, 3] {
+            let mut p = ssv[I];
+            // SAFETY: every lane runs these shuffles (uniform trip counts, no divergence).
+            unsafe {
+                p += crate::device::warp::shfl_xor_f32(p, 1);
+                p += crate::device::warp::shfl_xor_f32(p, 2);
+                p += crate::device::warp::shfl_xor_f32(p, 4);
+            }
+            let v = tid + (I as u32) * RMSNORM_THREADS;
+            if v < nv && v.is_multiple_of(8) {
+                // SAFETY: row < rows, part v / 8 < ceil(n / 64) (launch contract).
+                unsafe {
+                    crate::device::smem::store_global(
+                        partials.add((row * parts + v / 8) as usize),
+                        p,
+                    )
+                };
+            }
+        });
+    }
+    let mut ss = (ssv[0] + ssv[1]) + (ssv[2] + ssv[3]);
     // SAFETY: all threads of every warp reach this reduction (no divergence above it).
     ss = unsafe { reduce_sum_f32(ss) };
     let smem = Shared::<f32>::at(dynamic_smem_base());
@@ -168,7 +202,12 @@ pub unsafe extern "ptx-kernel" fn decode_rmsnorm_bf16(
         total += unsafe { smem.add(i).load() };
         i += 1;
     }
-    let inv = 1.0 / sqrt_rn(total / n as f32 + eps);
+    // Fused: the consumer applies the row scale (from the partials).
+    let inv = if fused {
+        1.0
+    } else {
+        1.0 / sqrt_rn(total / n as f32 + eps)
+    };
     unroll!(I in [0, 1, 2, 3] {
         let v = tid + (I as u32) * RMSNORM_THREADS;
         if v < nv {
@@ -384,7 +423,7 @@ unsafe fn attn<const NV: usize, const G: usize>(p: Attn) {
                     if I < NV {
                         // SAFETY: q holds batch x heads x d bf16 (launch contract).
                         q[J][I] = unsafe {
-                            ld_global_nc_v4(p.q.add(off + 64 * I + 8 * sub as usize) as *const u32)
+                            ld_global_cg_v4(p.q.add(off + 64 * I + 8 * sub as usize) as *const u32)
                         };
                     }
                 });

@@ -39,6 +39,13 @@ use crate::device::wgmma::{self, Accumulators, MatrixDescriptor, Swizzle};
 
 use super::qkv_store::QkvArgs;
 
+/// `$body` once for each `$i` in the list, as a constant.
+macro_rules! unroll {
+    ($i:ident in [$($v:literal),*] $body:block) => {
+        $( { const $i: usize = $v; $body } )*
+    };
+}
+
 /// One 128-byte-swizzle atom (8 rows of 128 bytes): wgmma's stride-dimension byte offset.
 const ATOM_BYTES: u32 = 8 * 128;
 /// `WGMMA_K` slices per stage.
@@ -127,6 +134,9 @@ struct Gemm<const NT: u32, const S: u32> {
     flags: u32,
     /// `%globaltimer` stamp buffer (null: none); slot `flags >> STAMP_SLOT_SHIFT`.
     stamps: *mut u64,
+    /// The fused RMSNorm's argument block (`NORM_ARGS_WORDS` u64; with `FLAG_NORM_IN` or
+    /// `FLAG_NORM_OUT`).
+    norm: u64,
     /// This CTA's K slice: k-blocks `kb0 .. kb0 + kbs`.
     kb0: u32,
     kbs: u32,
@@ -152,6 +162,167 @@ impl<const NT: u32, const S: u32> Gemm<NT, S> {
     #[inline(always)]
     fn partial(self) -> u32 {
         self.smem + partial_offset(NT) as u32
+    }
+    /// Shared copy of argument word `i` of the fused RMSNorm's block.
+    #[inline(always)]
+    fn norm_word(self, i: u32) -> u32 {
+        self.smem + norm_offset(NT) as u32 + 8 * i
+    }
+    /// Shared row scale of the tile's token `t`.
+    #[inline(always)]
+    fn row_scale(self, t: u32) -> Shared<f32> {
+        Shared::<f32>::at(self.smem + (norm_offset(NT) + NORM_ARGS_WORDS * 8) as u32 + 4 * t)
+    }
+    /// Shared copy of `gamma[n0 + 4 j .. n0 + 4 j + 4]` (8 bytes; zeros past N).
+    #[inline(always)]
+    fn gamma_word(self, j: u32) -> u32 {
+        self.smem + (norm_offset(NT) + NORM_ARGS_WORDS * 8) as u32 + 4 * NT + 8 * j
+    }
+}
+
+/// The consumer warpgroup's prologue of the fused RMSNorm (`FLAG_NORM_OUT`, `FLAG_NORM_IN`),
+/// before the mainloop, while the first stages are in flight (shared memory written here is
+/// read only after the cluster barrier that ends the mainloop):
+/// - `FLAG_NORM_OUT`: threads 0..16 copy the tile's 64 `gamma` values and threads 16..20 the
+///   argument block's output words into shared memory. Both are written by no kernel (the host
+///   wrote the block, gamma is a weight), so this runs before `griddepcontrol.wait`.
+/// - `FLAG_NORM_IN`: after `griddepcontrol.wait` (the previous kernel wrote the sums of
+///   squares; the consumers have nothing to do before the first token tile, which follows that
+///   wait too), 16 threads per token add its partials (4 at a time when `parts_in % 4 == 0`;
+///   the first 64 partials of every token of the tile loaded before any is added: one L2 round
+///   trip), a butterfly over the 16 gives the row's sum, and the first writes the token's row
+///   scale `1 / sqrt(sum / n_in + eps)` (0 past M).
+///
+/// Every consumer thread runs the same trip counts, so all 32 lanes reach each shuffle.
+///
+/// # Safety
+/// `g.norm` is the address of an argument block as `contract::swap_ab_gemm::NORM_ARGS_WORDS`
+/// says; with `FLAG_NORM_IN` its `ss_in` holds `M x parts_in` f32 (16-byte aligned); `tid` is
+/// the thread's index in the consumer warpgroup.
+#[inline(always)]
+unsafe fn norm_prologue<const NT: u32, const S: u32>(g: Gemm<NT, S>, tid: u32) {
+    let blk = g.norm as *const u64;
+    if g.flags & FLAG_NORM_OUT != 0 {
+        const GAMMA_THREADS: u32 = (W_ROWS / 4) as u32;
+        if tid < GAMMA_THREADS {
+            // SAFETY: word 3 of the block: gamma, N bf16.
+            let gamma = unsafe { blk.add(3).read() } as *const u16;
+            let mut v = [0u16; 4];
+            let mut e = 0;
+            while e < 4 {
+                let n = g.n0 + 4 * tid + e;
+                if n < g.n {
+                    // SAFETY: n < N: inside gamma.
+                    v[e as usize] = unsafe { gamma.add(n as usize).read() };
+                }
+                e += 1;
+            }
+            // SAFETY: 8 bytes of the tile's gamma words (norm_bytes(NT)), one writer each.
+            unsafe {
+                Shared::<u32>::at(g.gamma_word(tid)).store(v[0] as u32 | (v[1] as u32) << 16);
+                Shared::<u32>::at(g.gamma_word(tid) + 4).store(v[2] as u32 | (v[3] as u32) << 16);
+            }
+        } else if tid < GAMMA_THREADS + 4 {
+            let i = tid - GAMMA_THREADS + 4;
+            // SAFETY: word i (4..8) of the block (caller); the shared word lies in
+            // norm_bytes(NT), one writer.
+            unsafe {
+                let w = blk.add(i as usize).read();
+                Shared::<u32>::at(g.norm_word(i)).store(w as u32);
+                Shared::<u32>::at(g.norm_word(i) + 4).store((w >> 32) as u32);
+            }
+        }
+    }
+    if g.flags & FLAG_NORM_IN == 0 {
+        return;
+    }
+    pdl::wait();
+    // SAFETY: words 0..3 of the block (caller).
+    let (ss, parts, w2) = unsafe { (blk.read(), blk.add(1).read() as u32, blk.add(2).read()) };
+    let n_in = (w2 as u32) as f32;
+    let eps = f32::from_bits((w2 >> 32) as u32);
+    const GROUP: u32 = (W_ROWS / 4) as u32;
+    // Rounds of 8 tokens (CONSUMER_THREADS / GROUP); at most 16 (NT = 128).
+    const MAX_ROUNDS: usize = 16;
+    let rounds = NT * GROUP / CONSUMER_THREADS;
+    let vec4 = parts.is_multiple_of(4) && (ss as usize).is_multiple_of(16);
+    let lane16 = tid % GROUP;
+    let row_of = |round: u32| -> (u32, *const f32) {
+        let t = (round * CONSUMER_THREADS + tid) / GROUP;
+        let m = g.m0 + t;
+        (
+            m,
+            (ss as *const f32).wrapping_add(m as usize * parts as usize),
+        )
+    };
+    // Every round's first chunk (partials 4 lane16 .. + 4: all of a row up to 64 partials, a
+    // hidden size up to 4096) is loaded before any is added: one L2 round trip for the tile.
+    // Constant indices only (`unroll!`), so `first` stays in registers.
+    let mut first = [[0u32; 4]; MAX_ROUNDS];
+    if vec4 && 4 * lane16 < parts {
+        unroll!(R in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+            let (m, row) = row_of(R as u32);
+            if (R as u32) < rounds && m < g.m {
+                // SAFETY: partials 4 lane16 .. + 4 of row m < M (caller), 16-byte aligned
+                // (checked above).
+                first[R] = unsafe {
+                    crate::device::mma::ld_global_cg_v4(row.add(4 * lane16 as usize) as *const u32)
+                };
+            }
+        });
+    }
+    let mut r = 0;
+    while r < rounds {
+        let (m, row) = row_of(r);
+        let t = (r * CONSUMER_THREADS + tid) / GROUP;
+        let mut sum = 0.0f32;
+        if m < g.m {
+            if vec4 {
+                let mut q = [0u32; 4];
+                unroll!(R in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+                    if R as u32 == r {
+                        q = first[R];
+                    }
+                });
+                sum = (f32::from_bits(q[0]) + f32::from_bits(q[1]))
+                    + (f32::from_bits(q[2]) + f32::from_bits(q[3]));
+                // Rows of more than 64 partials: the further chunks, one at a time.
+                let mut c = lane16 + GROUP;
+                while 4 * c < parts {
+                    // SAFETY: as above, chunk c of row m.
+                    let q = unsafe {
+                        crate::device::mma::ld_global_cg_v4(row.add(4 * c as usize) as *const u32)
+                    };
+                    sum += (f32::from_bits(q[0]) + f32::from_bits(q[1]))
+                        + (f32::from_bits(q[2]) + f32::from_bits(q[3]));
+                    c += GROUP;
+                }
+            } else {
+                let mut p = lane16;
+                while p < parts {
+                    // SAFETY: partial p of row m < M (caller).
+                    sum += unsafe { row.add(p as usize).read() };
+                    p += GROUP;
+                }
+            }
+        }
+        let mut mask = 1;
+        while mask < GROUP {
+            // SAFETY: every lane of the warpgroup runs the same rounds and this loop (uniform
+            // bounds); masks below 16 keep each token's 16 aligned lanes together.
+            sum += unsafe { crate::device::warp::shfl_xor_f32(sum, mask) };
+            mask <<= 1;
+        }
+        if lane16 == 0 {
+            let scale = if m < g.m {
+                1.0 / crate::device::math::sqrt(sum / n_in + eps)
+            } else {
+                0.0
+            };
+            // SAFETY: t < NT: inside the row-scale words; one writer per token.
+            unsafe { g.row_scale(t).store(scale) };
+        }
+        r += 1;
     }
 }
 
@@ -225,6 +396,14 @@ where
 {
     let mut acc = <Tok<NT> as TokenTile>::ZERO;
     let tid = thread_in_warpgroup();
+    if g.flags & (FLAG_NORM_IN | FLAG_NORM_OUT) != 0 {
+        // Not in the producer warp: a lane of it waiting in `griddepcontrol.wait` beside the
+        // producer held the whole warp, so the early weight loads came after the previous
+        // kernel's end (measured on the H200: qkv 18 instead of 12 us at 8 x 4096).
+        // SAFETY: the launch contract of the flags (`norm` is an argument block); `tid` is the
+        // thread's index in the (only) consumer warpgroup.
+        unsafe { norm_prologue(g, tid) };
+    }
     let mut st = PipelineState::<S>::new();
     let mut reading = st;
     let mut i = 0;
@@ -273,17 +452,26 @@ where
 
 /// Consumer thread `tid` (0..256) after the cluster barrier: sums the `ksplit` partials of
 /// rank `r`'s tokens `r * NT / ksplit ..`, four weight rows at a time, and stores the epilogue.
+/// With `FLAG_NORM_OUT` it also stores `bf16(c * gamma)` and, per token, the sum of squares of
+/// the tile's 64 BF16 outputs: the 16 threads of a token (aligned half-warps: 16 consecutive
+/// `q`) add theirs by a butterfly and the first writes it. Every thread runs the same number of
+/// rounds, so all 32 lanes reach each shuffle.
 #[inline(always)]
 fn reduce_store<const NT: u32, const S: u32>(g: Gemm<NT, S>, tid: u32) {
     let per = NT / g.ksplit;
     let tok0 = g.rank * per;
-    let groups = per * (W_ROWS / 4) as u32;
-    let mut q = tid;
-    while q < groups {
-        let tok = tok0 + q / (W_ROWS / 4) as u32;
-        let row4 = (q % (W_ROWS / 4) as u32) * 4;
+    const ROW_GROUPS: u32 = (W_ROWS / 4) as u32;
+    let groups = per * ROW_GROUPS;
+    let norm_out = g.flags & FLAG_NORM_OUT != 0;
+    let rounds = groups.div_ceil(CONSUMER_THREADS);
+    let mut round = 0;
+    while round < rounds {
+        let q = tid + round * CONSUMER_THREADS;
+        let tok = tok0 + q / ROW_GROUPS;
+        let row4 = (q % ROW_GROUPS) * 4;
         let (m, n) = (g.m0 + tok, g.n0 + row4);
-        if m < g.m && n < g.n {
+        let mut sq = 0.0f32;
+        if q < groups && m < g.m && n < g.n {
             let local = g.partial() + tok * PARTIAL_ROW_BYTES + row4 * 4;
             let mut v = [0.0f32; 4];
             let mut r = 0;
@@ -295,10 +483,99 @@ fn reduce_store<const NT: u32, const S: u32>(g: Gemm<NT, S>, tid: u32) {
                 r += 1;
             }
             // SAFETY: m < M, n < N, n a multiple of 4 (the launch contract for C and bias).
-            unsafe { epilogue(g, m, n, v) };
+            let out = unsafe { epilogue(g, m, n, v) };
+            if norm_out {
+                // SAFETY: as above; FLAG_NORM_OUT's contract (EPI_NONE, BF16 C, the block's
+                // words copied to shared memory before the cluster barrier).
+                sq = unsafe { norm_store(g, m, n, out) };
+            }
         }
-        q += CONSUMER_THREADS;
+        if norm_out {
+            let mut mask = 1;
+            while mask < ROW_GROUPS {
+                // SAFETY: every lane of the warp runs `rounds` rounds and this loop in each
+                // (uniform bounds); lanes 16 apart are never combined (masks below 16).
+                sq += unsafe { crate::device::warp::shfl_xor_f32(sq, mask) };
+                mask <<= 1;
+            }
+            if q < groups && q.is_multiple_of(ROW_GROUPS) && m < g.m {
+                // SAFETY: words 5 and 6 of the block (ss_out, parts_out), copied to shared
+                // memory before the cluster barrier; row m < M, tile n0 / 64 < parts_out: one
+                // writer per (token, tile) over the grid.
+                unsafe {
+                    let ss = Shared::<u32>::at(g.norm_word(5)).load() as u64
+                        | (Shared::<u32>::at(g.norm_word(5) + 4).load() as u64) << 32;
+                    let parts = Shared::<u32>::at(g.norm_word(6) + 4).load();
+                    let at = m as usize * parts as usize + (g.n0 / W_ROWS as u32) as usize;
+                    store_global((ss as *mut f32).add(at), sq);
+                }
+            }
+        }
+        round += 1;
     }
+}
+
+/// `FLAG_NORM_OUT`: stores `bf16(bf16(c) * gamma)` of outputs `n .. n + 4` (those below N) of
+/// token `m` into `normed` and returns the sum of their BF16 values' squares.
+///
+/// # Safety
+/// As [`epilogue`]; the block's words 4 and 6 and the tile's gamma are in shared memory
+/// (`normed` M rows of pitch `ld_out`, 8-byte aligned, `ld_out % 4 == 0`).
+#[inline(always)]
+unsafe fn norm_store<const NT: u32, const S: u32>(
+    g: Gemm<NT, S>,
+    m: u32,
+    n: u32,
+    c: [f32; 4],
+) -> f32 {
+    let word = |i: u32| -> u64 {
+        // SAFETY: the caller's contract (copied words).
+        unsafe {
+            Shared::<u32>::at(g.norm_word(i)).load() as u64
+                | (Shared::<u32>::at(g.norm_word(i) + 4).load() as u64) << 32
+        }
+    };
+    let (normed, ld) = (word(4) as *mut u16, word(6) as u32);
+    // SAFETY: the tile's gamma words (caller: copied before the cluster barrier).
+    let gw = unsafe {
+        let at = g.gamma_word((n - g.n0) / 4);
+        [
+            Shared::<u32>::at(at).load(),
+            Shared::<u32>::at(at + 4).load(),
+        ]
+    };
+    let gamma = [
+        bf16_to_f32(gw[0] as u16),
+        bf16_to_f32((gw[0] >> 16) as u16),
+        bf16_to_f32(gw[1] as u16),
+        bf16_to_f32((gw[1] >> 16) as u16),
+    ];
+    let valid = (g.n - n).min(4) as usize;
+    let mut y = [0.0f32; 4];
+    let mut sq = 0.0f32;
+    let mut e = 0;
+    while e < valid {
+        let cb = bf16_to_f32(pack_bf16x2(c[e], 0.0) as u16);
+        sq += cb * cb;
+        y[e] = cb * gamma[e];
+        e += 1;
+    }
+    // SAFETY: row m, columns n .. n + valid of normed (caller), one writer.
+    let p = unsafe { normed.add(m as usize * ld as usize + n as usize) };
+    if valid == 4 {
+        let lo = pack_bf16x2(y[0], y[1]) as u64;
+        let hi = pack_bf16x2(y[2], y[3]) as u64;
+        // SAFETY: 8-byte aligned (n % 4 == 0, ld % 4 == 0, base 8-byte aligned).
+        unsafe { store_global_b64(p as *mut u64, lo | hi << 32) };
+    } else {
+        let mut e = 0;
+        while e < valid {
+            // SAFETY: as above.
+            unsafe { p.add(e).write(pack_bf16x2(y[e], 0.0) as u16) };
+            e += 1;
+        }
+    }
+    sq
 }
 
 #[inline(always)]
@@ -312,19 +589,27 @@ fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + tanh_approx(0.797_884_6 * (x + 0.044_715 * x * x * x)))
 }
 
-/// Output of weight rows `n .. n + 4` (those below N) for token `m`: `alpha * v (+ bias)`, the
-/// activation, `+ beta * C`, stored as f32 or BF16.
+/// Output of weight rows `n .. n + 4` (those below N) for token `m`: `alpha * v` (times the
+/// token's row scale with `FLAG_NORM_IN`) `(+ bias)`, the activation, `+ beta * C`, stored as
+/// f32 or BF16. Returns the stored values (before rounding) of the plain and SiLU / GELU
+/// epilogues, zeros for the others.
 ///
 /// # Safety
-/// `m < M`, `n < N`, `n % 4 == 0`; C, `ldc` and `bias` as the launch contract says.
+/// `m < M`, `n < N`, `n % 4 == 0`; C, `ldc` and `bias` as the launch contract says; with
+/// `FLAG_NORM_IN` the row scales are in shared memory.
 #[inline(always)]
-unsafe fn epilogue<const NT: u32, const S: u32>(g: Gemm<NT, S>, m: u32, n: u32, v: [f32; 4]) {
-    let mut x = [
-        g.alpha * v[0],
-        g.alpha * v[1],
-        g.alpha * v[2],
-        g.alpha * v[3],
-    ];
+unsafe fn epilogue<const NT: u32, const S: u32>(
+    g: Gemm<NT, S>,
+    m: u32,
+    n: u32,
+    v: [f32; 4],
+) -> [f32; 4] {
+    let mut a = g.alpha;
+    if g.flags & FLAG_NORM_IN != 0 {
+        // SAFETY: m - m0 < NT; written by the producer warp before the cluster barrier.
+        a *= unsafe { g.row_scale(m - g.m0).load() };
+    }
+    let mut x = [a * v[0], a * v[1], a * v[2], a * v[3]];
     if g.epilogue == EPI_QKV {
         // SAFETY: the launch contract of EPI_QKV: `bias` is the QKV argument block, C is Q
         // (bf16, pitch ldc), the weight rows are packed in RoPE pairs (rows 2i, 2i + 1 of a
@@ -336,7 +621,7 @@ unsafe fn epilogue<const NT: u32, const S: u32>(g: Gemm<NT, S>, m: u32, n: u32, 
             a.store_pair(g.c as *mut u16, g.ldc as u64, m, head, i, x[0], x[1]);
             a.store_pair(g.c as *mut u16, g.ldc as u64, m, head, i + 1, x[2], x[3]);
         }
-        return;
+        return [0.0; 4];
     }
     let valid = (g.n - n).min(4);
     if g.bias != 0 {
@@ -355,6 +640,7 @@ unsafe fn epilogue<const NT: u32, const S: u32>(g: Gemm<NT, S>, m: u32, n: u32, 
         let count = valid.div_ceil(2);
         // SAFETY: the caller's contract; C has N / 2 columns.
         unsafe { store(g, row + (n / 2) as u64, &y, count) };
+        [0.0; 4]
     } else {
         if g.epilogue == EPI_SILU {
             x = [silu(x[0]), silu(x[1]), silu(x[2]), silu(x[3])];
@@ -362,13 +648,14 @@ unsafe fn epilogue<const NT: u32, const S: u32>(g: Gemm<NT, S>, m: u32, n: u32, 
             x = [gelu(x[0]), gelu(x[1]), gelu(x[2]), gelu(x[3])];
         }
         // SAFETY: the caller's contract.
-        unsafe { store(g, row + n as u64, &x, valid) };
+        unsafe { store(g, row + n as u64, &x, valid) }
     }
 }
 
 /// `C[idx + e] = y[e] + beta * C[idx + e]` for `e < count`: one vector store when all `L` are
 /// inside (f32: `L * 4` bytes, BF16: `L * 2` bytes, aligned since `idx` is a multiple of `L`
-/// and every row pitch a multiple of 8 elements), else element by element.
+/// and every row pitch a multiple of 8 elements), else element by element. Returns the stored
+/// values (before rounding).
 ///
 /// # Safety
 /// Elements `idx .. idx + count` are inside C, `idx % L == 0`, and only this thread writes them.
@@ -378,7 +665,7 @@ unsafe fn store<const NT: u32, const S: u32, const L: usize>(
     idx: u64,
     y: &[f32; L],
     count: u32,
-) {
+) -> [f32; L] {
     let mut out = *y;
     if g.beta != 0.0 {
         let mut e = 0;
@@ -429,6 +716,7 @@ unsafe fn store<const NT: u32, const S: u32, const L: usize>(
             }
         }
     }
+    out
 }
 
 /// The entry parameters (see `contract::swap_ab_gemm`).
@@ -447,6 +735,7 @@ struct Params {
     epilogue: u32,
     flags: u32,
     stamps: *mut u64,
+    norm: u64,
 }
 
 /// The kernel body of every entry.
@@ -487,6 +776,7 @@ where
         epilogue: p.epilogue,
         flags: p.flags,
         stamps: p.stamps,
+        norm: p.norm,
         kb0,
         kbs: kb1 - kb0,
         n0: (block_idx_x() / ksplit) * W_ROWS as u32,
@@ -576,7 +866,12 @@ macro_rules! entry {
         /// `FLAG_WEIGHTS_EARLY` no kernel running before this one writes B; `ksplit <=
         /// ceil(K / BK)`; `stamps` is 0 or a stamp buffer of at least `(slot + 1) *
         /// decode_step::STAMP_WORDS` u64 (`slot = flags >> STAMP_SLOT_SHIFT`) that only stamps
-        /// touch during the kernel.
+        /// touch during the kernel; with `FLAG_NORM_IN` or `FLAG_NORM_OUT` (the decode step's
+        /// fused RMSNorm) `norm` is the address of an argument block of `NORM_ARGS_WORDS` u64 as
+        /// `contract::swap_ab_gemm::NORM_ARGS_WORDS` says, valid until the kernel completes
+        /// (`FLAG_NORM_OUT` only with `EPI_NONE` and BF16 C; `normed` and `ss_out` overlap
+        /// nothing the kernel reads), and with `FLAG_NORM_IN` `ss_in` holds the `M x parts_in`
+        /// partials, written before this kernel's `griddepcontrol.wait` returns.
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(
@@ -594,6 +889,7 @@ macro_rules! entry {
             epilogue: u32,
             flags: u32,
             stamps: u64,
+            norm: u64,
         ) {
             let p = Params {
                 tmap_w,
@@ -610,6 +906,7 @@ macro_rules! entry {
                 epilogue,
                 flags,
                 stamps: stamps as *mut u64,
+                norm,
             };
             // SAFETY: the launch contract above.
             unsafe { swap_ab_gemm::<$nt, { stages($nt) as u32 }>(p) }

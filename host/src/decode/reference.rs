@@ -21,14 +21,35 @@ pub enum Rounding {
     Exact,
     /// Round to bf16 where the GPU step stores bf16 (see the module docs).
     Bf16,
+    /// As [`Rounding::Bf16`], with the RMSNorms fused into the GEMMs as the GPU step runs them
+    /// by default (`StepConfig::fuse_norm`): the stored bf16 tensor is `x * gamma`, and `1 /
+    /// rms(x)` multiplies the GEMM's f32 result ([`rmsnorm_rounded`]).
+    Bf16FusedNorm,
 }
 
 impl Rounding {
     fn r(self, x: f64) -> f64 {
         match self {
             Rounding::Exact => x,
-            Rounding::Bf16 => half::bf16::from_f64(x).to_f64(),
+            Rounding::Bf16 | Rounding::Bf16FusedNorm => half::bf16::from_f64(x).to_f64(),
         }
+    }
+}
+
+/// RMSNorm with `rnd`'s rounding: [`rmsnorm`] rounded by [`Rounding::Bf16`]; with
+/// [`Rounding::Bf16FusedNorm`] `bf16(x * w) / rms(x)`, unrounded after the scale (the GPU scales
+/// the GEMM's f32 result, which is the same product by linearity).
+pub fn rmsnorm_rounded(rnd: Rounding, x: &[f64], w: &[f32], eps: f64) -> Vec<f64> {
+    match rnd {
+        Rounding::Bf16FusedNorm => {
+            let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+            let inv = 1.0 / (ms + eps).sqrt();
+            x.iter()
+                .zip(w)
+                .map(|(v, &w)| rnd.r(v * w as f64) * inv)
+                .collect()
+        }
+        _ => rmsnorm(x, w, eps).into_iter().map(|v| rnd.r(v)).collect(),
     }
 }
 
@@ -258,7 +279,7 @@ pub fn layer(
     for b in 0..nb {
         let pos = positions[b] as usize;
         let xb = &x[b * hd..(b + 1) * hd];
-        let normed = r(rmsnorm(xb, &w.attn_norm, dims.eps));
+        let normed = rmsnorm_rounded(rnd, xb, &w.attn_norm, dims.eps);
         let qkv = matvec(&w.wqkv, &normed);
         let mut q = qkv[..dims.q_width()].to_vec();
         let mut k = qkv[dims.q_width()..dims.q_width() + dims.kv_heads * d].to_vec();
@@ -291,7 +312,7 @@ pub fn layer(
         let o = matvec(&w.wo, &t.attn);
         let xb = &mut x[b * hd..(b + 1) * hd];
         t.h1 = r(xb.iter().zip(&o).map(|(a, b)| a + b).collect());
-        t.normed2 = r(rmsnorm(&t.h1, &w.ffn_norm, dims.eps));
+        t.normed2 = rmsnorm_rounded(rnd, &t.h1, &w.ffn_norm, dims.eps);
         let g = matvec(&w.w_gate, &t.normed2);
         let u = matvec(&w.w_up, &t.normed2);
         t.act = r(g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect());
@@ -328,6 +349,23 @@ mod tests {
 
     fn dims() -> DecodeDims {
         DecodeDims::small()
+    }
+
+    /// The fused RMSNorm's rounding: `bf16(x * w) / rms(x)`, within one bf16 rounding of the
+    /// plain RMSNorm, and not equal to it after rounding in general.
+    #[test]
+    fn issue21_fused_norm_rounding() {
+        let x: Vec<f64> = normal_bf16(3, 256, 1.0).iter().map(|&v| v as f64).collect();
+        let w = normal_bf16(4, 256, 1.0);
+        let exact = rmsnorm(&x, &w, 1e-5);
+        let fused = rmsnorm_rounded(Rounding::Bf16FusedNorm, &x, &w, 1e-5);
+        let plain = rmsnorm_rounded(Rounding::Bf16, &x, &w, 1e-5);
+        for ((e, f), p) in exact.iter().zip(&fused).zip(&plain) {
+            assert!((e - f).abs() <= e.abs() / 256.0 + 1e-30, "{e} vs {f}");
+            assert!((e - p).abs() <= e.abs() / 256.0 + 1e-30, "{e} vs {p}");
+        }
+        assert_ne!(fused, plain);
+        assert_eq!(rmsnorm_rounded(Rounding::Exact, &x, &w, 1e-5), exact);
     }
 
     /// Attention over a paged cache whose pages are scattered equals attention over the same

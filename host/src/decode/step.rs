@@ -186,6 +186,17 @@ pub struct StepConfig {
     /// TMA boxes tile the pages; it streams the KV cache at copy speed on the H200,
     /// docs/perf-notes.md, session 15).
     pub attention: AttnForm,
+    /// Fuse each RMSNorm into the GEMM that reads its output (in effect only when all four
+    /// GEMMs are swap-AB GEMMs, [`Self::swap_ab`]; [`DecodeStep::norm_fused`] says whether it
+    /// is): the residual GEMM before it (o_proj, down) writes `bf16(h * gamma)` and the sums of
+    /// squares of `h` per 64-column tile (`contract::swap_ab_gemm::FLAG_NORM_OUT`), and the
+    /// GEMM after it (qkv, gate_up) multiplies each output by the row's `1 / rms(h)`
+    /// (`FLAG_NORM_IN`). Only the first layer's first RMSNorm stays a kernel (it copies x
+    /// into h too), so a layer is five launches instead of seven.
+    pub fuse_norm: bool,
+    /// Per swap-AB GEMM (qkv, o_proj, gate_up, down) the cluster size splitting K (`None`:
+    /// `swap_ab_shape`'s rule; a bad one is the rule's typed error at [`DecodeStep::new`]).
+    pub swap_ab_ksplit: [Option<u32>; 4],
 }
 
 /// The two forms of the paged GQA decode attention (`gpu/src/kernels/decode_step.rs`; the same
@@ -285,6 +296,24 @@ impl StepConfig {
             prefetch_bytes: 4 << 20,
             stamps: false,
             attention: AttnForm::for_page(dims.page_size),
+            // Measured on the H200 (session 16, variant e): fused 3.5% faster at 8 x 4096 and
+            // 8 x 1024, 0.5% at 32 x 4096, 1.3% at 1 x 1024; 1.2% slower at 64 x 2048.
+            fuse_norm: batch <= 32,
+            swap_ab_ksplit: Self::default_swap_ab_ksplit(batch),
+        }
+    }
+
+    /// Each swap-AB GEMM's ksplit by default: gate_up in clusters of 2 up to 32 sequences (the
+    /// rule alone picks 1 there: 448 CTAs, 1.7 waves of two per SM; in the PDL chain 896 CTAs
+    /// of half the K each balance better, measured on the H200 in session 16, variant e:
+    /// 8 x 4096 161.7 against 163.8-164.7 us per layer, 32 x 4096 276.8 against 277.4-277.6,
+    /// also faster at 1 x 1024 and 8 x 1024; clusters of 4 were slower, 171.8 and 287.6), the
+    /// rule's otherwise.
+    pub fn default_swap_ab_ksplit(batch: usize) -> [Option<u32>; 4] {
+        if batch <= 32 {
+            [None, None, Some(2), None]
+        } else {
+            [None; 4]
         }
     }
 
@@ -591,6 +620,14 @@ pub struct DecodeStep<'d> {
     tc: Option<TcGemm<'d>>,
     /// Launch shape of each swap-AB GEMM (`None`: the decode GEMM).
     swap: [Option<SwapAbShape>; 4],
+    /// RMSNorm fused into the GEMMs ([`StepConfig::fuse_norm`] with every GEMM swap-AB).
+    fused: bool,
+    /// The fused RMSNorm's per-row partial sums of squares (`B x ceil(hidden / 64)` f32).
+    ss: DeviceBuffer<f32>,
+    /// The fused RMSNorm's argument blocks (`NORM_ARGS_WORDS` u64 each): block 0 the input
+    /// side (qkv, gate_up), block `1 + 2 l` o_proj's output side (layer l's `ffn_norm`),
+    /// block `2 + 2 l` down's (layer l + 1's `attn_norm`; unused for the last layer).
+    norm_args: DeviceBuffer<u64>,
     /// The swap-AB GEMMs' and the tensor-core attention's tensor maps (see [`map_slots`]), over
     /// the step's own buffers.
     tmaps: Option<DeviceBuffer<[u64; 16]>>,
@@ -832,7 +869,13 @@ impl<'d> DecodeStep<'d> {
         if let Some(tc) = &tc {
             for (r, slot) in swap.iter_mut().enumerate() {
                 if cfg.swap_ab[r] {
-                    *slot = Some(tc.swap_ab_shape(shapes4[r], SwapAbConfig::default())?);
+                    *slot = Some(tc.swap_ab_shape(
+                        shapes4[r],
+                        SwapAbConfig {
+                            ksplit: cfg.swap_ab_ksplit[r],
+                            ..SwapAbConfig::default()
+                        },
+                    )?);
                 }
             }
         }
@@ -933,6 +976,40 @@ impl<'d> DecodeStep<'d> {
         let q = alloc_bf16(b * dims.q_width())?;
         let attn = alloc_bf16(b * dims.q_width())?;
         let act = alloc_bf16(b * dims.intermediate)?;
+        let fused = cfg.fuse_norm && swap.iter().all(Option::is_some);
+        let parts = dims.hidden.div_ceil(wc::W_ROWS);
+        let ss = pool.alloc_async::<f32>(stream, b * parts)?;
+        let mut norm_args =
+            pool.alloc_async::<u64>(stream, (1 + 2 * cfg.layers) * wc::NORM_ARGS_WORDS)?;
+        {
+            let mut blocks = wc::norm_args(
+                Some((
+                    ss.device_ptr(),
+                    parts as u32,
+                    dims.hidden as u32,
+                    dims.eps as f32,
+                )),
+                None,
+            )
+            .to_vec();
+            for l in 0..cfg.layers {
+                let out = |gamma: &DeviceBuffer<bf16>| {
+                    wc::norm_args(
+                        None,
+                        Some((
+                            gamma.device_ptr(),
+                            normed.device_ptr(),
+                            ss.device_ptr(),
+                            dims.hidden as u32,
+                            parts as u32,
+                        )),
+                    )
+                };
+                blocks.extend(out(&layers[l].ffn_norm));
+                blocks.extend(out(&layers[(l + 1) % cfg.layers].attn_norm));
+            }
+            norm_args.copy_from_host(&blocks)?;
+        }
         let part_len = b * dims.heads * splits as usize * dims.head_dim;
         let part_o = pool.alloc_async::<f32>(stream, part_len.max(1))?;
         let part_ml = pool.alloc_async::<f32>(stream, (2 * part_len / dims.head_dim).max(1))?;
@@ -1010,6 +1087,9 @@ impl<'d> DecodeStep<'d> {
             chains: Vec::new(),
             tc,
             swap,
+            fused,
+            ss,
+            norm_args,
             tmaps,
             launches: Vec::new(),
             dev,
@@ -1166,34 +1246,53 @@ impl<'d> DecodeStep<'d> {
             let hidden = d.hidden as u32;
             let norm_cfg = LaunchConfig::linear(b, sc::RMSNORM_THREADS, 128);
             let norm_bytes = 2 * d.hidden as u64;
-            // 1. RMSNorm of x (layer 0, also copying x into h) or h.
+            // 1. RMSNorm of x (layer 0, also copying x into h) or h. Fused: only layer 0's, as
+            // the first half of the fused norm (x * gamma and the partial sums of squares).
             let (src, resid) = if l == 0 {
                 (x_ptr, self.h.device_ptr())
             } else {
                 (self.h.device_ptr(), 0)
             };
-            push(
-                chain,
-                "rmsnorm1",
-                (
-                    sc::RMSNORM_KERNEL,
-                    None,
-                    norm_cfg,
-                    vec![
-                        u64a(src),
-                        u64a(layer.attn_norm.device_ptr()),
-                        u64a(self.normed.device_ptr()),
-                        u64a(resid),
-                        u32a(b),
-                        u32a(hidden),
-                        f32a(d.eps as f32),
-                        u64a(stamps),
-                        u32a(flags_s(slot)),
-                    ],
-                ),
-                norm_bytes,
-            )?;
-            slot += 1;
+            if !self.fused || l == 0 {
+                push(
+                    chain,
+                    "rmsnorm1",
+                    (
+                        sc::RMSNORM_KERNEL,
+                        None,
+                        norm_cfg,
+                        vec![
+                            u64a(src),
+                            u64a(layer.attn_norm.device_ptr()),
+                            u64a(self.normed.device_ptr()),
+                            u64a(resid),
+                            u32a(b),
+                            u32a(hidden),
+                            f32a(d.eps as f32),
+                            u64a(stamps),
+                            u32a(flags_s(slot)),
+                            u64a(if self.fused { self.ss.device_ptr() } else { 0 }),
+                        ],
+                    ),
+                    norm_bytes,
+                )?;
+                // (Slots are consecutive per layer over the kernels pushed: `stamps`.)
+                slot += 1;
+            }
+            // The fused norm's flags and argument block of GEMM `i` of this layer.
+            let norm_block =
+                |blk: usize| self.norm_args.device_ptr() + (blk * wc::NORM_ARGS_WORDS * 8) as u64;
+            let fused_norm = |i: usize| -> (u32, u64) {
+                if !self.fused {
+                    return (0, 0);
+                }
+                match i {
+                    0 | 2 => (wc::FLAG_NORM_IN, norm_block(0)),
+                    1 => (wc::FLAG_NORM_OUT, norm_block(1 + 2 * l)),
+                    _ if l + 1 < self.cfg.layers => (wc::FLAG_NORM_OUT, norm_block(2 + 2 * l)),
+                    _ => (0, 0),
+                }
+            };
             // GEMM `i` (0 qkv, 1 o_proj, 2 gate_up, 3 down) of this layer: `C = A W^T + beta C`
             // (or its epilogue) as the decode GEMM or, per StepConfig::swap_ab, the swap-AB GEMM.
             #[allow(clippy::too_many_arguments)]
@@ -1214,7 +1313,9 @@ impl<'d> DecodeStep<'d> {
                     let mut cfg = LaunchConfig::linear(1, wc::THREADS_PER_CTA, ls.smem_bytes)
                         .with_cluster_x(ls.ksplit);
                     cfg.grid = ls.grid();
+                    let (norm_flags, norm) = fused_norm(i);
                     let flags = (slot << wc::STAMP_SLOT_SHIFT)
+                        | norm_flags
                         | if early { wc::FLAG_WEIGHTS_EARLY } else { 0 };
                     let (epilogue, bias) = match i {
                         0 => (wc::EPI_QKV, epi),
@@ -1236,6 +1337,7 @@ impl<'d> DecodeStep<'d> {
                         u32a(epilogue),
                         u32a(flags),
                         u64a(stamps),
+                        u64a(norm),
                     ];
                     return Ok((ls.kernel, Some(tc.entry(ls.kernel)?.clone()), cfg, args));
                 }
@@ -1360,29 +1462,32 @@ impl<'d> DecodeStep<'d> {
                 (shapes[1].n * shapes[1].k * 2) as u64,
             )?;
             slot += 1;
-            // 6. RMSNorm of h.
-            push(
-                chain,
-                "rmsnorm2",
-                (
-                    sc::RMSNORM_KERNEL,
-                    None,
-                    norm_cfg,
-                    vec![
-                        u64a(self.h.device_ptr()),
-                        u64a(layer.ffn_norm.device_ptr()),
-                        u64a(self.normed.device_ptr()),
-                        u64a(0),
-                        u32a(b),
-                        u32a(hidden),
-                        f32a(d.eps as f32),
-                        u64a(stamps),
-                        u32a(flags_s(slot)),
-                    ],
-                ),
-                norm_bytes,
-            )?;
-            slot += 1;
+            // 6. RMSNorm of h (fused: o_proj wrote h * gamma and the sums of squares).
+            if !self.fused {
+                push(
+                    chain,
+                    "rmsnorm2",
+                    (
+                        sc::RMSNORM_KERNEL,
+                        None,
+                        norm_cfg,
+                        vec![
+                            u64a(self.h.device_ptr()),
+                            u64a(layer.ffn_norm.device_ptr()),
+                            u64a(self.normed.device_ptr()),
+                            u64a(0),
+                            u32a(b),
+                            u32a(hidden),
+                            f32a(d.eps as f32),
+                            u64a(stamps),
+                            u32a(flags_s(slot)),
+                            u64a(0),
+                        ],
+                    ),
+                    norm_bytes,
+                )?;
+                slot += 1;
+            }
             // 7. gate/up + SiLU(gate) * up.
             push(
                 chain,
@@ -1574,6 +1679,7 @@ impl<'d> DecodeStep<'d> {
         self.act.fill_async(nan)?;
         self.part_o.fill_async(f32::NAN)?;
         self.part_ml.fill_async(f32::NAN)?;
+        self.ss.fill_async(f32::NAN)?;
         self.stream.synchronize()
     }
 
@@ -1596,6 +1702,13 @@ impl<'d> DecodeStep<'d> {
     /// whose replays read the step's inputs in place. Errors: those of [`Chain::capture`].
     pub fn capture(&self, variant: Variant) -> Result<Graph<'_>> {
         self.chains[variant.chain()].capture()
+    }
+
+    /// Whether the RMSNorms are fused into the GEMMs ([`StepConfig::fuse_norm`]): then
+    /// [`Intermediates::normed`] holds `bf16(h * ffn_norm)` of the last layer, not yet scaled
+    /// by `1 / rms(h)`.
+    pub fn norm_fused(&self) -> bool {
+        self.fused
     }
 
     /// The step's stream.
@@ -1741,6 +1854,7 @@ pub fn check_step_entries(ptx: &str) -> Result<()> {
         flt("eps"),
         ptr("stamps"),
         int("flags"),
+        ptr("partials"),
     ];
     let attn = vec![
         ptr("q"),
@@ -1862,6 +1976,36 @@ mod tests {
         }
         assert_eq!(cfg.gemm_for(3), o);
         assert_eq!(cfg.swap_ab, [false; 4]);
+    }
+
+    /// The fused RMSNorm and gate_up's ksplit 2 are the defaults up to 32 sequences (where they
+    /// measured faster), the RMSNorm kernels and the rule's ksplit above; the fused norm's
+    /// argument block packs its words where the kernel reads them.
+    #[test]
+    fn issue21_fused_norm_defaults_and_argument_block() {
+        let d = DecodeDims::llama3_8b();
+        for (batch, fused, ks) in [
+            (1, true, [None, None, Some(2), None]),
+            (32, true, [None, None, Some(2), None]),
+            (33, false, [None; 4]),
+            (64, false, [None; 4]),
+        ] {
+            let c = StepConfig::new(&d, batch, 4, 4096);
+            assert_eq!(c.fuse_norm, fused, "batch {batch}");
+            assert_eq!(c.swap_ab_ksplit, ks, "batch {batch}");
+        }
+        let a = wc::norm_args(
+            Some((0x1000, 64, 4096, 1e-5)),
+            Some((0x2000, 0x3000, 0x4000, 4096, 64)),
+        );
+        assert_eq!(a.len(), wc::NORM_ARGS_WORDS);
+        assert_eq!(a[0], 0x1000);
+        assert_eq!(a[1], 64);
+        assert_eq!(a[2], 4096 | ((1e-5f32).to_bits() as u64) << 32);
+        assert_eq!(&a[3..6], &[0x2000, 0x3000, 0x4000]);
+        assert_eq!(a[6], 4096 | 64 << 32);
+        assert_eq!(a[7], 0);
+        assert_eq!(wc::norm_args(None, None), [0; wc::NORM_ARGS_WORDS]);
     }
 
     #[test]

@@ -241,6 +241,7 @@ impl TcGemm<'_> {
                     0
                 }),
                 ParamValue::new(0u64),
+                ParamValue::new(0u64),
             ],
             maps,
         };

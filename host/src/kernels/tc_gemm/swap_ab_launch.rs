@@ -261,6 +261,7 @@ pub(crate) fn rust_params() -> Vec<RustParam> {
         p("epilogue: u32", 4, Int),
         p("flags: u32", 4, Int),
         p("stamps: u64", 8, Address),
+        p("norm: u64", 8, Address),
     ]
 }
 
@@ -269,8 +270,9 @@ pub(super) struct SwapAbLaunch {
     pub(super) kernel: Kernel,
     pub(super) cfg: LaunchConfig,
     pub(super) shape: SwapAbShape,
-    /// `c, bias, m, n, k, ldc, alpha, beta, out_f32, epilogue, flags, stamps` (0: none).
-    pub(super) params: [ParamValue; 12],
+    /// `c, bias, m, n, k, ldc, alpha, beta, out_f32, epilogue, flags, stamps, norm` (the last
+    /// two 0: none).
+    pub(super) params: [ParamValue; 13],
     pub(super) maps: [u64; 2],
 }
 
@@ -283,12 +285,13 @@ impl SwapAbLaunch {
     /// The plan that holds this launch still borrows its views and the map table, and `stream`
     /// is the plan's stream (or captured and replayed as if it were).
     pub(super) unsafe fn launch(&self, dev: &Device, stream: &Stream) -> Result<()> {
-        let mut params = Vec::with_capacity(14);
+        let mut params = Vec::with_capacity(15);
         params.push(ParamValue::new(self.maps[0]));
         params.push(ParamValue::new(self.maps[1]));
         params.extend_from_slice(&self.params);
         // SAFETY: the list matches the entry (checked against the PTX at TcGemm::new: 4 x u64,
-        // 4 x u32, 2 x f32, 3 x u32, u64 stamps, here 0: none). The maps were encoded over views
+        // 4 x u32, 2 x f32, 3 x u32, u64 stamps and u64 norm, here 0: none; flags has neither
+        // FLAG_NORM_IN nor FLAG_NORM_OUT, so `norm` is not read). The maps were encoded over views
         // the plan borrows (A, B shared, C exclusively) with the logical sizes as global dims,
         // so TMA reads stay inside A and B; `c`/`ldc` address C, whose rows < m and columns
         // < n (n / 2 for SwiGLU) are the only ones written; the bias view holds n f32; the grid,
