@@ -302,7 +302,8 @@ fn issue21_decode_step_matches_reference() {
 /// The fused RMSNorm at a hidden size that is no multiple of 64 (328: the last 64-column tile
 /// of the sums of squares holds 8 columns, and 6 partials per row, no multiple of 4, take the
 /// consumer's scalar path), fused and as kernels, two layers (down's fused output feeds the
-/// next layer), against the reference, every variant.
+/// next layer), against the reference, every variant; 3 sequences (token tiles of 8) and 20
+/// (tiles of 32: four rounds of row scales per CTA, several rounds of the output side).
 #[test]
 fn issue21_decode_fused_norm_at_hidden_328() {
     let Some(dev) = gpu_or_skip("issue21_decode_fused_norm_at_hidden_328") else {
@@ -313,8 +314,13 @@ fn issue21_decode_fused_norm_at_hidden_328() {
         hidden: 328,
         ..DecodeDims::small()
     };
-    for fuse in [true, false] {
-        let mut s = setup_with(dims, 3, seed, &[0, 17, 40], 2, None);
+    let twenty: Vec<u32> = (0..20).map(|i| (i * 7 % 48) as u32).collect();
+    for (positions, fuse) in [
+        (&[0, 17, 40][..], true),
+        (&[0, 17, 40][..], false),
+        (&twenty[..], true),
+    ] {
+        let mut s = setup_with(dims, 3, seed, positions, 2, None);
         s.cfg.fuse_norm = fuse;
         let mut step = build(&dev, &s);
         assert_eq!(step.norm_fused(), fuse);
@@ -322,7 +328,11 @@ fn issue21_decode_fused_norm_at_hidden_328() {
         for v in Variant::ALL {
             let got = run_and_read(&mut step, v);
             check(
-                &format!("hidden 328, fused {fuse}, {} output", v.label()),
+                &format!(
+                    "hidden 328, B = {}, fused {fuse}, {} output",
+                    positions.len(),
+                    v.label()
+                ),
                 &got,
                 &want,
             );

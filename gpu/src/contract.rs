@@ -634,7 +634,10 @@ pub mod tc_gemm {
 /// order 0, 1, ..: deterministic), applies the epilogue and stores.
 ///
 /// Parameters, in order: `(tmap_w: u64, tmap_x: u64, c: u64, bias: u64, m: u32, n: u32, k: u32,
-/// ldc: u32, alpha: f32, beta: f32, out_f32: u32, epilogue: u32, flags: u32)`. `tmap_w`: BF16
+/// ldc: u32, alpha: f32, beta: f32, out_f32: u32, epilogue: u32, flags: u32, stamps: u64, norm:
+/// u64)` (`stamps`: the decode step's `%globaltimer` buffer or 0; `norm`: the fused RMSNorm's
+/// argument block with [`FLAG_NORM_IN`](swap_ab_gemm::FLAG_NORM_IN) or
+/// [`FLAG_NORM_OUT`](swap_ab_gemm::FLAG_NORM_OUT), else unread). `tmap_w`: BF16
 /// `{K, N}` map, box [`W_BOX`](swap_ab_gemm::W_BOX); `tmap_x`: BF16 `{K, M}` map, box
 /// `x_box(NT)`; both 128-byte swizzle, zero fill. `c`: row-major C (`M x N`, or `M x N / 2` for
 /// [`EPI_SWIGLU`](swap_ab_gemm::EPI_SWIGLU)), pitch `ldc` a multiple of 8 elements, 16-byte
@@ -727,7 +730,7 @@ pub mod swap_ab_gemm {
         }
     }
     /// Layout from the 1024-byte aligned base: `stages x W | stages x X | partial | full[stages]
-    /// | empty[stages]`. Offset of stage 0's token tile.
+    /// | empty[stages] | norm area` ([`norm_offset`]). Offset of stage 0's token tile.
     pub const fn x_offset(nt: u32) -> usize {
         stages(nt) * W_STAGE_BYTES
     }

@@ -224,10 +224,16 @@ unsafe fn norm_prologue<const NT: u32, const S: u32>(g: Gemm<NT, S>, tid: u32) {
             }
         } else if tid < GAMMA_THREADS + 4 {
             let i = tid - GAMMA_THREADS + 4;
-            // SAFETY: word i (4..8) of the block (caller); the shared word lies in
-            // norm_bytes(NT), one writer.
+            // SAFETY: word i (4..8) of the block (caller).
+            let w = unsafe { blk.add(i as usize).read() };
+            // `normed` 8-byte aligned and `ld_out` a multiple of 4: the epilogue's 8-byte
+            // stores of 4 bf16 (the launch contract; a violation traps).
+            if (i == 4 && !w.is_multiple_of(8)) || (i == 6 && !(w as u32).is_multiple_of(4)) {
+                // SAFETY: `trap` aborts the kernel; no preconditions.
+                unsafe { core::arch::nvptx::trap() };
+            }
+            // SAFETY: the shared word lies in norm_bytes(NT), one writer.
             unsafe {
-                let w = blk.add(i as usize).read();
                 Shared::<u32>::at(g.norm_word(i)).store(w as u32);
                 Shared::<u32>::at(g.norm_word(i) + 4).store((w >> 32) as u32);
             }
@@ -450,7 +456,7 @@ where
     unsafe { <Tok<NT> as TokenTile>::store_partial(&acc, base) };
 }
 
-/// Consumer thread `tid` (0..256) after the cluster barrier: sums the `ksplit` partials of
+/// Consumer thread `tid` (0..CONSUMER_THREADS) after the cluster barrier: sums the `ksplit` partials of
 /// rank `r`'s tokens `r * NT / ksplit ..`, four weight rows at a time, and stores the epilogue.
 /// With `FLAG_NORM_OUT` it also stores `bf16(c * gamma)` and, per token, the sum of squares of
 /// the tile's 64 BF16 outputs: the 16 threads of a token (aligned half-warps: 16 consecutive
@@ -606,7 +612,8 @@ unsafe fn epilogue<const NT: u32, const S: u32>(
 ) -> [f32; 4] {
     let mut a = g.alpha;
     if g.flags & FLAG_NORM_IN != 0 {
-        // SAFETY: m - m0 < NT; written by the producer warp before the cluster barrier.
+        // SAFETY: m - m0 < NT; written by the consumer warpgroup's prologue before the
+        // cluster barrier.
         a *= unsafe { g.row_scale(m - g.m0).load() };
     }
     let mut x = [a * v[0], a * v[1], a * v[2], a * v[3]];
@@ -748,7 +755,9 @@ where
     Tok<NT>: TokenTile,
 {
     let ksplit = cluster::cluster_size();
-    if block_dim_x() != THREADS_PER_CTA || !matches!(ksplit, 1 | 2 | 4 | 8) {
+    // FLAG_NORM_OUT writes `normed` from the plain epilogue's BF16 outputs only.
+    let norm_out_bad = p.flags & FLAG_NORM_OUT != 0 && (p.epilogue != EPI_NONE || p.out_f32 != 0);
+    if block_dim_x() != THREADS_PER_CTA || !matches!(ksplit, 1 | 2 | 4 | 8) || norm_out_bad {
         // SAFETY: `trap` aborts the kernel; no preconditions.
         unsafe { core::arch::nvptx::trap() };
     }
@@ -869,9 +878,11 @@ macro_rules! entry {
         /// touch during the kernel; with `FLAG_NORM_IN` or `FLAG_NORM_OUT` (the decode step's
         /// fused RMSNorm) `norm` is the address of an argument block of `NORM_ARGS_WORDS` u64 as
         /// `contract::swap_ab_gemm::NORM_ARGS_WORDS` says, valid until the kernel completes
-        /// (`FLAG_NORM_OUT` only with `EPI_NONE` and BF16 C; `normed` and `ss_out` overlap
-        /// nothing the kernel reads), and with `FLAG_NORM_IN` `ss_in` holds the `M x parts_in`
-        /// partials, written before this kernel's `griddepcontrol.wait` returns.
+        /// (`FLAG_NORM_OUT`: `EPI_NONE` and BF16 C, else the kernel traps; `gamma` holds N
+        /// bf16; `normed` holds M rows of `ld_out` bf16, 8-byte aligned, `ld_out` a multiple of
+        /// 4 (else it traps); `ss_out` holds `M x ceil(N / 64)` f32; `normed` and `ss_out`
+        /// overlap nothing the kernel reads), and with `FLAG_NORM_IN` `ss_in` holds the `M x
+        /// parts_in` partials, written before this kernel's `griddepcontrol.wait` returns.
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(

@@ -17,12 +17,18 @@
 //!  GEMM, residual      act x Wdown^T + h -> h
 //! ```
 //!
+//! With the fused RMSNorm ([`StepConfig::fuse_norm`], the default up to 32 sequences) only
+//! layer 0's first rmsnorm is a kernel (writing `x * gamma` and per-tile sums of squares
+//! `ss`); o_proj and down also write `normed = h * gamma` and `ss`, and qkv and gate_up scale
+//! their outputs by `1 / rms(h)` from `ss`: five launches per layer.
+//!
 //! The output of the step is `h` (`[B][hidden]`, bf16) after the last layer.
 //!
 //! PDL contract of the chain: every kernel reads the previous kernel's outputs, and writes
 //! anything, only after `griddepcontrol.wait`; before it, with the prefetch flags, a kernel
 //! reads only its weights (never written by the step), the block table and positions (written
-//! only by the host between runs, stream-ordered), and the attention copies the KV rows of
+//! only by the host between runs, stream-ordered), the fused RMSNorm's `gamma` and argument
+//! blocks (written once by [`DecodeStep::new`]), and the attention copies the KV rows of
 //! earlier tokens (written by earlier steps, never by a kernel of this one) into its ring.
 //!
 //! Errors are typed and raised before anything is queued (see [`DecodeStep::new`] and
@@ -56,7 +62,8 @@ use warpline_gpu::contract::swap_ab_gemm as wc;
 pub enum Variant {
     /// (a) plain stream launches.
     Plain,
-    /// (b) PDL launches; each kernel waits before any load.
+    /// (b) PDL launches; each kernel waits before any load of data a kernel writes (with the
+    /// fused RMSNorm, o_proj and down read their constant `gamma` and argument block before it).
     Pdl,
     /// (c) PDL launches; weights (registers and an L2 prefetch), KV pages (L2) and norm weights
     /// are loaded before `griddepcontrol.wait`.
@@ -299,7 +306,7 @@ impl StepConfig {
             // Measured on the H200 (session 16, variant e): fused 3.5% faster at 8 x 4096 and
             // 8 x 1024, 0.5% at 32 x 4096, 1.3% at 1 x 1024; 1.2% slower at 64 x 2048.
             fuse_norm: batch <= 32,
-            swap_ab_ksplit: Self::default_swap_ab_ksplit(batch),
+            swap_ab_ksplit: Self::default_swap_ab_ksplit(dims, batch),
         }
     }
 
@@ -309,8 +316,9 @@ impl StepConfig {
     /// 8 x 4096 161.7 against 163.8-164.7 us per layer, 32 x 4096 276.8 against 277.4-277.6,
     /// also faster at 1 x 1024 and 8 x 1024; clusters of 4 were slower, 171.8 and 287.6), the
     /// rule's otherwise.
-    pub fn default_swap_ab_ksplit(batch: usize) -> [Option<u32>; 4] {
-        if batch <= 32 {
+    /// (Only where gate_up's K, the hidden size, has at least two 64-column k-blocks.)
+    pub fn default_swap_ab_ksplit(dims: &DecodeDims, batch: usize) -> [Option<u32>; 4] {
+        if batch <= 32 && dims.hidden > wc::BK {
             [None, None, Some(2), None]
         } else {
             [None; 4]
@@ -1212,7 +1220,12 @@ impl<'d> DecodeStep<'d> {
                 // step's table cover exactly the swap-AB GEMMs' A and B buffers and each layer's
                 // K and V caches; the GEMMs load weights before the wait only, which the step
                 // never writes. With KV splits the attention's counters are zero before each
-                // launch and left zero by it (every CTA counts once; the last resets).
+                // launch and left zero by it (every CTA counts once; the last resets). The fused
+                // RMSNorm's argument blocks (norm_args) point at this step's `normed` (hidden
+                // bf16 per row, 16-byte aligned, pitch hidden, a multiple of 8), `ss` (B x
+                // ceil(hidden / 64) f32) and the layers' norm weights, as
+                // contract::swap_ab_gemm::NORM_ARGS_WORDS says; FLAG_NORM_OUT only on the
+                // plain bf16 residual epilogue (o_proj, down).
                 unsafe {
                     match &foreign {
                         Some(k) => chain.push_kernel(kernel, k, cfg, &args),
@@ -1722,8 +1735,9 @@ impl<'d> DecodeStep<'d> {
     }
 
     /// The intermediates of the last layer of the last run, for per-kernel checks: the second
-    /// RMSNorm's output (`normed`), Q after RoPE (`q`), the attention output (`attn`) and
-    /// SiLU(gate) * up (`act`).
+    /// RMSNorm's output (`normed`; with the fused RMSNorm `bf16(h * ffn_norm)`, not yet scaled
+    /// by `1 / rms(h)`), Q after RoPE (`q`), the attention output (`attn`) and SiLU(gate) * up
+    /// (`act`).
     pub fn intermediates(&self) -> Result<Intermediates> {
         Ok(Intermediates {
             normed: read(&self.normed)?,
@@ -1994,6 +2008,12 @@ mod tests {
             assert_eq!(c.fuse_norm, fused, "batch {batch}");
             assert_eq!(c.swap_ab_ksplit, ks, "batch {batch}");
         }
+        // gate_up's K (the hidden size) of one k-block: no cluster of 2.
+        let tiny = DecodeDims {
+            hidden: 64,
+            ..DecodeDims::small()
+        };
+        assert_eq!(StepConfig::default_swap_ab_ksplit(&tiny, 8), [None; 4]);
         let a = wc::norm_args(
             Some((0x1000, 64, 4096, 1e-5)),
             Some((0x2000, 0x3000, 0x4000, 4096, 64)),
