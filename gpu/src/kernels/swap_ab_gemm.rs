@@ -168,6 +168,18 @@ impl<const NT: u32, const S: u32> Gemm<NT, S> {
     fn norm_word(self, i: u32) -> u32 {
         self.smem + norm_offset(NT) as u32 + 8 * i
     }
+    /// Argument word `i` of the fused RMSNorm's block, from its shared copy.
+    ///
+    /// # Safety
+    /// The prologue copied word `i` before a barrier this thread passed.
+    #[inline(always)]
+    unsafe fn norm_u64(self, i: u32) -> u64 {
+        // SAFETY: the caller's contract; two u32 inside norm_bytes(NT).
+        unsafe {
+            Shared::<u32>::at(self.norm_word(i)).load() as u64
+                | (Shared::<u32>::at(self.norm_word(i) + 4).load() as u64) << 32
+        }
+    }
     /// Shared row scale of the tile's token `t`.
     #[inline(always)]
     fn row_scale(self, t: u32) -> Shared<f32> {
@@ -277,59 +289,55 @@ unsafe fn norm_prologue<const NT: u32, const S: u32>(g: Gemm<NT, S>, tid: u32) {
             }
         });
     }
-    let mut r = 0;
-    while r < rounds {
-        let (m, row) = row_of(r);
-        let t = (r * CONSUMER_THREADS + tid) / GROUP;
-        let mut sum = 0.0f32;
-        if m < g.m {
-            if vec4 {
-                let mut q = [0u32; 4];
-                unroll!(R in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
-                    if R as u32 == r {
-                        q = first[R];
-                    }
-                });
-                sum = (f32::from_bits(q[0]) + f32::from_bits(q[1]))
-                    + (f32::from_bits(q[2]) + f32::from_bits(q[3]));
-                // Rows of more than 64 partials: the further chunks, one at a time.
-                let mut c = lane16 + GROUP;
-                while 4 * c < parts {
-                    // SAFETY: as above, chunk c of row m.
-                    let q = unsafe {
-                        crate::device::mma::ld_global_cg_v4(row.add(4 * c as usize) as *const u32)
-                    };
-                    sum += (f32::from_bits(q[0]) + f32::from_bits(q[1]))
+    // Then each round's sums: constant round indices again, so `first[R]` is a register.
+    unroll!(R in [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15] {
+        if (R as u32) < rounds {
+            let (m, row) = row_of(R as u32);
+            let t = (R as u32 * CONSUMER_THREADS + tid) / GROUP;
+            let mut sum = 0.0f32;
+            if m < g.m {
+                if vec4 {
+                    let q = first[R];
+                    sum = (f32::from_bits(q[0]) + f32::from_bits(q[1]))
                         + (f32::from_bits(q[2]) + f32::from_bits(q[3]));
-                    c += GROUP;
-                }
-            } else {
-                let mut p = lane16;
-                while p < parts {
-                    // SAFETY: partial p of row m < M (caller).
-                    sum += unsafe { row.add(p as usize).read() };
-                    p += GROUP;
+                    // Rows of more than 64 partials: the further chunks, one at a time.
+                    let mut c = lane16 + GROUP;
+                    while 4 * c < parts {
+                        // SAFETY: as above, chunk c of row m.
+                        let q = unsafe {
+                            crate::device::mma::ld_global_cg_v4(row.add(4 * c as usize) as *const u32)
+                        };
+                        sum += (f32::from_bits(q[0]) + f32::from_bits(q[1]))
+                            + (f32::from_bits(q[2]) + f32::from_bits(q[3]));
+                        c += GROUP;
+                    }
+                } else {
+                    let mut p = lane16;
+                    while p < parts {
+                        // SAFETY: partial p of row m < M (caller).
+                        sum += unsafe { row.add(p as usize).read() };
+                        p += GROUP;
+                    }
                 }
             }
+            let mut mask = 1;
+            while mask < GROUP {
+                // SAFETY: every lane of the warpgroup runs the same rounds and this loop (uniform
+                // bounds); masks below 16 keep each token's 16 aligned lanes together.
+                sum += unsafe { crate::device::warp::shfl_xor_f32(sum, mask) };
+                mask <<= 1;
+            }
+            if lane16 == 0 {
+                let scale = if m < g.m {
+                    1.0 / crate::device::math::sqrt(sum / n_in + eps)
+                } else {
+                    0.0
+                };
+                // SAFETY: t < NT: inside the row-scale words; one writer per token.
+                unsafe { g.row_scale(t).store(scale) };
+            }
         }
-        let mut mask = 1;
-        while mask < GROUP {
-            // SAFETY: every lane of the warpgroup runs the same rounds and this loop (uniform
-            // bounds); masks below 16 keep each token's 16 aligned lanes together.
-            sum += unsafe { crate::device::warp::shfl_xor_f32(sum, mask) };
-            mask <<= 1;
-        }
-        if lane16 == 0 {
-            let scale = if m < g.m {
-                1.0 / crate::device::math::sqrt(sum / n_in + eps)
-            } else {
-                0.0
-            };
-            // SAFETY: t < NT: inside the row-scale words; one writer per token.
-            unsafe { g.row_scale(t).store(scale) };
-        }
-        r += 1;
-    }
+    });
 }
 
 /// Producer (one thread): this CTA's k-blocks of W and X. With [`FLAG_WEIGHTS_EARLY`] the first
@@ -469,6 +477,14 @@ fn reduce_store<const NT: u32, const S: u32>(g: Gemm<NT, S>, tid: u32) {
     const ROW_GROUPS: u32 = (W_ROWS / 4) as u32;
     let groups = per * ROW_GROUPS;
     let norm_out = g.flags & FLAG_NORM_OUT != 0;
+    // FLAG_NORM_OUT's `normed` (pitch `ld_out`) and `ss_out` (pitch `parts_out`), read once.
+    let (normed, ld_out, ss_out, parts_out) = if norm_out {
+        // SAFETY: words 4, 5 and 6, copied by the prologue before the cluster barrier.
+        let (w4, w5, w6) = unsafe { (g.norm_u64(4), g.norm_u64(5), g.norm_u64(6)) };
+        (w4 as *mut u16, w6 as u32, w5 as *mut f32, (w6 >> 32) as u32)
+    } else {
+        (core::ptr::null_mut(), 0, core::ptr::null_mut(), 0)
+    };
     let rounds = groups.div_ceil(CONSUMER_THREADS);
     let mut round = 0;
     while round < rounds {
@@ -491,9 +507,9 @@ fn reduce_store<const NT: u32, const S: u32>(g: Gemm<NT, S>, tid: u32) {
             // SAFETY: m < M, n < N, n a multiple of 4 (the launch contract for C and bias).
             let out = unsafe { epilogue(g, m, n, v) };
             if norm_out {
-                // SAFETY: as above; FLAG_NORM_OUT's contract (EPI_NONE, BF16 C, the block's
-                // words copied to shared memory before the cluster barrier).
-                sq = unsafe { norm_store(g, m, n, out) };
+                // SAFETY: as above; FLAG_NORM_OUT's contract (EPI_NONE, BF16 C; `normed` and
+                // `ld_out` from the block; the gamma words copied before the cluster barrier).
+                sq = unsafe { norm_store(g, m, n, out, normed, ld_out) };
             }
         }
         if norm_out {
@@ -505,16 +521,10 @@ fn reduce_store<const NT: u32, const S: u32>(g: Gemm<NT, S>, tid: u32) {
                 mask <<= 1;
             }
             if q < groups && q.is_multiple_of(ROW_GROUPS) && m < g.m {
-                // SAFETY: words 5 and 6 of the block (ss_out, parts_out), copied to shared
-                // memory before the cluster barrier; row m < M, tile n0 / 64 < parts_out: one
-                // writer per (token, tile) over the grid.
-                unsafe {
-                    let ss = Shared::<u32>::at(g.norm_word(5)).load() as u64
-                        | (Shared::<u32>::at(g.norm_word(5) + 4).load() as u64) << 32;
-                    let parts = Shared::<u32>::at(g.norm_word(6) + 4).load();
-                    let at = m as usize * parts as usize + (g.n0 / W_ROWS as u32) as usize;
-                    store_global((ss as *mut f32).add(at), sq);
-                }
+                let at = m as usize * parts_out as usize + (g.n0 / W_ROWS as u32) as usize;
+                // SAFETY: ss_out holds M x parts_out f32 (the block); row m < M, tile n0 / 64 <
+                // parts_out: one writer per (token, tile) over the grid.
+                unsafe { store_global(ss_out.add(at), sq) };
             }
         }
         round += 1;
@@ -525,23 +535,17 @@ fn reduce_store<const NT: u32, const S: u32>(g: Gemm<NT, S>, tid: u32) {
 /// token `m` into `normed` and returns the sum of their BF16 values' squares.
 ///
 /// # Safety
-/// As [`epilogue`]; the block's words 4 and 6 and the tile's gamma are in shared memory
-/// (`normed` M rows of pitch `ld_out`, 8-byte aligned, `ld_out % 4 == 0`).
+/// As [`epilogue`]; the tile's gamma is in shared memory; `normed` holds M rows of pitch `ld`,
+/// 8-byte aligned, `ld % 4 == 0`.
 #[inline(always)]
 unsafe fn norm_store<const NT: u32, const S: u32>(
     g: Gemm<NT, S>,
     m: u32,
     n: u32,
     c: [f32; 4],
+    normed: *mut u16,
+    ld: u32,
 ) -> f32 {
-    let word = |i: u32| -> u64 {
-        // SAFETY: the caller's contract (copied words).
-        unsafe {
-            Shared::<u32>::at(g.norm_word(i)).load() as u64
-                | (Shared::<u32>::at(g.norm_word(i) + 4).load() as u64) << 32
-        }
-    };
-    let (normed, ld) = (word(4) as *mut u16, word(6) as u32);
     // SAFETY: the tile's gamma words (caller: copied before the cluster barrier).
     let gw = unsafe {
         let at = g.gamma_word((n - g.n0) / 4);
@@ -566,22 +570,41 @@ unsafe fn norm_store<const NT: u32, const S: u32>(
         y[e] = cb * gamma[e];
         e += 1;
     }
-    // SAFETY: row m, columns n .. n + valid of normed (caller), one writer.
-    let p = unsafe { normed.add(m as usize * ld as usize + n as usize) };
-    if valid == 4 {
-        let lo = pack_bf16x2(y[0], y[1]) as u64;
-        let hi = pack_bf16x2(y[2], y[3]) as u64;
-        // SAFETY: 8-byte aligned (n % 4 == 0, ld % 4 == 0, base 8-byte aligned).
-        unsafe { store_global_b64(p as *mut u64, lo | hi << 32) };
-    } else {
-        let mut e = 0;
-        while e < valid {
-            // SAFETY: as above.
-            unsafe { p.add(e).write(pack_bf16x2(y[e], 0.0) as u16) };
-            e += 1;
+    // SAFETY: row m, columns n .. n + valid of normed (caller), one writer, 8-byte aligned
+    // (n % 4 == 0, ld % 4 == 0, base 8-byte aligned).
+    unsafe {
+        store_bf16(
+            normed.add(m as usize * ld as usize + n as usize),
+            &y,
+            valid as u32,
+        )
+    };
+    sq
+}
+
+/// `p[e] = bf16(y[e])` for `e < count`: one vector store when all `L` (2 or 4) are written,
+/// else element by element.
+///
+/// # Safety
+/// `p .. p + count` are writable by this thread only; `p` is `2 L`-byte aligned.
+#[inline(always)]
+unsafe fn store_bf16<const L: usize>(p: *mut u16, y: &[f32; L], count: u32) {
+    // SAFETY: the caller's contract in every arm.
+    unsafe {
+        if count as usize == L && L == 4 {
+            let lo = pack_bf16x2(y[0], y[1 % L]) as u64;
+            let hi = pack_bf16x2(y[2 % L], y[3 % L]) as u64;
+            store_global_b64(p as *mut u64, lo | hi << 32);
+        } else if count as usize == L && L == 2 {
+            (p as *mut u32).write(pack_bf16x2(y[0], y[1 % L]));
+        } else {
+            let mut e = 0;
+            while e < count as usize {
+                p.add(e).write(pack_bf16x2(y[e], 0.0) as u16);
+                e += 1;
+            }
         }
     }
-    sq
 }
 
 #[inline(always)]
@@ -707,20 +730,7 @@ unsafe fn store<const NT: u32, const S: u32, const L: usize>(
                 }
             }
         } else {
-            let p = (g.c as *mut u16).add(idx as usize);
-            if count as usize == L && L == 4 {
-                let lo = pack_bf16x2(out[0], out[1 % L]) as u64;
-                let hi = pack_bf16x2(out[2 % L], out[3 % L]) as u64;
-                store_global_b64(p as *mut u64, lo | hi << 32);
-            } else if count as usize == L && L == 2 {
-                (p as *mut u32).write(pack_bf16x2(out[0], out[1 % L]));
-            } else {
-                let mut e = 0;
-                while e < count as usize {
-                    p.add(e).write(pack_bf16x2(out[e], 0.0) as u16);
-                    e += 1;
-                }
-            }
+            store_bf16((g.c as *mut u16).add(idx as usize), &out, count);
         }
     }
     out
