@@ -318,6 +318,7 @@ fn issue21_decode_fused_norm_at_hidden_328() {
     for (positions, fuse) in [
         (&[0, 17, 40][..], true),
         (&[0, 17, 40][..], false),
+        (&twenty[..], false),
         (&twenty[..], true),
     ] {
         let mut s = setup_with(dims, 3, seed, positions, 2, None);
