@@ -17,7 +17,7 @@
 //! `AttnForm::for_page`: tensor cores at 16-token pages), `WARPLINE_DECODE_GEMM_QKV`, `_O`, `_GU`, `_DOWN` (one GEMM's
 //! configuration label, over `WARPLINE_DECODE_GEMM`; such a GEMM is a decode GEMM),
 //! `WARPLINE_DECODE_SWAPAB=none|all|qkv,o_proj,gate_up,down` (the swap-AB GEMMs, after the forms),
-//! `WARPLINE_DECODE_FUSE_NORM=0|1` (the RMSNorms as kernels or fused; default fused up to 32
+//! `WARPLINE_DECODE_FUSE_NORM=0|1` (the RMSNorms as kernels or fused; default fused up to 8
 //! sequences), `WARPLINE_DECODE_SWAPAB_KSPLIT=q,o,gu,d` (each swap-AB GEMM's ksplit, 0 the
 //! rule's), `WARPLINE_DECODE_TIMELINE=file.png`
 //! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`

@@ -17,7 +17,7 @@
 //!  GEMM, residual      act x Wdown^T + h -> h
 //! ```
 //!
-//! With the fused RMSNorm ([`StepConfig::fuse_norm`], the default up to 32 sequences) only
+//! With the fused RMSNorm ([`StepConfig::fuse_norm`], the default up to 8 sequences) only
 //! layer 0's first rmsnorm is a kernel (writing `x * gamma` and per-tile sums of squares
 //! `ss`); o_proj and down also write `normed = h * gamma` and `ss`, and qkv and gate_up scale
 //! their outputs by `1 / rms(h)` from `ss`: five launches per layer.
@@ -304,8 +304,11 @@ impl StepConfig {
             stamps: false,
             attention: AttnForm::for_page(dims.page_size),
             // Measured on the H200 (session 16, variant e): fused 3.5% faster at 8 x 4096 and
-            // 8 x 1024, 0.5% at 32 x 4096, 1.3% at 1 x 1024; 1.2% slower at 64 x 2048.
-            fuse_norm: batch <= 32,
+            // 8 x 1024, 0.5% at 32 x 4096, 1.3% at 1 x 1024; 1.2% slower at 64 x 2048. The
+            // default only up to 8 sequences (token tiles of 8, the ones its tests and the
+            // PyTorch check cover without a failure): at 20 sequences (tiles of 32) one seed of
+            // `issue21_decode_fused_norm_at_hidden_328` fails, cause not known.
+            fuse_norm: batch <= 8,
             swap_ab_ksplit: Self::default_swap_ab_ksplit(dims, batch),
         }
     }
@@ -1992,7 +1995,7 @@ mod tests {
         assert_eq!(cfg.swap_ab, [false; 4]);
     }
 
-    /// The fused RMSNorm and gate_up's ksplit 2 are the defaults up to 32 sequences (where they
+    /// The fused RMSNorm is the default up to 8 sequences, gate_up's ksplit 2 up to 32 (where they
     /// measured faster), the RMSNorm kernels and the rule's ksplit above; the fused norm's
     /// argument block packs its words where the kernel reads them.
     #[test]
@@ -2000,7 +2003,9 @@ mod tests {
         let d = DecodeDims::llama3_8b();
         for (batch, fused, ks) in [
             (1, true, [None, None, Some(2), None]),
-            (32, true, [None, None, Some(2), None]),
+            (8, true, [None, None, Some(2), None]),
+            (9, false, [None, None, Some(2), None]),
+            (32, false, [None, None, Some(2), None]),
             (33, false, [None; 4]),
             (64, false, [None; 4]),
         ] {
