@@ -88,7 +88,7 @@ pub struct DecodeArgs {
     #[arg(long, value_name = "FORM")]
     attn: Option<String>,
     /// Keep the RMSNorms as kernels instead of fusing them into the GEMMs around them (by
-    /// default fused up to 8 sequences; the fusion needs every GEMM to be a swap-AB GEMM,
+    /// default fused up to 32 sequences; the fusion needs every GEMM to be a swap-AB GEMM,
     /// without that they are kernels anyway).
     #[arg(long)]
     unfused_norm: bool,
