@@ -327,7 +327,7 @@ fn issue21_decode_fused_norm_at_hidden_328() {
         let mut step = build(&dev, &s);
         assert_eq!(step.norm_fused(), fuse);
         let what = format!("hidden 328, B = {}, fused {fuse}", positions.len());
-        let want = layerwise_reference(&mut step, &s, &what);
+        let want = layerwise_reference(&mut step, &s, &s.x, &s.positions, ref_caches(&s), &what);
         for v in Variant::ALL {
             let got = run_and_read(&mut step, v);
             check(&format!("{what}, {} output", v.label()), &got, &want);
@@ -335,9 +335,10 @@ fn issue21_decode_fused_norm_at_hidden_328() {
     }
 }
 
-/// Runs `step`'s layers one more at a time (plain launches) and checks each layer's output
-/// against the reference's layer run from the GPU's output of the layer before (the first from
-/// `x`); returns the reference's last layer output, for the whole step's check.
+/// Runs `step`'s layers one more at a time (plain launches, on the inputs `x` and `positions`
+/// the step holds) and checks each layer's output against the reference's layer run from the
+/// GPU's output of the layer before (the first from `x`), over the caches `rc`; returns the
+/// reference's last layer output, for the whole step's check.
 ///
 /// Why per layer: a layer amplifies differences in its input. At 20 sequences and hidden 328,
 /// one-ulp bf16 flips of 0.2% of the first layer's outputs alone move the second layer's output
@@ -345,9 +346,15 @@ fn issue21_decode_fused_norm_at_hidden_328() {
 /// 20 trials; at 5% flips 0.45 to 0.86), so a two-layer check from `x` measures that
 /// amplification more than the GPU. (That seed's fused run was 1.11 of the bound from `x`, with
 /// every intermediate of its first layer, the sums of squares included, within 0.6.)
-fn layerwise_reference(step: &mut DecodeStep<'_>, s: &Setup, what: &str) -> Vec<f64> {
-    let mut rc = ref_caches(s);
-    let mut h: Vec<f64> = s.x.iter().map(|&v| v as f64).collect();
+fn layerwise_reference(
+    step: &mut DecodeStep<'_>,
+    s: &Setup,
+    x: &[f32],
+    positions: &[u32],
+    mut rc: Vec<RefCache>,
+    what: &str,
+) -> Vec<f64> {
+    let mut h: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let layer_of: Vec<usize> = step.kernels().iter().map(|k| k.layer).collect();
     for (l, (w, c)) in s.weights.iter().zip(rc.iter_mut()).enumerate() {
         reference::layer(
@@ -356,7 +363,7 @@ fn layerwise_reference(step: &mut DecodeStep<'_>, s: &Setup, what: &str) -> Vec<
             w,
             c,
             &mut h,
-            &s.positions,
+            positions,
             &s.block_table,
             rnd(s),
         );
@@ -696,19 +703,12 @@ fn issue21_decode_graph_replay_equals_eager_bitwise() {
         let eager2 = run_and_read(&mut step, Variant::PdlPrefetch);
         assert_eq!(graph_out.1, eager2, "{gv:?} replay on new inputs differs");
         // Reference on the new inputs, from the caches the first replay left (the first
-        // step's rows as the GPU rounded them), so one step's bound applies.
-        let mut rc = graph_out.2;
-        let want = reference::step(
-            &s.dims,
-            &s.cfg.layout,
-            &s.weights,
-            &mut rc,
-            &x2,
-            &pos2,
-            &s.block_table,
-            rnd(&s),
-        );
-        check(&format!("{gv:?} second token"), &graph_out.1, &want);
+        // step's rows as the GPU rounded them), layer by layer (`layerwise_reference`; session
+        // 17 saw this check fail at 1.02 of the bound from x over two layers), so one layer's
+        // bound applies.
+        let what = format!("{gv:?} second token");
+        let want = layerwise_reference(&mut step, &s, &x2, &pos2, graph_out.2, &what);
+        check(&what, &graph_out.1, &want);
         step.set_inputs(&bf(&s.x), &s.positions, &s.block_table)
             .unwrap();
     }
