@@ -185,6 +185,22 @@ pub unsafe fn ld_global_cg_v4(p: *const u32) -> [u32; 4] {
     [x, y, z, w]
 }
 
+/// `ld.global.cg.u16`: one 16-bit element, cached in L2 only, as [`ld_global_cg_v4`] (ragged K
+/// tails of data the previous kernel on the stream wrote).
+///
+/// # Safety
+/// `p` is a 2-byte aligned device address of 2 readable bytes.
+#[inline(always)]
+pub unsafe fn ld_global_cg_u16(p: *const u16) -> u16 {
+    let v: u16;
+    // SAFETY: the caller's contract. `readonly`, not `pure`, as ld_global_cg_v4.
+    unsafe {
+        asm!("ld.global.cg.u16 {v}, [{p}];", v = out(reg16) v, p = in(reg64) p,
+            options(nostack, readonly))
+    };
+    v
+}
+
 /// `ld.global.nc.u16`: one 16-bit element through the read-only path (ragged K tails).
 ///
 /// # Safety

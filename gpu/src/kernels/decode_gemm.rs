@@ -35,8 +35,8 @@
 use crate::contract::decode_gemm::*;
 use crate::device::math::{pack_bf16x2, pack_f16x2};
 use crate::device::mma::{
-    ld_global_nc_u16, ld_global_nc_v4, ld_global_stream_v4, ld_global_stream_v4_l2_256,
-    mma_m16n8k16_f32_bf16, mma_m16n8k16_f32_f16,
+    ld_global_cg_u16, ld_global_cg_v4, ld_global_nc_u16, ld_global_stream_v4,
+    ld_global_stream_v4_l2_256, mma_m16n8k16_f32_bf16, mma_m16n8k16_f32_f16,
 };
 use crate::device::pdl;
 use crate::device::smem::{dynamic_smem_base, dynamic_smem_size, Shared};
@@ -89,12 +89,15 @@ struct Params {
 /// 8 elements of row `row` of a row-major matrix (`base`, pitch `ld` elements) from column
 /// `k0`, as 4 words (two elements each, lower column in the low half): one 16-byte load when
 /// the 8 lie within the `k` columns, element-wise loads with zeros beyond `k`, zeros when
-/// `!row_ok` or `k0 >= k`.
+/// `!row_ok` or `k0 >= k`. `STREAM` (the weights): the read-only streaming path (`.nc`);
+/// otherwise (A, which the previous kernel on the stream may have written: under PDL it may
+/// still run when this kernel starts, so A is not read-only for this kernel's lifetime) `.cg`,
+/// after `griddepcontrol.wait`.
 ///
 /// # Safety
 /// `base` is 16-byte aligned, `ld` a multiple of 8, and when `row_ok` the elements
-/// `[row * ld, row * ld + k)` are readable and not written during the kernel; `k0` is a multiple
-/// of 8.
+/// `[row * ld, row * ld + k)` are readable and, with `STREAM`, not written during the kernel,
+/// without it not written after this kernel's `griddepcontrol.wait`; `k0` is a multiple of 8.
 #[inline(always)]
 unsafe fn load8<const STREAM: bool>(
     base: *const u16,
@@ -118,15 +121,22 @@ unsafe fn load8<const STREAM: bool>(
             unsafe { ld_global_stream_v4(p as *const u32) }
         } else {
             // SAFETY: as above.
-            unsafe { ld_global_nc_v4(p as *const u32) }
+            unsafe { ld_global_cg_v4(p as *const u32) }
         }
     } else {
         let mut h = [0u32; 8];
         let mut e = 0;
         while e < 8 {
             if k0 + (e as u32) < k {
-                // SAFETY: column k0 + e < k of a readable row.
-                h[e] = unsafe { ld_global_nc_u16(p.add(e)) } as u32;
+                // SAFETY: column k0 + e < k of a readable row (read-only for the kernel when
+                // STREAM, caller's contract).
+                h[e] = unsafe {
+                    if STREAM {
+                        ld_global_nc_u16(p.add(e))
+                    } else {
+                        ld_global_cg_u16(p.add(e))
+                    }
+                } as u32;
             }
             e += 1;
         }
