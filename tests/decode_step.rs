@@ -409,6 +409,13 @@ fn issue21_decode_step_kernels_match_reference() {
                 &mid.normed,
                 &times_gamma(&cat(|t| &t.h1), &s.weights[0].ffn_norm),
             );
+            // o_proj's sums of squares of bf16(h) per 64-column tile (the layer's last writer).
+            let ss: Vec<bf16> = mid.ss.iter().map(|&v| bf16::from_f32(v)).collect();
+            check(
+                "sums of squares (fused rmsnorm2)",
+                &ss,
+                &tile_sums_of_squares(&cat(|t| &t.h1), s.dims.hidden),
+            );
         } else {
             check("rmsnorm2", &mid.normed, &cat(|t| &t.normed2));
         }
@@ -482,6 +489,18 @@ fn issue21_decode_attention_forms_match_reference_at_llama_head_dims() {
             check("layer output", &out, &h);
         }
     }
+}
+
+/// Per row of `h` (`[rows][hidden]`) and 64-column tile, the sum of the squares of the bf16
+/// values: what a fused RMSNorm's first half writes into `ss` (`[rows][ceil(hidden / 64)]`).
+fn tile_sums_of_squares(h: &[f64], hidden: usize) -> Vec<f64> {
+    let parts = hidden.div_ceil(64);
+    let mut out = vec![0.0; h.len() / hidden * parts];
+    for (i, &v) in h.iter().enumerate() {
+        let b = bf16::from_f64(v).to_f64();
+        out[(i / hidden) * parts + (i % hidden) / 64] += b * b;
+    }
+    out
 }
 
 /// `bf16(bf16(h) * gamma)` per row of `h` (`[rows][hidden]`): what a fused RMSNorm's first
