@@ -23,6 +23,7 @@ use warpline::decode::step::{Activation, AttnForm, DecodeStep, HostLayer, StepCo
 use warpline::decode::{DecodeDims, KvLayout};
 use warpline::kernels::decode_gemm::DecodeConfig;
 use warpline::{Device, Error};
+use warpline_gpu::contract::swap_ab_gemm::W_ROWS;
 use warpline_suite::support::{gemm_seed, gpu_or_skip};
 
 struct Setup {
@@ -491,14 +492,15 @@ fn issue21_decode_attention_forms_match_reference_at_llama_head_dims() {
     }
 }
 
-/// Per row of `h` (`[rows][hidden]`) and 64-column tile, the sum of the squares of the bf16
-/// values: what a fused RMSNorm's first half writes into `ss` (`[rows][ceil(hidden / 64)]`).
+/// Per row of `h` (`[rows][hidden]`) and 64-column tile (`W_ROWS`), the sum of the squares of
+/// the bf16 values: what a fused RMSNorm's first half writes into `ss`
+/// (`[rows][ceil(hidden / 64)]`).
 fn tile_sums_of_squares(h: &[f64], hidden: usize) -> Vec<f64> {
-    let parts = hidden.div_ceil(64);
+    let parts = hidden.div_ceil(W_ROWS);
     let mut out = vec![0.0; h.len() / hidden * parts];
     for (i, &v) in h.iter().enumerate() {
         let b = bf16::from_f64(v).to_f64();
-        out[(i / hidden) * parts + (i % hidden) / 64] += b * b;
+        out[(i / hidden) * parts + (i % hidden) / W_ROWS] += b * b;
     }
     out
 }

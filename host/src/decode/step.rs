@@ -1743,9 +1743,7 @@ impl<'d> DecodeStep<'d> {
     /// (`ss`).
     pub fn intermediates(&self) -> Result<Intermediates> {
         let ss = if self.fused {
-            let mut v = vec![0.0f32; self.ss.len()];
-            self.ss.copy_to_host(&mut v)?;
-            v
+            read(&self.ss)?
         } else {
             Vec::new()
         };
@@ -1834,8 +1832,8 @@ pub struct Intermediates {
     pub ss: Vec<f32>,
 }
 
-fn read(b: &DeviceBuffer<bf16>) -> Result<Vec<bf16>> {
-    let mut v = vec![bf16::ZERO; b.len()];
+fn read<T: bytemuck::Pod>(b: &DeviceBuffer<T>) -> Result<Vec<T>> {
+    let mut v = vec![T::zeroed(); b.len()];
     b.copy_to_host(&mut v)?;
     Ok(v)
 }
