@@ -19,7 +19,8 @@
 //! `WARPLINE_DECODE_SWAPAB=none|all|qkv,o_proj,gate_up,down` (the swap-AB GEMMs, after the forms),
 //! `WARPLINE_DECODE_FUSE_NORM=0|1` (the RMSNorms as kernels or fused; default fused up to 8
 //! sequences), `WARPLINE_DECODE_SWAPAB_KSPLIT=q,o,gu,d` (each swap-AB GEMM's ksplit, 0 the
-//! rule's), `WARPLINE_DECODE_TIMELINE=file.png`
+//! rule's), `WARPLINE_DECODE_TILED=0|1` (the swap-AB weights tiled, `StepConfig::swap_ab_tiled`),
+//! `WARPLINE_DECODE_TIMELINE=file.png`
 //! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`
 //! in the `wait` colour; variant `WARPLINE_DECODE_TIMELINE_VARIANT`, default `e`), `WARPLINE_DECODE_NPY=dir` (also
 //! write one step's inputs, weights, caches and output for `scripts/torch_decode.py --check
@@ -122,6 +123,9 @@ fn main() -> warpline::Result<()> {
             }
             if let Some(f) = env("WARPLINE_DECODE_FUSE_NORM") {
                 c.fuse_norm = f != "0";
+            }
+            if let Some(t) = env("WARPLINE_DECODE_TILED") {
+                c.swap_ab_tiled = t != "0";
             }
             if let Some(l) = env("WARPLINE_DECODE_SWAPAB_KSPLIT") {
                 for (r, v) in l.split(',').enumerate().take(4) {

@@ -325,6 +325,9 @@ fn issue21_decode_fused_norm_at_hidden_328() {
     ] {
         let mut s = setup_with(dims, 3, seed, positions, 2, None);
         s.cfg.fuse_norm = fuse;
+        // Tiled weights (zero-padded tiles: hidden 328 is no multiple of 64) in the fused runs,
+        // row-major in the others.
+        s.cfg.swap_ab_tiled = fuse;
         let mut step = build(&dev, &s);
         assert_eq!(step.norm_fused(), fuse);
         let what = format!("hidden 328, B = {}, fused {fuse}", positions.len());

@@ -776,6 +776,17 @@ pub mod swap_ab_gemm {
     /// `flags` bit: the producer loads the first stages' weight tiles before
     /// `griddepcontrol.wait` (the weights must not be written by the preceding kernel).
     pub const FLAG_WEIGHTS_EARLY: u32 = 1;
+    /// `flags` bit: B (the weights) is stored tiled ([`tiled_weight_elems`]): each CTA's
+    /// `W_ROWS x BK` weight tile is 8 KiB of contiguous memory, so one stage reads one DRAM
+    /// stretch instead of 64 rows' 128-byte pieces `K * 2` bytes apart. `tmap_w` then maps
+    /// the tiled buffer as `{BK, ceil(N / W_ROWS) * ceil(K / BK) * W_ROWS}` elements with
+    /// [`W_BOX`] boxes; tile `(t, kb)` starts at row `(t * ceil(K / BK) + kb) * W_ROWS`.
+    pub const FLAG_W_TILED: u32 = 8;
+    /// Elements of the tiled weight buffer of an `N x K` B ([`FLAG_W_TILED`]): whole tiles,
+    /// zero-padded past N and K.
+    pub const fn tiled_weight_elems(n: usize, k: usize) -> usize {
+        n.div_ceil(W_ROWS) * k.div_ceil(BK) * W_ROWS * BK
+    }
     /// Shift of the `%globaltimer` stamp slot in `flags` (16 bits), as `decode_gemm`'s: with a
     /// non-null `stamps` the kernel stamps `[slot][decode_step::STAMP_WORDS]` (first CTA start,
     /// first and last CTA past the producer's `griddepcontrol.wait`, last CTA end).

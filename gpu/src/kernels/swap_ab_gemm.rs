@@ -60,8 +60,15 @@ struct Tok<const NT: u32>;
 
 /// What differs between token tiles: the accumulator array and the wgmma shape.
 trait TokenTile {
-    type Acc: Accumulators;
+    type Acc: Accumulators + Copy;
     const ZERO: Self::Acc;
+    /// Independent accumulator chains of the mainloop (1, 2 or 4; `k`-slice `s` of a stage
+    /// goes to chain `s % CHAINS`). One chain makes the stage's four wgmmas wait for each
+    /// other (each accumulates into the registers the previous one writes), so at small `NT`
+    /// a stage costs four wgmma latencies though the tensor core is idle most of it.
+    const CHAINS: usize;
+    /// `d += o`, element by element.
+    fn add(d: &mut Self::Acc, o: &Self::Acc);
     /// `wgmma.m64nNTk16.f32.bf16.bf16`, A and B K-major.
     ///
     /// # Safety
@@ -80,10 +87,19 @@ trait TokenTile {
 /// `d[4 i + j]` is weight row `l / 4 + 8 (j / 2)` (within the warp's 16), token `8 i + 2 (l % 4)
 /// + j % 2`.
 macro_rules! token_tile {
-    ($nt:literal, $acc:literal, $mma:ident, [$($i:literal)*]) => {
+    ($nt:literal, $acc:literal, $chains:literal, $mma:ident, [$($i:literal)*]) => {
         impl TokenTile for Tok<$nt> {
             type Acc = [f32; $acc];
             const ZERO: [f32; $acc] = [0.0; $acc];
+            const CHAINS: usize = $chains;
+            #[inline(always)]
+            fn add(d: &mut [f32; $acc], o: &[f32; $acc]) {
+                let mut j = 0;
+                while j < $acc {
+                    d[j] += o[j];
+                    j += 1;
+                }
+            }
             /// # Safety
             /// As [`TokenTile::mma`].
             #[inline(always)]
@@ -111,11 +127,13 @@ macro_rules! token_tile {
     };
 }
 
-token_tile!(8, 4, mma_async_m64n8k16_f32_bf16, [0]);
-token_tile!(16, 8, mma_async_m64n16k16_f32_bf16, [0 1]);
-token_tile!(32, 16, mma_async_m64n32k16_f32_bf16, [0 1 2 3]);
-token_tile!(64, 32, mma_async_m64n64k16_f32_bf16, [0 1 2 3 4 5 6 7]);
-token_tile!(128, 64, mma_async_m64n128k16_f32_bf16, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]);
+// Chains: four (one per k-slice) up to 32 tokens, where a wgmma's latency dwarfs its tensor-core
+// time; two at 64 and one at 128 tokens (the registers: 64 f32 per chain there).
+token_tile!(8, 4, 4, mma_async_m64n8k16_f32_bf16, [0]);
+token_tile!(16, 8, 4, mma_async_m64n16k16_f32_bf16, [0 1]);
+token_tile!(32, 16, 4, mma_async_m64n32k16_f32_bf16, [0 1 2 3]);
+token_tile!(64, 32, 2, mma_async_m64n64k16_f32_bf16, [0 1 2 3 4 5 6 7]);
+token_tile!(128, 64, 1, mma_async_m64n128k16_f32_bf16, [0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15]);
 
 /// What every role of the CTA knows.
 #[derive(Clone, Copy)]
@@ -137,6 +155,8 @@ struct Gemm<const NT: u32, const S: u32> {
     /// The fused RMSNorm's argument block (`NORM_ARGS_WORDS` u64; with `FLAG_NORM_IN` or
     /// `FLAG_NORM_OUT`).
     norm: u64,
+    /// `ceil(K / BK)`.
+    k_blocks: u32,
     /// This CTA's K slice: k-blocks `kb0 .. kb0 + kbs`.
     kb0: u32,
     kbs: u32,
@@ -349,6 +369,17 @@ fn producer<const NT: u32, const S: u32>(g: Gemm<NT, S>) {
     g.x.acquire();
     let tx = (W_STAGE_BYTES + x_stage_bytes(NT)) as u32;
     let k0 = |i: u32| ((g.kb0 + i) * BK as u32) as i32;
+    // The weight tile of this CTA's k-block `i`: `{k, n0}` of B, or with FLAG_W_TILED row
+    // `(tile * k_blocks + kb) * W_ROWS` of the tiled buffer.
+    let tiled = g.flags & FLAG_W_TILED != 0;
+    let w_at = |i: u32| -> (i32, i32) {
+        if tiled {
+            let row = ((g.n0 / W_ROWS as u32) * g.k_blocks + g.kb0 + i) * W_ROWS as u32;
+            (0, row as i32)
+        } else {
+            (k0(i), g.n0 as i32)
+        }
+    };
     let mut st = PipelineState::<S>::new();
     let early = if g.flags & FLAG_WEIGHTS_EARLY != 0 {
         g.kbs.min(S)
@@ -360,7 +391,10 @@ fn producer<const NT: u32, const S: u32>(g: Gemm<NT, S>) {
         let full = g.ring.producer_acquire(st, tx);
         // SAFETY: the stage is free (first use), 1024-byte aligned; its full barrier is armed for
         // W and X, and X follows below; the launcher vouched that no earlier kernel writes W.
-        unsafe { g.w.load_2d(g.w_stage(st), k0(i), g.n0 as i32, full) };
+        unsafe {
+            let (c0, c1) = w_at(i);
+            g.w.load_2d(g.w_stage(st), c0, c1, full)
+        };
         st.advance();
         i += 1;
     }
@@ -391,7 +425,8 @@ fn producer<const NT: u32, const S: u32>(g: Gemm<NT, S>) {
         // SAFETY: the stage is free (producer_acquire), 1024-byte aligned, and its full barrier
         // is armed for exactly these two boxes; boxes past N, M or K read zeros.
         unsafe {
-            g.w.load_2d(g.w_stage(st), k0(i), g.n0 as i32, full);
+            let (c0, c1) = w_at(i);
+            g.w.load_2d(g.w_stage(st), c0, c1, full);
             g.x.load_2d(g.x_stage(st), k0(i), g.m0 as i32, full);
         }
         st.advance();
@@ -408,7 +443,10 @@ fn consumer<const NT: u32, const S: u32>(g: Gemm<NT, S>, wg: u32)
 where
     Tok<NT>: TokenTile,
 {
-    let mut acc = <Tok<NT> as TokenTile>::ZERO;
+    // The accumulator chains (`TokenTile::CHAINS` of them in use; the rest stay zero and are
+    // optimised away).
+    let mut acc = [<Tok<NT> as TokenTile>::ZERO; 4];
+    let chains = <Tok<NT> as TokenTile>::CHAINS;
     let tid = thread_in_warpgroup();
     if g.flags & (FLAG_NORM_IN | FLAG_NORM_OUT) != 0 {
         // Not in the producer warp: a lane of it waiting in `griddepcontrol.wait` beside the
@@ -430,18 +468,24 @@ where
             Swizzle::B128,
         );
         let b = MatrixDescriptor::new(g.x_stage(st), 16, ATOM_BYTES, Swizzle::B128);
-        acc.fence_operands();
+        unroll!(C in [0, 1, 2, 3] {
+            if C < chains {
+                acc[C].fence_operands();
+            }
+        });
         // SAFETY: all 128 threads run this loop with the same trip count and descriptors; the
         // stage holds W and X as the descriptors say (consumer_wait) and is released only after
         // a wait_group that covers these wgmmas.
         unsafe {
             wgmma::fence();
-            let mut s = 0;
-            while s < K_SLICES {
-                let scale_d = (i != 0 || s != 0) as u32;
-                <Tok<NT> as TokenTile>::mma(&mut acc, a.offset(s * 32), b.offset(s * 32), scale_d);
-                s += 1;
-            }
+            // k-slice K of the stage into chain K % chains, which starts (scale_d 0) at its
+            // first slice of the first stage.
+            const { assert!(K_SLICES == 4) };
+            unroll!(K in [0, 1, 2, 3] {
+                let scale_d = !(i == 0 && K < chains) as u32;
+                let (ka, kb) = (a.offset(K as u32 * 32), b.offset(K as u32 * 32));
+                <Tok<NT> as TokenTile>::mma(&mut acc[K % chains], ka, kb, scale_d);
+            });
             wgmma::commit_group();
             wgmma::wait_group::<1>();
         }
@@ -454,7 +498,20 @@ where
     }
     // SAFETY: warpgroup-collective, as above. The last stage needs no release: nobody refills it.
     unsafe { wgmma::wait_group::<0>() };
-    acc.fence_operands();
+    unroll!(C in [0, 1, 2, 3] {
+        if C < chains {
+            acc[C].fence_operands();
+        }
+    });
+    // The chains' sum, in a fixed order: (0 + 1) + (2 + 3).
+    let [mut acc, a1, mut a2, a3] = acc;
+    if chains > 1 {
+        <Tok<NT> as TokenTile>::add(&mut acc, &a1);
+    }
+    if chains > 2 {
+        <Tok<NT> as TokenTile>::add(&mut a2, &a3);
+        <Tok<NT> as TokenTile>::add(&mut acc, &a2);
+    }
     let (warp, lane) = (tid / 32, tid % 32);
     let base = g.partial()
         + 2 * (lane % 4) * PARTIAL_ROW_BYTES
@@ -796,6 +853,7 @@ where
         flags: p.flags,
         stamps: p.stamps,
         norm: p.norm,
+        k_blocks,
         kb0,
         kbs: kb1 - kb0,
         n0: (block_idx_x() / ksplit) * W_ROWS as u32,
@@ -892,7 +950,8 @@ macro_rules! entry {
         /// bf16; `normed` holds M rows of `ld_out` bf16, 8-byte aligned, `ld_out` a multiple of
         /// 4 (else it traps); `ss_out` holds `M x ceil(N / 64)` f32; `normed` and `ss_out`
         /// overlap nothing the kernel reads), and with `FLAG_NORM_IN` `ss_in` holds the `M x
-        /// parts_in` partials, written before this kernel's `griddepcontrol.wait` returns.
+        /// parts_in` partials, written before this kernel's `griddepcontrol.wait` returns;
+        /// with `FLAG_W_TILED` `tmap_w` maps B's tiled buffer as that flag's contract says.
         #[unsafe(no_mangle)]
         #[allow(clippy::too_many_arguments)]
         pub unsafe extern "ptx-kernel" fn $name(

@@ -398,9 +398,59 @@ pub fn pack_gate_up_pairs<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) 
     out
 }
 
+/// An `n x k` row-major weight matrix in the swap-AB GEMM's tiled layout
+/// (`contract::swap_ab_gemm::FLAG_W_TILED`): tile `(t, kb)` (rows `64 t ..`, columns `64 kb ..`)
+/// is 64 rows of 64 consecutive elements at element `(t * ceil(k / 64) + kb) * 4096`, zeros past
+/// `n` and `k` (`tiled_weight_elems(n, k)` elements). Panics unless `w` holds `n * k` elements
+/// (the step checks [`HostLayer`](step::HostLayer) sizes first).
+pub fn tile_weights<T: Copy + Default>(w: &[T], n: usize, k: usize) -> Vec<T> {
+    use warpline_gpu::contract::swap_ab_gemm::{tiled_weight_elems, BK, W_ROWS};
+    assert_eq!(w.len(), n * k, "weight size");
+    let kb = k.div_ceil(BK);
+    let mut out = vec![T::default(); tiled_weight_elems(n, k)];
+    for (r, row) in w.chunks_exact(k.max(1)).enumerate() {
+        let (t, rr) = (r / W_ROWS, r % W_ROWS);
+        for (b, piece) in row.chunks(BK).enumerate() {
+            let at = ((t * kb + b) * W_ROWS + rr) * BK;
+            out[at..at + piece.len()].copy_from_slice(piece);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn issue21_tiled_weights_put_each_element_in_its_tile() {
+        use warpline_gpu::contract::swap_ab_gemm::tiled_weight_elems;
+        // Sizes that are multiples of no tile: 70 rows (two tiles, the second ragged), 130
+        // columns (three k-blocks, the last of 2).
+        let (n, k) = (70, 130);
+        let w: Vec<u32> = (0..n * k).map(|i| i as u32 + 1).collect();
+        let t = tile_weights(&w, n, k);
+        assert_eq!(t.len(), tiled_weight_elems(n, k));
+        assert_eq!(t.len(), 2 * 3 * 64 * 64);
+        let mut seen = 0;
+        for tile in 0..2 {
+            for kb in 0..3 {
+                for r in 0..64 {
+                    for c in 0..64 {
+                        let got = t[((tile * 3 + kb) * 64 + r) * 64 + c];
+                        let (row, col) = (64 * tile + r, 64 * kb + c);
+                        if row < n && col < k {
+                            assert_eq!(got, w[row * k + col], "({row}, {col})");
+                            seen += 1;
+                        } else {
+                            assert_eq!(got, 0, "padding at ({row}, {col})");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(seen, n * k);
+    }
 
     #[test]
     fn issue21_qkv_pairs_packing_is_a_permutation_of_rope_pairs() {

@@ -42,8 +42,8 @@ use warpline_gpu::contract::decode_step as sc;
 
 use super::reference::{normal_bf16, LayerWeights};
 use super::{
-    check_batch, pack_gate_up_pairs, pack_gate_up_rows, pack_qkv_pairs, pack_qkv_rows, DecodeDims,
-    KvLayout,
+    check_batch, pack_gate_up_pairs, pack_gate_up_rows, pack_qkv_pairs, pack_qkv_rows,
+    tile_weights, DecodeDims, KvLayout,
 };
 use crate::chain::{Chain, Graph, KernelArg};
 use crate::device::Device;
@@ -204,6 +204,13 @@ pub struct StepConfig {
     /// Per swap-AB GEMM (qkv, o_proj, gate_up, down) the cluster size splitting K (`None`:
     /// `swap_ab_shape`'s rule; a bad one is the rule's typed error at [`DecodeStep::new`]).
     pub swap_ab_ksplit: [Option<u32>; 4],
+    /// Store the swap-AB GEMMs' weights tiled (`decode::tile_weights`,
+    /// `contract::swap_ab_gemm::FLAG_W_TILED`): each CTA's 64 x 64 weight tile is 8 KiB of
+    /// contiguous memory instead of 64 rows' 128-byte pieces 8 KiB or more apart. The default:
+    /// measured on the H200 (session 18, variant e, us per layer, A/B twice in one call):
+    /// 8 x 4096 159.5 and 159.0 against 160.4 and 160.2 row-major, 32 x 4096 274.4 and 274.1
+    /// against 275.5 and 276.0, 64 x 2048 290.4 and 289.9 against 294.3 and 292.9.
+    pub swap_ab_tiled: bool,
 }
 
 /// The two forms of the paged GQA decode attention (`gpu/src/kernels/decode_step.rs`; the same
@@ -309,6 +316,7 @@ impl StepConfig {
             // fused path: session 17, `layerwise_reference` in tests/decode_step.rs.)
             fuse_norm: batch <= 32,
             swap_ab_ksplit: Self::default_swap_ab_ksplit(dims, batch),
+            swap_ab_tiled: true,
         }
     }
 
@@ -961,21 +969,36 @@ impl<'d> DecodeStep<'d> {
                 cfg.max_pos as u64,
             ];
             qkv_args.copy_from_host(&args)?;
+            // GEMM r's weights as its kernel reads them: tiled for a swap-AB GEMM with
+            // `swap_ab_tiled`, else row-major.
+            let upload_w = |r: usize, rows: &[bf16]| -> Result<DeviceBuffer<bf16>> {
+                if swap[r].is_some() && cfg.swap_ab_tiled {
+                    upload(&tile_weights(rows, shapes4[r].n, shapes4[r].k))
+                } else {
+                    upload(rows)
+                }
+            };
             layers.push(DeviceLayer {
                 attn_norm: upload(&w.attn_norm)?,
-                wqkv: upload(&if cfg.swap_ab[0] {
-                    pack_qkv_pairs(&dims, &w.wqkv)
-                } else {
-                    pack_qkv_rows(&dims, &w.wqkv)
-                })?,
-                wo: upload(&w.wo)?,
+                wqkv: upload_w(
+                    0,
+                    &if cfg.swap_ab[0] {
+                        pack_qkv_pairs(&dims, &w.wqkv)
+                    } else {
+                        pack_qkv_rows(&dims, &w.wqkv)
+                    },
+                )?,
+                wo: upload_w(1, &w.wo)?,
                 ffn_norm: upload(&w.ffn_norm)?,
-                wgu: upload(&if cfg.swap_ab[2] {
-                    pack_gate_up_pairs(&dims, &w.w_gate, &w.w_up)
-                } else {
-                    pack_gate_up_rows(&dims, &w.w_gate, &w.w_up)
-                })?,
-                w_down: upload(&w.w_down)?,
+                wgu: upload_w(
+                    2,
+                    &if cfg.swap_ab[2] {
+                        pack_gate_up_pairs(&dims, &w.w_gate, &w.w_up)
+                    } else {
+                        pack_gate_up_rows(&dims, &w.w_gate, &w.w_up)
+                    },
+                )?,
+                w_down: upload_w(3, &w.w_down)?,
                 k_cache,
                 v_cache,
                 qkv_args,
@@ -1038,6 +1061,7 @@ impl<'d> DecodeStep<'d> {
                 }
             };
             let x_in = [&normed, &attn, &normed, &act];
+            let self_tiled = cfg.swap_ab_tiled;
             for r in 0..4 {
                 let Some(ls) = swap[r] else {
                     continue;
@@ -1055,7 +1079,20 @@ impl<'d> DecodeStep<'d> {
                 put(map_slot(cfg.layers, None, r), xm);
                 for (l, layer) in layers.iter().enumerate() {
                     let w = [&layer.wqkv, &layer.wo, &layer.wgu, &layer.w_down][r];
-                    let wm = TensorMap::matrix(&w.view(0..w.len())?, s.n, s.k, s.k, wc::W_BOX, sw)?;
+                    let wm = if self_tiled {
+                        // Rows of one k-block's 64 elements, tile after tile.
+                        let rows = wc::tiled_weight_elems(s.n, s.k) / wc::BK;
+                        TensorMap::matrix(
+                            &w.view(0..w.len())?,
+                            rows,
+                            wc::BK,
+                            wc::BK,
+                            wc::W_BOX,
+                            sw,
+                        )?
+                    } else {
+                        TensorMap::matrix(&w.view(0..w.len())?, s.n, s.k, s.k, wc::W_BOX, sw)?
+                    };
                     put(map_slot(cfg.layers, Some(l), r), wm);
                 }
             }
@@ -1331,6 +1368,11 @@ impl<'d> DecodeStep<'d> {
                     let (norm_flags, norm) = fused_norm(i);
                     let flags = (slot << wc::STAMP_SLOT_SHIFT)
                         | norm_flags
+                        | if self.cfg.swap_ab_tiled {
+                            wc::FLAG_W_TILED
+                        } else {
+                            0
+                        }
                         | if early { wc::FLAG_WEIGHTS_EARLY } else { 0 };
                     let (epilogue, bias) = match i {
                         0 => (wc::EPI_QKV, epi),
