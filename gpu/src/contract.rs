@@ -630,7 +630,8 @@ pub mod tc_gemm {
 /// of `stages(NT)` stages. The k-blocks of one output tile are split between the `ksplit` CTAs
 /// of a cluster (`ksplit` in [`KSPLITS`](swap_ab_gemm::KSPLITS)): each CTA writes its FP32
 /// partial tile to shared memory, and after a cluster barrier CTA `r` adds the partials of
-/// every CTA for its `NT / ksplit` tokens through distributed shared memory (ranks in the fixed
+/// every CTA for its tokens `r NT / ksplit .. (r + 1) NT / ksplit` through distributed shared
+/// memory (ranks in the fixed
 /// order 0, 1, ..: deterministic), applies the epilogue and stores.
 ///
 /// Parameters, in order: `(tmap_w: u64, tmap_x: u64, c: u64, bias: u64, m: u32, n: u32, k: u32,
@@ -659,7 +660,7 @@ pub mod swap_ab_gemm {
     /// Tokens (rows of A, rows of C) per CTA: the N of the entry's wgmma.
     pub const TOKEN_TILES: [u32; 5] = [8, 16, 32, 64, 128];
     /// Cluster sizes (CTAs that split one tile's K).
-    pub const KSPLITS: [u32; 4] = [1, 2, 4, 8];
+    pub const KSPLITS: [u32; 5] = [1, 2, 3, 4, 8];
     /// Bytes of one BF16 element.
     pub const IN_BYTES: usize = 2;
     /// Weight rows (columns of C) per consumer warpgroup: the M of wgmma.

@@ -522,15 +522,17 @@ where
 }
 
 /// Consumer thread `tid` (0..CONSUMER_THREADS) after the cluster barrier: sums the `ksplit` partials of
-/// rank `r`'s tokens `r * NT / ksplit ..`, four weight rows at a time, and stores the epilogue.
+/// rank `r`'s tokens `r * NT / ksplit .. (r + 1) * NT / ksplit`, four weight rows at a time, and
+/// stores the epilogue.
 /// With `FLAG_NORM_OUT` it also stores `bf16(c * gamma)` and, per token, the sum of squares of
 /// the tile's 64 BF16 outputs: the 16 threads of a token (aligned half-warps: 16 consecutive
 /// `q`) add theirs by a butterfly and the first writes it. Every thread runs the same number of
 /// rounds, so all 32 lanes reach each shuffle.
 #[inline(always)]
 fn reduce_store<const NT: u32, const S: u32>(g: Gemm<NT, S>, tid: u32) {
-    let per = NT / g.ksplit;
-    let tok0 = g.rank * per;
+    // Rank r's tokens: [r NT / ksplit, (r + 1) NT / ksplit) (uneven for a cluster of 3).
+    let tok0 = g.rank * NT / g.ksplit;
+    let per = (g.rank + 1) * NT / g.ksplit - tok0;
     const ROW_GROUPS: u32 = (W_ROWS / 4) as u32;
     let groups = per * ROW_GROUPS;
     let norm_out = g.flags & FLAG_NORM_OUT != 0;
@@ -824,7 +826,7 @@ where
     let ksplit = cluster::cluster_size();
     // FLAG_NORM_OUT writes `normed` from the plain epilogue's BF16 outputs only.
     let norm_out_bad = p.flags & FLAG_NORM_OUT != 0 && (p.epilogue != EPI_NONE || p.out_f32 != 0);
-    if block_dim_x() != THREADS_PER_CTA || !matches!(ksplit, 1 | 2 | 4 | 8) || norm_out_bad {
+    if block_dim_x() != THREADS_PER_CTA || !matches!(ksplit, 1 | 2 | 3 | 4 | 8) || norm_out_bad {
         // SAFETY: `trap` aborts the kernel; no preconditions.
         unsafe { core::arch::nvptx::trap() };
     }

@@ -320,19 +320,31 @@ impl StepConfig {
         }
     }
 
-    /// Each swap-AB GEMM's ksplit by default: gate_up in clusters of 2 up to 32 sequences (the
-    /// rule alone picks 1 there: 448 CTAs, 1.7 waves of two per SM; in the PDL chain 896 CTAs
-    /// of half the K each balance better, measured on the H200 in session 16, variant e:
-    /// 8 x 4096 161.7 against 163.8-164.7 us per layer, 32 x 4096 276.8 against 277.4-277.6,
-    /// also faster at 1 x 1024 and 8 x 1024; clusters of 4 were slower, 171.8 and 287.6), the
-    /// rule's otherwise.
-    /// (Only where gate_up's K, the hidden size, has at least two 64-column k-blocks.)
+    /// Each swap-AB GEMM's ksplit by default, up to 32 sequences (the rule's above):
+    /// - gate_up in clusters of 2 (the rule alone picks 1 there: 448 CTAs, 1.7 waves of two per
+    ///   SM; in the PDL chain 896 CTAs of half the K each balance better, measured on the H200 in
+    ///   session 16, variant e: 8 x 4096 161.7 against 163.8-164.7 us per layer, 32 x 4096 276.8
+    ///   against 277.4-277.6, also faster at 1 x 1024 and 8 x 1024; clusters of 4 were slower,
+    ///   171.8 and 287.6);
+    /// - o_proj and down in clusters of 3 (the rule's 2 gives 128 CTAs of 64 weight rows, one
+    ///   per SM, each reading at ~28 GB/s; 3 gives 192; session 18, variant e, twice each in one
+    ///   call: 8 x 4096 160.2 and 160.5 against 162.2 and 162.7, 32 x 4096 273.4 and 273.4
+    ///   against 275.2 and 275.0; clusters of 4 were slower, 172.5 and 283.9; qkv in 3 too
+    ///   lost at 8 x 4096, 163.8).
+    ///
+    /// Each only where its K has enough 64-column k-blocks (gate_up's K is the hidden size,
+    /// o_proj's the query width, down's the intermediate size).
     pub fn default_swap_ab_ksplit(dims: &DecodeDims, batch: usize) -> [Option<u32>; 4] {
-        if batch <= 32 && dims.hidden > wc::BK {
-            [None, None, Some(2), None]
-        } else {
-            [None; 4]
+        if batch > 32 {
+            return [None; 4];
         }
+        let at_least = |ks: u32, k: usize| (k.div_ceil(wc::BK) >= ks as usize).then_some(ks);
+        [
+            None,
+            at_least(3, dims.q_width()),
+            at_least(2, dims.hidden),
+            at_least(3, dims.intermediate),
+        ]
     }
 
     /// The GEMM form every GEMM of the step takes unless [`Self::gemm_roles`] overrides it.
@@ -2047,17 +2059,19 @@ mod tests {
         assert_eq!(cfg.swap_ab, [false; 4]);
     }
 
-    /// The fused RMSNorm is the default up to 32 sequences, gate_up's ksplit 2 up to 32 (where they
-    /// measured faster), the RMSNorm kernels and the rule's ksplit above; the fused norm's
-    /// argument block packs its words where the kernel reads them.
+    /// The fused RMSNorm is the default up to 32 sequences, gate_up's ksplit 2 and o_proj's and
+    /// down's 3 up to 32 (where they measured faster), the RMSNorm kernels and the rule's
+    /// ksplit above; the fused norm's argument block packs its words where the kernel reads
+    /// them.
     #[test]
     fn issue21_fused_norm_defaults_and_argument_block() {
         let d = DecodeDims::llama3_8b();
+        let ks3 = [None, Some(3), Some(2), Some(3)];
         for (batch, fused, ks) in [
-            (1, true, [None, None, Some(2), None]),
-            (8, true, [None, None, Some(2), None]),
-            (9, true, [None, None, Some(2), None]),
-            (32, true, [None, None, Some(2), None]),
+            (1, true, ks3),
+            (8, true, ks3),
+            (9, true, ks3),
+            (32, true, ks3),
             (33, false, [None; 4]),
             (64, false, [None; 4]),
         ] {
@@ -2065,12 +2079,25 @@ mod tests {
             assert_eq!(c.fuse_norm, fused, "batch {batch}");
             assert_eq!(c.swap_ab_ksplit, ks, "batch {batch}");
         }
-        // gate_up's K (the hidden size) of one k-block: no cluster of 2.
+        // gate_up's K (the hidden size) of one k-block: no cluster of 2; o_proj's K (4 x 64)
+        // and down's (512) take their clusters of 3; a query width of two k-blocks does not.
         let tiny = DecodeDims {
             hidden: 64,
             ..DecodeDims::small()
         };
-        assert_eq!(StepConfig::default_swap_ab_ksplit(&tiny, 8), [None; 4]);
+        assert_eq!(
+            StepConfig::default_swap_ab_ksplit(&tiny, 8),
+            [None, Some(3), None, Some(3)]
+        );
+        let narrow = DecodeDims {
+            heads: 2,
+            kv_heads: 2,
+            ..tiny
+        };
+        assert_eq!(
+            StepConfig::default_swap_ab_ksplit(&narrow, 8),
+            [None, None, None, Some(3)]
+        );
         let a = wc::norm_args(
             Some((0x1000, 64, 4096, 1e-5)),
             Some((0x2000, 0x3000, 0x4000, 4096, 64)),

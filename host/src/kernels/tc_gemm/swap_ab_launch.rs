@@ -20,7 +20,7 @@ pub use contract::{KERNELS as SWAP_AB_ENTRIES, KSPLITS, TOKEN_TILES};
 pub struct SwapAbConfig {
     /// Tokens per CTA, one of [`TOKEN_TILES`] (8, 16, 32, 64, 128).
     pub tokens: Option<u32>,
-    /// CTAs per cluster splitting K, one of [`KSPLITS`] (1, 2, 4, 8), at most `ceil(K / 64)`.
+    /// CTAs per cluster splitting K, one of [`KSPLITS`] (1, 2, 3, 4, 8), at most `ceil(K / 64)`.
     pub ksplit: Option<u32>,
     /// Load the first stages' weight tiles (B) before `griddepcontrol.wait`, so that with PDL
     /// they stream in under the previous kernel's tail (../shared/docs/pdl-prefetch.md). Only
@@ -349,6 +349,7 @@ mod tests {
             * match ks {
                 1 => 132,
                 2 => 66,
+                3 => 44,
                 4 => 32,
                 8 => 16,
                 _ => 0,
@@ -399,6 +400,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!((s.tokens, s.ksplit, s.grid()), (32, 8, [128, 1, 1]));
+        // A cluster of 3 (tokens split 2, 3, 3 at 8 per tile): 64 tiles x 3 CTAs.
+        let s = swap_ab_shape(
+            shape(8, 4096, 4096),
+            SwapAbConfig {
+                ksplit: Some(3),
+                ..Default::default()
+            },
+            resident,
+        )
+        .unwrap();
+        assert_eq!((s.tokens, s.ksplit, s.grid()), (8, 3, [192, 1, 1]));
         for cfg in [
             SwapAbConfig {
                 tokens: Some(24),
@@ -407,7 +419,7 @@ mod tests {
             },
             SwapAbConfig {
                 tokens: None,
-                ksplit: Some(3),
+                ksplit: Some(5),
                 ..Default::default()
             },
             SwapAbConfig {
