@@ -3,7 +3,7 @@
 //! run, at the decode shapes: M (tokens) in {1, 2, 7, 8, 16, 32, 64, 128} x weights (N, K) in
 //! {(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (28672, 4096)}; and the swap-AB
 //! tensor-core configuration (`TcGemm` with `GemmConfig::SwapAb`: its automatic tile and ksplit,
-//! the same with PDL and the weights before `griddepcontrol.wait`, then each ksplit 1, 2, 4, 8
+//! the same with PDL and the weights before `griddepcontrol.wait`, then each ksplit of `KSPLITS`
 //! unless `WARPLINE_SWAPAB_KS=0`), whose best automatic row goes into the summary's right half
 //! with its max relative difference from cuBLAS.
 //!
@@ -289,7 +289,7 @@ fn run(dev: &Device) -> warpline::Result<()> {
                     ),
                 ];
                 if swap_ab_ks {
-                    for ks in [1u32, 2, 4, 8] {
+                    for ks in warpline::kernels::tc_gemm::KSPLITS {
                         variants.push((
                             format!("swapab ks{ks}"),
                             SwapAbConfig {

@@ -260,7 +260,7 @@ fn issue20_swap_ab_gemm_all_m_auto_tiles() {
     }
 }
 
-/// Every token tile with every cluster size (the DSMEM reduction over 1, 2, 4, 8 CTAs), BF16
+/// Every token tile with every cluster size (the DSMEM reduction over 1, 2, 3, 4, 8 CTAs), BF16
 /// and f32 out; M = 1 and a tail of the tile.
 #[test]
 fn issue20_swap_ab_gemm_every_tile_and_ksplit() {

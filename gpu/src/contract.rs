@@ -639,7 +639,8 @@ pub mod tc_gemm {
 /// u64)` (`stamps`: the decode step's `%globaltimer` buffer or 0; `norm`: the fused RMSNorm's
 /// argument block with [`FLAG_NORM_IN`](swap_ab_gemm::FLAG_NORM_IN) or
 /// [`FLAG_NORM_OUT`](swap_ab_gemm::FLAG_NORM_OUT), else unread). `tmap_w`: BF16
-/// `{K, N}` map, box [`W_BOX`](swap_ab_gemm::W_BOX); `tmap_x`: BF16 `{K, M}` map, box
+/// `{K, N}` map (or the tiled map of [`FLAG_W_TILED`](swap_ab_gemm::FLAG_W_TILED)), box
+/// [`W_BOX`](swap_ab_gemm::W_BOX); `tmap_x`: BF16 `{K, M}` map, box
 /// `x_box(NT)`; both 128-byte swizzle, zero fill. `c`: row-major C (`M x N`, or `M x N / 2` for
 /// [`EPI_SWIGLU`](swap_ab_gemm::EPI_SWIGLU)), pitch `ldc` a multiple of 8 elements, 16-byte
 /// aligned. `bias`: 0 or the address of `N` f32. Launch: grid `(n_tiles * ksplit, ceil(M / NT),
@@ -781,7 +782,8 @@ pub mod swap_ab_gemm {
     /// `W_ROWS x BK` weight tile is 8 KiB of contiguous memory, so one stage reads one DRAM
     /// stretch instead of 64 rows' 128-byte pieces `K * 2` bytes apart. `tmap_w` then maps
     /// the tiled buffer as `{BK, ceil(N / W_ROWS) * ceil(K / BK) * W_ROWS}` elements with
-    /// [`W_BOX`] boxes; tile `(t, kb)` starts at row `(t * ceil(K / BK) + kb) * W_ROWS`.
+    /// [`W_BOX`] boxes; tile `(t, kb)` starts at row `(t * ceil(K / BK) + kb) * W_ROWS`, and
+    /// the elements past N and K are zeros (finite: they meet A's zero fill in the products).
     pub const FLAG_W_TILED: u32 = 8;
     /// Elements of the tiled weight buffer of an `N x K` B ([`FLAG_W_TILED`]): whole tiles,
     /// zero-padded past N and K.
@@ -843,7 +845,13 @@ pub mod swap_ab_gemm {
             assert!(x_stage_bytes(nt).is_multiple_of(SWIZZLE_ALIGN));
             assert!(partial_offset(nt).is_multiple_of(16));
             assert!(norm_offset(nt) + norm_bytes(nt) <= smem_bytes(nt));
-            assert!(nt.is_multiple_of(KSPLITS[KSPLITS.len() - 1]));
+            // Every rank of every cluster size reduces at least one token (rank r takes
+            // tokens r NT / ks .. (r + 1) NT / ks).
+            let mut j = 0;
+            while j < KSPLITS.len() {
+                assert!(nt >= KSPLITS[j]);
+                j += 1;
+            }
             i += 1;
         }
         assert!(W_STAGE_BYTES.is_multiple_of(SWIZZLE_ALIGN));

@@ -9,8 +9,9 @@
 //!     ring.producer_acquire(stage) <-empty--     ring.consumer_release_local(previous stage)
 //!     [FLAG_WEIGHTS_EARLY: first stages' W       ring.consumer_wait(stage); 4 x wgmma m64nNTk16
 //!      before griddepcontrol.wait]             partial tile (f32) -> own shared memory
-//!     TMA W {k, n0}, X {k, m0}  -------full-->
-//!   cluster barrier; CTA r adds the ksplit partials of its NT / ksplit tokens over DSMEM (ranks
+//!     TMA W {k, n0} (FLAG_W_TILED: {0, (tile * k_blocks + kb) * 64}), X {k, m0}  -full-->
+//!   cluster barrier; CTA r adds the ksplit partials of its tokens r NT / ksplit ..
+//!   (r + 1) NT / ksplit over DSMEM (ranks
 //!   0, 1, .. in order), epilogue (alpha, bias, SiLU / GELU / SwiGLU, beta * C), stores; cluster
 //!   barrier (no CTA exits while a peer reads its partials)
 //! ```
@@ -423,7 +424,9 @@ fn producer<const NT: u32, const S: u32>(g: Gemm<NT, S>) {
     while i < g.kbs {
         let full = g.ring.producer_acquire(st, tx);
         // SAFETY: the stage is free (producer_acquire), 1024-byte aligned, and its full barrier
-        // is armed for exactly these two boxes; boxes past N, M or K read zeros.
+        // is armed for exactly these two boxes; boxes past N, M or K read zeros (row-major W;
+        // with FLAG_W_TILED every W box lies inside the map and the padding past N and K is
+        // zeros by the flag's contract).
         unsafe {
             let (c0, c1) = w_at(i);
             g.w.load_2d(g.w_stage(st), c0, c1, full);
@@ -936,7 +939,9 @@ macro_rules! entry {
         ///
         /// # Safety
         /// `tmap_w` / `tmap_x` are device addresses of tensor maps made as the contract says
-        /// (BF16, dims `{K, N}` / `{K, M}`, boxes `W_BOX` / `x_box(NT)`, 128-byte swizzle),
+        /// (BF16, dims `{K, N}` / `{K, M}`, or with `FLAG_W_TILED` `{BK, ceil(N / W_ROWS) *
+        /// ceil(K / BK) * W_ROWS}` over zero-padded tiles for `tmap_w`, boxes `W_BOX` /
+        /// `x_box(NT)`, 128-byte swizzle),
         /// valid until the kernel completes; `c` / `ldc` address a row-major C of M rows and
         /// `N` (or `N / 2` for `EPI_SWIGLU`, N even) columns of f32 (`out_f32 != 0`) or BF16,
         /// 16-byte aligned, `ldc` a multiple of 8, overlapping neither A nor B; `bias` is 0 or

@@ -291,7 +291,8 @@ impl SwapAbLaunch {
         params.extend_from_slice(&self.params);
         // SAFETY: the list matches the entry (checked against the PTX at TcGemm::new: 4 x u64,
         // 4 x u32, 2 x f32, 3 x u32, u64 stamps and u64 norm, here 0: none; flags has neither
-        // FLAG_NORM_IN nor FLAG_NORM_OUT, so `norm` is not read). The maps were encoded over views
+        // FLAG_NORM_IN nor FLAG_NORM_OUT, so `norm` is not read, nor FLAG_W_TILED: the weight map
+        // is `{K, N}` over B's row-major view). The maps were encoded over views
         // the plan borrows (A, B shared, C exclusively) with the logical sizes as global dims,
         // so TMA reads stay inside A and B; `c`/`ldc` address C, whose rows < m and columns
         // < n (n / 2 for SwiGLU) are the only ones written; the bias view holds n f32; the grid,
