@@ -1073,7 +1073,6 @@ impl<'d> DecodeStep<'d> {
                 }
             };
             let x_in = [&normed, &attn, &normed, &act];
-            let self_tiled = cfg.swap_ab_tiled;
             for r in 0..4 {
                 let Some(ls) = swap[r] else {
                     continue;
@@ -1091,20 +1090,14 @@ impl<'d> DecodeStep<'d> {
                 put(map_slot(cfg.layers, None, r), xm);
                 for (l, layer) in layers.iter().enumerate() {
                     let w = [&layer.wqkv, &layer.wo, &layer.wgu, &layer.w_down][r];
-                    let wm = if self_tiled {
-                        // Rows of one k-block's 64 elements, tile after tile.
-                        let rows = wc::tiled_weight_elems(s.n, s.k) / wc::BK;
-                        TensorMap::matrix(
-                            &w.view(0..w.len())?,
-                            rows,
-                            wc::BK,
-                            wc::BK,
-                            wc::W_BOX,
-                            sw,
-                        )?
+                    // Tiled: rows of one k-block's 64 elements, tile after tile.
+                    let (rows, cols) = if cfg.swap_ab_tiled {
+                        (wc::tiled_weight_elems(s.n, s.k) / wc::BK, wc::BK)
                     } else {
-                        TensorMap::matrix(&w.view(0..w.len())?, s.n, s.k, s.k, wc::W_BOX, sw)?
+                        (s.n, s.k)
                     };
+                    let wm =
+                        TensorMap::matrix(&w.view(0..w.len())?, rows, cols, cols, wc::W_BOX, sw)?;
                     put(map_slot(cfg.layers, Some(l), r), wm);
                 }
             }
