@@ -401,13 +401,30 @@ pub fn pack_gate_up_pairs<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) 
 /// An `n x k` row-major weight matrix in the swap-AB GEMM's tiled layout
 /// (`contract::swap_ab_gemm::FLAG_W_TILED`): tile `(t, kb)` (rows `64 t ..`, columns `64 kb ..`)
 /// is 64 rows of 64 consecutive elements at element `(t * ceil(k / 64) + kb) * 4096`, zeros past
-/// `n` and `k` (`tiled_weight_elems(n, k)` elements). Panics unless `w` holds `n * k` elements
-/// (the step checks [`HostLayer`](step::HostLayer) sizes first).
-pub fn tile_weights<T: Copy + Default>(w: &[T], n: usize, k: usize) -> Vec<T> {
-    use warpline_gpu::contract::swap_ab_gemm::{tiled_weight_elems, BK, W_ROWS};
-    assert_eq!(w.len(), n * k, "weight size");
+/// `n` and `k` (`tiled_weight_elems(n, k)` elements).
+///
+/// Errors: [`Error::LengthMismatch`] unless `w` holds exactly `n * k` elements;
+/// [`Error::TooLarge`] when the tiled size does not fit in `usize`.
+pub fn tile_weights<T: Copy + Default>(w: &[T], n: usize, k: usize) -> Result<Vec<T>> {
+    use warpline_gpu::contract::swap_ab_gemm::{BK, W_ROWS};
+    if n.checked_mul(k) != Some(w.len()) {
+        return Err(Error::LengthMismatch {
+            what: "weights to tile",
+            detail: format!("{} elements for {n} x {k}; allowed: exactly n x k", w.len()),
+        });
+    }
     let kb = k.div_ceil(BK);
-    let mut out = vec![T::default(); tiled_weight_elems(n, k)];
+    let len = n
+        .div_ceil(W_ROWS)
+        .checked_mul(kb)
+        .and_then(|t| t.checked_mul(W_ROWS * BK))
+        .ok_or_else(|| Error::TooLarge {
+            what: "tiled weight elements (ceil(n / 64) x ceil(k / 64) x 4096)",
+            value: (n.div_ceil(W_ROWS) as u128 * kb as u128 * (W_ROWS * BK) as u128)
+                .min(u64::MAX as u128) as u64,
+            max: usize::MAX as u64,
+        })?;
+    let mut out = vec![T::default(); len];
     for (r, row) in w.chunks_exact(k.max(1)).enumerate() {
         let (t, rr) = (r / W_ROWS, r % W_ROWS);
         for (b, piece) in row.chunks(BK).enumerate() {
@@ -415,7 +432,7 @@ pub fn tile_weights<T: Copy + Default>(w: &[T], n: usize, k: usize) -> Vec<T> {
             out[at..at + piece.len()].copy_from_slice(piece);
         }
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -429,7 +446,7 @@ mod tests {
         // columns (three k-blocks, the last of 2).
         let (n, k) = (70, 130);
         let w: Vec<u32> = (0..n * k).map(|i| i as u32 + 1).collect();
-        let t = tile_weights(&w, n, k);
+        let t = tile_weights(&w, n, k).unwrap();
         assert_eq!(t.len(), tiled_weight_elems(n, k));
         assert_eq!(t.len(), 2 * 3 * 64 * 64);
         let mut seen = 0;
@@ -450,6 +467,15 @@ mod tests {
             }
         }
         assert_eq!(seen, n * k);
+        // A size that is not n x k, and a product that passes usize: typed errors.
+        assert!(matches!(
+            tile_weights(&w[1..], n, k),
+            Err(Error::LengthMismatch { .. })
+        ));
+        assert!(matches!(
+            tile_weights(&w, usize::MAX, 2),
+            Err(Error::LengthMismatch { .. })
+        ));
     }
 
     #[test]

@@ -985,7 +985,7 @@ impl<'d> DecodeStep<'d> {
             // `swap_ab_tiled`, else row-major.
             let upload_w = |r: usize, rows: &[bf16]| -> Result<DeviceBuffer<bf16>> {
                 if swap[r].is_some() && cfg.swap_ab_tiled {
-                    upload(&tile_weights(rows, shapes4[r].n, shapes4[r].k))
+                    upload(&tile_weights(rows, shapes4[r].n, shapes4[r].k)?)
                 } else {
                     upload(rows)
                 }
