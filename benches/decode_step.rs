@@ -20,6 +20,8 @@
 //! `WARPLINE_DECODE_FUSE_NORM=0|1` (the RMSNorms as kernels or fused; default fused up to 8
 //! sequences), `WARPLINE_DECODE_SWAPAB_KSPLIT=q,o,gu,d` (each swap-AB GEMM's ksplit, 0 the
 //! rule's), `WARPLINE_DECODE_TILED=0|1` (the swap-AB weights tiled, `StepConfig::swap_ab_tiled`),
+//! `WARPLINE_DECODE_TRIGGER=wait|end` (where the swap-AB GEMMs trigger their dependents,
+//! `StepConfig::swap_ab_trigger_at_wait`),
 //! `WARPLINE_DECODE_TIMELINE=file.png`
 //! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`
 //! in the `wait` colour; variant `WARPLINE_DECODE_TIMELINE_VARIANT`, default `e`), `WARPLINE_DECODE_NPY=dir` (also
@@ -126,6 +128,9 @@ fn main() -> warpline::Result<()> {
             }
             if let Some(t) = env("WARPLINE_DECODE_TILED") {
                 c.swap_ab_tiled = t != "0";
+            }
+            if let Some(t) = env("WARPLINE_DECODE_TRIGGER") {
+                c.swap_ab_trigger_at_wait = t == "wait";
             }
             if let Some(l) = env("WARPLINE_DECODE_SWAPAB_KSPLIT") {
                 for (r, v) in l.split(',').enumerate().take(4) {

@@ -785,6 +785,12 @@ pub mod swap_ab_gemm {
     /// [`W_BOX`] boxes; tile `(t, kb)` starts at row `(t * ceil(K / BK) + kb) * W_ROWS`, and
     /// the elements past N and K are zeros (finite: they meet A's zero fill in the products).
     pub const FLAG_W_TILED: u32 = 8;
+    /// `flags` bit: the producer triggers `griddepcontrol.launch_dependents` right after its
+    /// `griddepcontrol.wait` instead of after its last mainloop load, so the next kernel on
+    /// the stream may be scheduled as soon as every CTA of this grid has passed its wait (its
+    /// CTAs then take whatever SM room this grid's finished CTAs leave). Its own wait still
+    /// waits for this grid to complete and flush (PTX ISA `griddepcontrol`).
+    pub const FLAG_TRIGGER_AT_WAIT: u32 = 16;
     /// Elements of the tiled weight buffer of an `N x K` B ([`FLAG_W_TILED`]): whole tiles,
     /// zero-padded past N and K.
     pub const fn tiled_weight_elems(n: usize, k: usize) -> usize {

@@ -406,6 +406,10 @@ fn producer<const NT: u32, const S: u32>(g: Gemm<NT, S>) {
         stamp_by(g.stamps, g.flags >> STAMP_SLOT_SHIFT, 1);
         stamp_by(g.stamps, g.flags >> STAMP_SLOT_SHIFT, 2);
     }
+    let trigger_at_wait = g.flags & FLAG_TRIGGER_AT_WAIT != 0;
+    if trigger_at_wait {
+        pdl::launch_dependents();
+    }
     let mut early_st = PipelineState::<S>::new();
     let mut j = 0;
     while j < early {
@@ -436,7 +440,9 @@ fn producer<const NT: u32, const S: u32>(g: Gemm<NT, S>) {
         i += 1;
     }
     // Every load is issued: the next kernel's prologue may start.
-    pdl::launch_dependents();
+    if !trigger_at_wait {
+        pdl::launch_dependents();
+    }
 }
 
 /// Consumer warpgroup `wg`: weight rows `64 * wg ..` of the tile, all `NT` tokens, over this

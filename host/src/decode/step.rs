@@ -211,6 +211,16 @@ pub struct StepConfig {
     /// 8 x 4096 159.5 and 159.0 against 160.4 and 160.2 row-major, 32 x 4096 274.4 and 274.1
     /// against 275.5 and 276.0, 64 x 2048 290.4 and 289.9 against 294.3 and 292.9.
     pub swap_ab_tiled: bool,
+    /// Where the swap-AB GEMMs trigger `griddepcontrol.launch_dependents`
+    /// (`contract::swap_ab_gemm::FLAG_TRIGGER_AT_WAIT`): `true`, right after their
+    /// `griddepcontrol.wait`, so the next kernel's CTAs may take the SM room each CTA of this
+    /// one leaves as soon as every CTA of it has started; `false`, after each CTA's last
+    /// mainloop load (the next kernel can then start no earlier than the last-scheduled CTA's
+    /// last load). The default: measured on the H200 (session 19, variant e, us per layer,
+    /// interleaved twice in one call): 8 x 4096 157.2 and 157.0 against 161.1 and 161.1 at the
+    /// last load, 32 x 4096 271.3 and 272.1 against 273.9 and 273.3; the first down CTA then
+    /// passes its wait 0.6 us after gate_up's last CTA ends instead of 4.1 us.
+    pub swap_ab_trigger_at_wait: bool,
 }
 
 /// The two forms of the paged GQA decode attention (`gpu/src/kernels/decode_step.rs`; the same
@@ -317,6 +327,7 @@ impl StepConfig {
             fuse_norm: batch <= 32,
             swap_ab_ksplit: Self::default_swap_ab_ksplit(dims, batch),
             swap_ab_tiled: true,
+            swap_ab_trigger_at_wait: true,
         }
     }
 
@@ -1378,7 +1389,12 @@ impl<'d> DecodeStep<'d> {
                         } else {
                             0
                         }
-                        | if early { wc::FLAG_WEIGHTS_EARLY } else { 0 };
+                        | if early { wc::FLAG_WEIGHTS_EARLY } else { 0 }
+                        | if self.cfg.swap_ab_trigger_at_wait {
+                            wc::FLAG_TRIGGER_AT_WAIT
+                        } else {
+                            0
+                        };
                     let (epilogue, bias) = match i {
                         0 => (wc::EPI_QKV, epi),
                         2 => (wc::EPI_SWIGLU, 0),
