@@ -1440,8 +1440,11 @@ pub mod decode_step {
     pub const ATTN_TC_THREADS: u32 = (ATTN_TC_WARPS + 1) * 32;
     /// The tensor-core attention's launch bound, CTAs per SM (`.minnctapersm`).
     pub const ATTN_TC_CTAS_PER_SM: u32 = 2;
-    /// Stages of the tensor-core attention's KV ring.
-    pub const ATTN_TC_STAGES: u32 = 6;
+    /// Stages of the tensor-core attention's KV ring. Three (48 KiB at head dim 128), so that
+    /// two attention CTAs leave room on their SM for one CTA of the swap-AB GEMM that follows
+    /// them in the decode step (`swap_ab_gemm::SMEM_HALF_SM`): that CTA then loads its weights
+    /// during the attention instead of after it.
+    pub const ATTN_TC_STAGES: u32 = 3;
     /// Alignment of the tensor-core attention's ring (the 128-byte swizzle's period).
     pub const ATTN_TC_RING_ALIGN: usize = 1024;
 
@@ -1560,6 +1563,15 @@ pub mod decode_step {
         assert!(ATTN_CHUNK_ROWS == 32 && ATTN_TC_WARPS * 8 == ATTN_CHUNK_ROWS);
         assert!(ATTN_TC_CTAS_PER_SM as usize * attn_tc_smem_bytes(128, 4) <= 227 * 1024);
         assert!(2 * ATTN_TC_STAGES as usize * 8 <= ATTN_RING_OFFSET);
+        // Two attention CTAs (head dim 128, 4 heads per KV head) and one swap-AB GEMM CTA of up
+        // to 64 tokens (at most SMEM_HALF_SM) share an SM (228 KiB, 1 KiB of it reserved per
+        // CTA): the GEMM after the attention loads its first weight tiles beside it.
+        assert!(
+            ATTN_TC_CTAS_PER_SM as usize * (attn_tc_smem_bytes(128, 4) + 1024)
+                + super::swap_ab_gemm::SMEM_HALF_SM
+                + 1024
+                <= 228 * 1024
+        );
         // The fused combine's flag and weights fit in the smallest ring (d 64).
         assert!(
             16 + 8 * 8 * MAX_SPLITS as usize

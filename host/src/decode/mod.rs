@@ -323,21 +323,52 @@ pub fn check_batch(
     Ok(())
 }
 
+/// `Error::LengthMismatch` unless `w` holds `rows x cols` elements.
+fn check_weight_len<T>(what: &'static str, w: &[T], rows: usize, cols: usize) -> Result<()> {
+    if rows.checked_mul(cols) != Some(w.len()) {
+        return Err(Error::LengthMismatch {
+            what,
+            detail: format!(
+                "{} elements; allowed: exactly {rows} x {cols} (the layer's dims)",
+                w.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `(H + 2 Hkv) d` without overflow, for the packing functions.
+fn qkv_rows_checked(dims: &DecodeDims) -> Result<usize> {
+    dims.kv_heads
+        .checked_mul(2)
+        .and_then(|r| r.checked_add(dims.heads))
+        .and_then(|r| r.checked_mul(dims.head_dim))
+        .ok_or_else(|| Error::BadShape {
+            what: "decode dims",
+            detail: format!("{dims:?}: (heads + 2 kv_heads) head_dim overflows usize"),
+        })
+}
+
 /// Reorders the rows of a logical `wqkv` (`[(H + 2 Hkv) d][hidden]`) into the order the QKV
 /// GEMM's epilogue reads: within each head, row tile `p` (16 rows) holds logical dims
 /// `8p .. 8p + 8` in its first 8 rows and `d/2 + 8p .. d/2 + 8p + 8` in its last 8, so the two
 /// halves of every RoPE pair land in one lane (accumulators `g` and `g + 8` of
 /// `mma.m16n8k16`). [`qkv_logical_dim`] is the inverse map of a packed row.
-pub fn pack_qkv_rows<T: Copy>(dims: &DecodeDims, wqkv: &[T]) -> Vec<T> {
-    let (d, k) = (dims.head_dim, dims.hidden);
-    assert_eq!(wqkv.len(), dims.qkv_rows() * k, "wqkv size");
+///
+/// Errors: [`Error::BadShape`] for dims that [`DecodeDims::validate`] refuses (or whose
+/// `(H + 2 Hkv) d` overflows); [`Error::LengthMismatch`] unless `wqkv` holds
+/// `(H + 2 Hkv) d x hidden` elements.
+pub fn pack_qkv_rows<T: Copy>(dims: &DecodeDims, wqkv: &[T]) -> Result<Vec<T>> {
+    dims.validate()?;
+    let (d, k, rows) = (dims.head_dim, dims.hidden, qkv_rows_checked(dims)?);
+    check_weight_len("wqkv", wqkv, rows, k)?;
     let mut out = Vec::with_capacity(wqkv.len());
-    for packed in 0..dims.qkv_rows() {
+    for packed in 0..rows {
         let head = packed / d;
         let logical = head * d + qkv_logical_dim(d, packed % d);
         out.extend_from_slice(&wqkv[logical * k..][..k]);
     }
-    out
+    Ok(out)
 }
 
 /// The logical dim (within a head of `d`) of packed row `r` (within the head) of
@@ -350,11 +381,15 @@ pub fn qkv_logical_dim(d: usize, r: usize) -> usize {
 /// Interleaves `w_gate` and `w_up` (`[inter][hidden]` each) into one `[2 inter][hidden]` weight:
 /// row tile `p` (16 rows) holds gate rows `8p .. 8p + 8` then up rows `8p .. 8p + 8`, so the
 /// gate/up GEMM's lane holds `gate[j]` and `up[j]` of the same `j` and writes `silu(gate) * up`.
-pub fn pack_gate_up_rows<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -> Vec<T> {
+///
+/// Errors: [`Error::BadShape`] for dims that [`DecodeDims::validate`] refuses;
+/// [`Error::LengthMismatch`] unless both hold `inter x hidden` elements.
+pub fn pack_gate_up_rows<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -> Result<Vec<T>> {
     let (n, k) = (dims.intermediate, dims.hidden);
-    assert_eq!(w_gate.len(), n * k, "w_gate size");
-    assert_eq!(w_up.len(), n * k, "w_up size");
-    let mut out = Vec::with_capacity(2 * n * k);
+    dims.validate()?;
+    check_weight_len("w_gate", w_gate, n, k)?;
+    check_weight_len("w_up", w_up, n, k)?;
+    let mut out = Vec::with_capacity(w_gate.len().saturating_mul(2));
     for p in 0..n / 8 {
         for r in 0..8 {
             out.extend_from_slice(&w_gate[(8 * p + r) * k..][..k]);
@@ -363,39 +398,47 @@ pub fn pack_gate_up_rows<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -
             out.extend_from_slice(&w_up[(8 * p + r) * k..][..k]);
         }
     }
-    out
+    Ok(out)
 }
 
 /// Reorders the rows of a logical `wqkv` (`[(H + 2 Hkv) d][hidden]`) into the order the swap-AB
 /// GEMM's QKV epilogue reads (`contract::swap_ab_gemm::EPI_QKV`): within each head, packed rows
 /// `2 i` and `2 i + 1` are dims `i` and `i + d/2`, so each 4-row group of the epilogue holds two
 /// whole RoPE pairs.
-pub fn pack_qkv_pairs<T: Copy>(dims: &DecodeDims, wqkv: &[T]) -> Vec<T> {
-    let (d, k) = (dims.head_dim, dims.hidden);
-    assert_eq!(wqkv.len(), dims.qkv_rows() * k, "wqkv size");
+///
+/// Errors: [`Error::BadShape`] for dims that [`DecodeDims::validate`] refuses (or whose
+/// `(H + 2 Hkv) d` overflows); [`Error::LengthMismatch`] unless `wqkv` holds
+/// `(H + 2 Hkv) d x hidden` elements.
+pub fn pack_qkv_pairs<T: Copy>(dims: &DecodeDims, wqkv: &[T]) -> Result<Vec<T>> {
+    dims.validate()?;
+    let (d, k, rows) = (dims.head_dim, dims.hidden, qkv_rows_checked(dims)?);
+    check_weight_len("wqkv", wqkv, rows, k)?;
     let mut out = Vec::with_capacity(wqkv.len());
-    for packed in 0..dims.qkv_rows() {
+    for packed in 0..rows {
         let (head, r) = (packed / d, packed % d);
         let logical = head * d + r / 2 + (r % 2) * (d / 2);
         out.extend_from_slice(&wqkv[logical * k..][..k]);
     }
-    out
+    Ok(out)
 }
 
 /// Gate and up weights (`[inter][hidden]` each) as the swap-AB GEMM's SwiGLU epilogue pairs
 /// them: row `2 j` is gate row `j`, row `2 j + 1` up row `j` (`[2 inter][hidden]`;
-/// `contract::swap_ab_gemm::EPI_SWIGLU`). Panics unless both hold `inter * hidden` elements (the
-/// step checks [`HostLayer`](step::HostLayer) sizes first).
-pub fn pack_gate_up_pairs<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -> Vec<T> {
+/// `contract::swap_ab_gemm::EPI_SWIGLU`).
+///
+/// Errors: [`Error::BadShape`] for dims that [`DecodeDims::validate`] refuses;
+/// [`Error::LengthMismatch`] unless both hold `inter x hidden` elements.
+pub fn pack_gate_up_pairs<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -> Result<Vec<T>> {
     let (n, k) = (dims.intermediate, dims.hidden);
-    assert_eq!(w_gate.len(), n * k, "w_gate size");
-    assert_eq!(w_up.len(), n * k, "w_up size");
-    let mut out = Vec::with_capacity(2 * n * k);
-    for (g, u) in w_gate.chunks_exact(k).zip(w_up.chunks_exact(k)) {
-        out.extend_from_slice(g);
-        out.extend_from_slice(u);
+    dims.validate()?;
+    check_weight_len("w_gate", w_gate, n, k)?;
+    check_weight_len("w_up", w_up, n, k)?;
+    let mut out = Vec::with_capacity(w_gate.len().saturating_mul(2));
+    for j in 0..n {
+        out.extend_from_slice(&w_gate[j * k..][..k]);
+        out.extend_from_slice(&w_up[j * k..][..k]);
     }
-    out
+    Ok(out)
 }
 
 /// An `n x k` row-major weight matrix in the swap-AB GEMM's tiled layout
@@ -479,12 +522,65 @@ mod tests {
     }
 
     #[test]
+    fn issue21_weight_packing_refuses_wrong_sizes_and_dims_with_typed_errors() {
+        let d = DecodeDims::small();
+        let (n, k) = (d.intermediate, d.hidden);
+        let qkv = vec![0u16; d.qkv_rows() * k];
+        let g = vec![0u16; n * k];
+        for short in [&qkv[1..], &qkv[..0]] {
+            assert!(matches!(
+                pack_qkv_rows(&d, short),
+                Err(Error::LengthMismatch { .. })
+            ));
+            assert!(matches!(
+                pack_qkv_pairs(&d, short),
+                Err(Error::LengthMismatch { .. })
+            ));
+        }
+        assert!(matches!(
+            pack_gate_up_rows(&d, &g[1..], &g),
+            Err(Error::LengthMismatch { .. })
+        ));
+        assert!(matches!(
+            pack_gate_up_pairs(&d, &g, &g[..n * k - k]),
+            Err(Error::LengthMismatch { .. })
+        ));
+        // Dims the kernels cannot run, or whose row count overflows: refused, not packed.
+        let mut bad = d;
+        bad.head_dim = 20;
+        assert!(matches!(
+            pack_qkv_rows(&bad, &qkv),
+            Err(Error::BadShape { .. })
+        ));
+        let mut huge = d;
+        huge.kv_heads = usize::MAX / 2;
+        huge.heads = huge.kv_heads;
+        assert!(matches!(
+            pack_qkv_pairs(&huge, &qkv),
+            Err(Error::BadShape { .. })
+        ));
+        let mut odd = d;
+        odd.intermediate = 12;
+        assert!(matches!(
+            pack_gate_up_rows(&odd, &g[..12 * k], &g[..12 * k]),
+            Err(Error::BadShape { .. })
+        ));
+        assert!(matches!(
+            pack_gate_up_pairs(&odd, &g[..12 * k], &g[..12 * k]),
+            Err(Error::BadShape { .. })
+        ));
+        // The right sizes pack.
+        assert_eq!(pack_qkv_pairs(&d, &qkv).unwrap().len(), qkv.len());
+        assert_eq!(pack_gate_up_pairs(&d, &g, &g).unwrap().len(), 2 * n * k);
+    }
+
+    #[test]
     fn issue21_qkv_pairs_packing_is_a_permutation_of_rope_pairs() {
         let d = DecodeDims::small();
         let k = d.hidden;
         // Row r of the logical weight holds r in every element.
         let w: Vec<u32> = (0..d.qkv_rows() * k).map(|i| (i / k) as u32).collect();
-        let p = pack_qkv_pairs(&d, &w);
+        let p = pack_qkv_pairs(&d, &w).unwrap();
         let hd = d.head_dim;
         let mut seen = vec![false; d.qkv_rows()];
         for packed in 0..d.qkv_rows() {
@@ -581,7 +677,7 @@ mod tests {
         let d = DecodeDims::small();
         let rows: Vec<usize> = (0..d.qkv_rows()).collect();
         let w: Vec<usize> = rows.iter().flat_map(|&r| vec![r; d.hidden]).collect();
-        let packed = pack_qkv_rows(&d, &w);
+        let packed = pack_qkv_rows(&d, &w).unwrap();
         let hd = d.head_dim;
         for r in 0..d.qkv_rows() {
             let logical = packed[r * d.hidden];
@@ -600,7 +696,8 @@ mod tests {
             &d,
             &w[..d.intermediate * d.hidden],
             &w[..d.intermediate * d.hidden],
-        );
+        )
+        .unwrap();
         assert_eq!(gu.len(), 2 * d.intermediate * d.hidden);
         assert_eq!(gu[8 * d.hidden], 0);
         assert_eq!(gu[16 * d.hidden], 8);

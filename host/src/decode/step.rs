@@ -1006,9 +1006,9 @@ impl<'d> DecodeStep<'d> {
                 wqkv: upload_w(
                     0,
                     &if cfg.swap_ab[0] {
-                        pack_qkv_pairs(&dims, &w.wqkv)
+                        pack_qkv_pairs(&dims, &w.wqkv)?
                     } else {
-                        pack_qkv_rows(&dims, &w.wqkv)
+                        pack_qkv_rows(&dims, &w.wqkv)?
                     },
                 )?,
                 wo: upload_w(1, &w.wo)?,
@@ -1016,9 +1016,9 @@ impl<'d> DecodeStep<'d> {
                 wgu: upload_w(
                     2,
                     &if cfg.swap_ab[2] {
-                        pack_gate_up_pairs(&dims, &w.w_gate, &w.w_up)
+                        pack_gate_up_pairs(&dims, &w.w_gate, &w.w_up)?
                     } else {
-                        pack_gate_up_rows(&dims, &w.w_gate, &w.w_up)
+                        pack_gate_up_rows(&dims, &w.w_gate, &w.w_up)?
                     },
                 )?,
                 w_down: upload_w(3, &w.w_down)?,
