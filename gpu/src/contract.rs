@@ -718,12 +718,11 @@ pub mod swap_ab_gemm {
             SMEM_LIMIT
         }
     }
-    /// Pipeline depth of token tile `nt`: as many `[W | X]` stages as fit beside the partial
-    /// tile, the barriers and the alignment slack within [`smem_target`], at most
-    /// [`MAX_STAGES`].
+    /// Pipeline depth of token tile `nt`: as many `[W | X]` stages as fit beside the
+    /// barriers, the fused RMSNorm's words and the alignment slack within [`smem_target`], at
+    /// most [`MAX_STAGES`] (the partial tile reuses the ring: [`partial_offset`]).
     pub const fn stages(nt: u32) -> usize {
-        let fixed =
-            partial_bytes(nt) + SWIZZLE_ALIGN + 2 * MAX_STAGES * MBARRIER_BYTES + norm_bytes(nt);
+        let fixed = SWIZZLE_ALIGN + 2 * MAX_STAGES * MBARRIER_BYTES + norm_bytes(nt);
         let s = (smem_target(nt) - fixed) / (W_STAGE_BYTES + x_stage_bytes(nt));
         if s > MAX_STAGES {
             MAX_STAGES
@@ -731,18 +730,21 @@ pub mod swap_ab_gemm {
             s
         }
     }
-    /// Layout from the 1024-byte aligned base: `stages x W | stages x X | partial | full[stages]
-    /// | empty[stages] | norm area` ([`norm_offset`]). Offset of stage 0's token tile.
+    /// Layout from the 1024-byte aligned base: `stages x W | stages x X | full[stages] |
+    /// empty[stages] | norm area` ([`norm_offset`]), the partial tile over the ring's start
+    /// ([`partial_offset`]). Offset of stage 0's token tile.
     pub const fn x_offset(nt: u32) -> usize {
         stages(nt) * W_STAGE_BYTES
     }
-    /// Offset of the partial tile.
-    pub const fn partial_offset(nt: u32) -> usize {
-        x_offset(nt) + stages(nt) * x_stage_bytes(nt)
+    /// Offset of the partial tile: the ring's first bytes, which the consumers overwrite only
+    /// after the mainloop (every TMA write into the ring has landed and every wgmma reading
+    /// it has retired), so the ring gets those bytes as stages.
+    pub const fn partial_offset(_nt: u32) -> usize {
+        0
     }
     /// Offset of the ring's mbarriers.
     pub const fn barriers_offset(nt: u32) -> usize {
-        partial_offset(nt) + partial_bytes(nt)
+        x_offset(nt) + stages(nt) * x_stage_bytes(nt)
     }
     /// Offset of the fused RMSNorm's shared words (after the mbarriers, 16-byte aligned): the
     /// [`NORM_ARGS_WORDS`] u64 of the argument block, then `nt` f32 row scales.
@@ -850,6 +852,10 @@ pub mod swap_ab_gemm {
             assert!(smem_bytes(nt) <= smem_target(nt));
             assert!(x_stage_bytes(nt).is_multiple_of(SWIZZLE_ALIGN));
             assert!(partial_offset(nt).is_multiple_of(16));
+            assert!(
+                partial_offset(nt) + partial_bytes(nt)
+                    <= stages(nt) * (W_STAGE_BYTES + x_stage_bytes(nt))
+            );
             assert!(norm_offset(nt) + norm_bytes(nt) <= smem_bytes(nt));
             // Every rank of every cluster size reduces at least one token (rank r takes
             // tokens r NT / ks .. (r + 1) NT / ks).

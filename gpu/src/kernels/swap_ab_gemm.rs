@@ -35,7 +35,7 @@ use crate::device::smem::{
 };
 use crate::device::thread::{block_dim_x, block_idx_x, thread_idx_x};
 use crate::device::tma::TensorMap;
-use crate::device::warpgroup::thread_in_warpgroup;
+use crate::device::warpgroup::{thread_in_warpgroup, NamedBarrier};
 use crate::device::wgmma::{self, Accumulators, MatrixDescriptor, Swizzle};
 
 use super::qkv_store::QkvArgs;
@@ -55,6 +55,8 @@ const K_SLICES: u32 = (BK / WGMMA_K) as u32;
 const PARTIAL_ROW_BYTES: u32 = (PARTIAL_PITCH * F32_BYTES) as u32;
 /// Consumer threads: they store the partials and run the reduction.
 const CONSUMER_THREADS: u32 = CONSUMER_WARPGROUPS * WARPGROUP_THREADS;
+/// Named barrier of the consumer threads before they write the partial tile over the ring.
+const PARTIAL_BARRIER: u32 = 1;
 
 /// The token tile `NT` of an entry: its wgmma and its accumulator fragment.
 struct Tok<const NT: u32>;
@@ -507,6 +509,12 @@ where
     }
     // SAFETY: warpgroup-collective, as above. The last stage needs no release: nobody refills it.
     unsafe { wgmma::wait_group::<0>() };
+    // The partial tile reuses the ring (`partial_offset`): every TMA write into the ring has
+    // completed (each stage's full barrier was waited on, and the producer loads nothing past
+    // `kbs`), and after this barrier no wgmma of any warp still reads it.
+    // SAFETY: barrier PARTIAL_BARRIER is used only here, by the consumer threads, whole
+    // warps convergently (every consumer thread runs the same mainloop trip count).
+    unsafe { NamedBarrier::new(PARTIAL_BARRIER, CONSUMER_THREADS) }.sync();
     unroll!(C in [0, 1, 2, 3] {
         if C < chains {
             acc[C].fence_operands();
