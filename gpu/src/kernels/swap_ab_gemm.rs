@@ -8,7 +8,9 @@
 //!   this CTA's k-blocks (its K slice):         per k-block:
 //!     ring.producer_acquire(stage) <-empty--     ring.consumer_release_local(previous stage)
 //!     [FLAG_WEIGHTS_EARLY: first stages' W       ring.consumer_wait(stage); 4 x wgmma m64nNTk16
-//!      before griddepcontrol.wait]             partial tile (f32) -> own shared memory
+//!      before griddepcontrol.wait;             [consumer named barrier] partial tile (f32)
+//!      FLAG_TRIGGER_AT_WAIT: launch_dependents   -> own shared memory, over the ring's start
+//!      right after it, else after the last load]
 //!     TMA W {k, n0} (FLAG_W_TILED: {0, (tile * k_blocks + kb) * 64}), X {k, m0}  -full-->
 //!   cluster barrier; CTA r adds the ksplit partials of its tokens r NT / ksplit ..
 //!   (r + 1) NT / ksplit over DSMEM (ranks
