@@ -8,8 +8,8 @@
 //! positions (written by the host only) and the chunks of earlier tokens' KV rows, copied into
 //! its ring (no kernel of the step writes them; the chunk holding the new token's row, written
 //! by the QKV GEMM, is copied only after the wait). Everything the previous kernel writes is
-//! read, and everything is written, after the wait. RMSNorm and the attention's consumers
-//! trigger `launch_dependents` right after their wait, the attention's loader warp at its
+//! read, and everything is written, after the wait. The attention's consumers trigger
+//! `launch_dependents` right after their wait, RMSNorm and the attention's loader warp at their
 //! start: the dependent grid is scheduled once every CTA of
 //! this grid has triggered, and its own `griddepcontrol.wait` still waits for this grid to
 //! complete and flush (PTX ISA `griddepcontrol`), so the trigger's place only decides how early
@@ -131,6 +131,10 @@ pub unsafe extern "ptx-kernel" fn decode_rmsnorm_bf16(
             }
         });
     };
+    // The GEMM after this kernel may be scheduled at once: its CTAs then load their first
+    // weight tiles beside this tiny grid and the kernel before it (its own wait still waits
+    // for this grid, which completes only after its own wait).
+    pdl::launch_dependents();
     if early {
         load_w(&mut wv);
     }
@@ -140,7 +144,6 @@ pub unsafe extern "ptx-kernel" fn decode_rmsnorm_bf16(
         stamp(stamps, slot, 1);
         stamp(stamps, slot, 2);
     }
-    pdl::launch_dependents();
     if !early {
         load_w(&mut wv);
     }
