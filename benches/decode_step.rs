@@ -130,7 +130,11 @@ fn main() -> warpline::Result<()> {
                 c.swap_ab_tiled = t != "0";
             }
             if let Some(t) = env("WARPLINE_DECODE_TRIGGER") {
-                c.swap_ab_trigger_at_wait = t == "wait";
+                c.swap_ab_trigger_at_wait = match t.as_str() {
+                    "wait" => true,
+                    "end" => false,
+                    _ => panic!("WARPLINE_DECODE_TRIGGER: wait or end"),
+                };
             }
             if let Some(l) = env("WARPLINE_DECODE_SWAPAB_KSPLIT") {
                 for (r, v) in l.split(',').enumerate().take(4) {

@@ -662,6 +662,17 @@ pub mod swap_ab_gemm {
     pub const TOKEN_TILES: [u32; 5] = [8, 16, 32, 64, 128];
     /// Cluster sizes (CTAs that split one tile's K).
     pub const KSPLITS: [u32; 5] = [1, 2, 3, 4, 8];
+    /// Whether `ks` is one of [`KSPLITS`] (the kernel traps on any other cluster size).
+    pub const fn is_ksplit(ks: u32) -> bool {
+        let mut i = 0;
+        while i < KSPLITS.len() {
+            if KSPLITS[i] == ks {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
     /// Bytes of one BF16 element.
     pub const IN_BYTES: usize = 2;
     /// Weight rows (columns of C) per consumer warpgroup: the M of wgmma.
@@ -778,7 +789,9 @@ pub mod swap_ab_gemm {
     /// K and V into the paged caches at each token's position (traps as the decode GEMM's).
     pub const EPI_QKV: u32 = 4;
     /// `flags` bit: the producer loads the first stages' weight tiles before
-    /// `griddepcontrol.wait` (the weights must not be written by the preceding kernel).
+    /// `griddepcontrol.wait` (the weights must not be written by any kernel that may still be
+    /// running: with PDL the preceding one, and the one before it where that kernel triggers
+    /// before its own wait, as the decode step's RMSNorm does).
     pub const FLAG_WEIGHTS_EARLY: u32 = 1;
     /// `flags` bit: B (the weights) is stored tiled ([`tiled_weight_elems`]): each CTA's
     /// `W_ROWS x BK` weight tile is 8 KiB of contiguous memory, so one stage reads one DRAM
@@ -845,6 +858,12 @@ pub mod swap_ab_gemm {
     }
 
     const _: () = {
+        assert!(!is_ksplit(0) && !is_ksplit(5) && !is_ksplit(16));
+        let mut k = 0;
+        while k < KSPLITS.len() {
+            assert!(is_ksplit(KSPLITS[k]));
+            k += 1;
+        }
         let mut i = 0;
         while i < TOKEN_TILES.len() {
             let nt = TOKEN_TILES[i];
@@ -893,7 +912,8 @@ pub mod swap_ab_gemm {
 /// 2, ..., ksplit - 1` (deterministic), then applies `alpha`/`beta` and stores.
 ///
 /// PDL: with [`decode_gemm::FLAG_WEIGHTS_EARLY`] the first k-block's weights are loaded *before*
-/// `griddepcontrol.wait` (they must not be written by the preceding kernel); A and C are read
+/// `griddepcontrol.wait` (they must not be written by any kernel that may still be running); A
+/// and C are read
 /// only after it; `launch_dependents` follows the warp's last weight load.
 ///
 /// Kernel parameters, in order (all entries):
@@ -1578,10 +1598,14 @@ pub mod decode_step {
                 + 1024
                 <= 228 * 1024
         );
-        // The fused combine's flag and weights fit in the smallest ring (d 64).
+        // The fused combine's flag and weights fit in the smallest ring (d 64) of either form.
         assert!(
             16 + 8 * 8 * MAX_SPLITS as usize
                 <= ATTN_STAGES as usize * 2 * ATTN_CHUNK_ROWS as usize * 64 * 2
+        );
+        assert!(
+            16 + 8 * 8 * MAX_SPLITS as usize
+                <= ATTN_TC_STAGES as usize * 2 * ATTN_CHUNK_ROWS as usize * 64 * 2
         );
         assert!(
             attn_tc_box_rows(16) == 16 && attn_tc_box_rows(64) == 32 && attn_tc_box_rows(4) == 0

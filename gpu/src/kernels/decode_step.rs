@@ -88,7 +88,10 @@ fn unpack8(v: [u32; 4]) -> [f32; 8] {
 /// # Safety
 /// `x` and `out` hold `rows x n` bf16, `w` `n` bf16, `resid` is null or `rows x n` bf16, all
 /// 16-byte aligned; `out` and `resid` alias nothing else; `w` is not written by the previous
-/// kernel (read before `griddepcontrol.wait` with `FLAG_EARLY`); `stamps` as in `decode_gemm`;
+/// kernel (read before `griddepcontrol.wait` with `FLAG_EARLY`); the kernel launched after this
+/// one reads nothing before its own wait that the kernel before this one writes (this kernel
+/// triggers `launch_dependents` at its start, so both may run at once); `stamps` as in
+/// `decode_gemm`;
 /// `partials` is null or holds `rows x ceil(n / 64)` f32 that alias nothing else.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]

@@ -845,7 +845,7 @@ where
     let ksplit = cluster::cluster_size();
     // FLAG_NORM_OUT writes `normed` from the plain epilogue's BF16 outputs only.
     let norm_out_bad = p.flags & FLAG_NORM_OUT != 0 && (p.epilogue != EPI_NONE || p.out_f32 != 0);
-    if block_dim_x() != THREADS_PER_CTA || !matches!(ksplit, 1 | 2 | 3 | 4 | 8) || norm_out_bad {
+    if block_dim_x() != THREADS_PER_CTA || !is_ksplit(ksplit) || norm_out_bad {
         // SAFETY: `trap` aborts the kernel; no preconditions.
         unsafe { core::arch::nvptx::trap() };
     }

@@ -383,13 +383,19 @@ pub fn qkv_logical_dim(d: usize, r: usize) -> usize {
 /// gate/up GEMM's lane holds `gate[j]` and `up[j]` of the same `j` and writes `silu(gate) * up`.
 ///
 /// Errors: [`Error::BadShape`] for dims that [`DecodeDims::validate`] refuses;
-/// [`Error::LengthMismatch`] unless both hold `inter x hidden` elements.
+/// [`Error::LengthMismatch`] unless both hold `inter x hidden` elements; [`Error::TooLarge`]
+/// if the packed length passes `usize` (zero-sized `T` only).
 pub fn pack_gate_up_rows<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -> Result<Vec<T>> {
     let (n, k) = (dims.intermediate, dims.hidden);
     dims.validate()?;
     check_weight_len("w_gate", w_gate, n, k)?;
     check_weight_len("w_up", w_up, n, k)?;
-    let mut out = Vec::with_capacity(w_gate.len().saturating_mul(2));
+    let cap = w_gate.len().checked_mul(2).ok_or(Error::TooLarge {
+        what: "packed gate/up weight elements",
+        value: u64::MAX,
+        max: usize::MAX as u64,
+    })?;
+    let mut out = Vec::with_capacity(cap);
     for p in 0..n / 8 {
         for r in 0..8 {
             out.extend_from_slice(&w_gate[(8 * p + r) * k..][..k]);
@@ -427,13 +433,19 @@ pub fn pack_qkv_pairs<T: Copy>(dims: &DecodeDims, wqkv: &[T]) -> Result<Vec<T>> 
 /// `contract::swap_ab_gemm::EPI_SWIGLU`).
 ///
 /// Errors: [`Error::BadShape`] for dims that [`DecodeDims::validate`] refuses;
-/// [`Error::LengthMismatch`] unless both hold `inter x hidden` elements.
+/// [`Error::LengthMismatch`] unless both hold `inter x hidden` elements; [`Error::TooLarge`]
+/// if the packed length passes `usize` (zero-sized `T` only).
 pub fn pack_gate_up_pairs<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -> Result<Vec<T>> {
     let (n, k) = (dims.intermediate, dims.hidden);
     dims.validate()?;
     check_weight_len("w_gate", w_gate, n, k)?;
     check_weight_len("w_up", w_up, n, k)?;
-    let mut out = Vec::with_capacity(w_gate.len().saturating_mul(2));
+    let cap = w_gate.len().checked_mul(2).ok_or(Error::TooLarge {
+        what: "packed gate/up weight elements",
+        value: u64::MAX,
+        max: usize::MAX as u64,
+    })?;
+    let mut out = Vec::with_capacity(cap);
     for j in 0..n {
         out.extend_from_slice(&w_gate[j * k..][..k]);
         out.extend_from_slice(&w_up[j * k..][..k]);

@@ -214,7 +214,7 @@ pub struct StepConfig {
     /// Where the swap-AB GEMMs trigger `griddepcontrol.launch_dependents`
     /// (`contract::swap_ab_gemm::FLAG_TRIGGER_AT_WAIT`): `true`, right after their
     /// `griddepcontrol.wait`, so the next kernel's CTAs may take the SM room each CTA of this
-    /// one leaves as soon as every CTA of it has started; `false`, after each CTA's last
+    /// one leaves as soon as every CTA of it has passed its wait; `false`, after each CTA's last
     /// mainloop load (the next kernel can then start no earlier than the last-scheduled CTA's
     /// last load). The default: measured on the H200 (session 19, variant e, us per layer,
     /// interleaved twice in one call): 8 x 4096 157.2 and 157.0 against 161.1 and 161.1 at the
