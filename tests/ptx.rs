@@ -630,3 +630,42 @@ fn issue23_attention_entries_use_register_a_wgmma_pingpong_and_spill_at_most_the
         );
     }
 }
+
+/// Registers ptxas gives `kernel` in `report` (the first "Used N registers" after its entry).
+fn used_registers(report: &str, kernel: &str, arch: &str) -> u32 {
+    let at = report
+        .find(&format!("Compiling entry function '{kernel}' for '{arch}'"))
+        .unwrap_or_else(|| panic!("{kernel} not compiled for {arch}:\n{report}"));
+    report[at..]
+        .lines()
+        .find_map(|l| {
+            let i = l.find("Used ")?;
+            let rest = &l[i + 5..];
+            rest[..rest.find(' ')?].parse::<u32>().ok()
+        })
+        .unwrap_or_else(|| panic!("no register line for {kernel}"))
+}
+
+#[test]
+fn issue21_two_attention_ctas_and_one_swap_ab_cta_fit_one_sms_registers() {
+    // The decode step's 3-stage attention ring exists so that the swap-AB GEMM after the
+    // attention (o_proj) puts one CTA beside two attention CTAs (contract::decode_step's shared
+    // memory check); the register file must hold them too. Registers are allocated per warp in
+    // units of 256 (8 per thread), 65,536 per SM.
+    use warpline_gpu::contract::{decode_step as ds, swap_ab_gemm as sw};
+    let per_cta = |regs: u32, threads: u32| regs.div_ceil(8) * 8 * 32 * threads.div_ceil(32);
+    let attn = used_registers(&ptxas_report(), "decode_attn_tc_bf16_d128_g4", "sm_90");
+    let attn_cta = per_cta(attn, ds::ATTN_TC_THREADS);
+    let report = ptxas_report_sm90a();
+    for (name, nt) in sw::KERNELS.iter().zip(sw::TOKEN_TILES) {
+        if nt > 64 {
+            continue; // one CTA per SM above 64 tokens (swap_ab_gemm::smem_target)
+        }
+        let gemm = per_cta(used_registers(&report, name, "sm_90a"), sw::THREADS_PER_CTA);
+        assert!(
+            ds::ATTN_TC_CTAS_PER_SM * attn_cta + gemm <= 65536,
+            "{name}: {gemm} registers beside {} attention CTAs of {attn_cta} ({attn} per thread)",
+            ds::ATTN_TC_CTAS_PER_SM
+        );
+    }
+}
