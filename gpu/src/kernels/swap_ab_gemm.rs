@@ -449,6 +449,20 @@ fn producer<const NT: u32, const S: u32>(g: Gemm<NT, S>) {
     }
 }
 
+/// `fence_operands` on the accumulator chains in use (`TokenTile::CHAINS`), each a constant
+/// index so the arrays stay in registers.
+#[inline(always)]
+fn fence_chains<const NT: u32>(acc: &mut [<Tok<NT> as TokenTile>::Acc; 4])
+where
+    Tok<NT>: TokenTile,
+{
+    unroll!(C in [0, 1, 2, 3] {
+        if C < <Tok<NT> as TokenTile>::CHAINS {
+            acc[C].fence_operands();
+        }
+    });
+}
+
 /// Consumer warpgroup `wg`: weight rows `64 * wg ..` of the tile, all `NT` tokens, over this
 /// CTA's K slice; then its partial tile into shared memory.
 #[inline(always)]
@@ -481,11 +495,7 @@ where
             Swizzle::B128,
         );
         let b = MatrixDescriptor::new(g.x_stage(st), 16, ATOM_BYTES, Swizzle::B128);
-        unroll!(C in [0, 1, 2, 3] {
-            if C < chains {
-                acc[C].fence_operands();
-            }
-        });
+        fence_chains::<NT>(&mut acc);
         // SAFETY: all 128 threads run this loop with the same trip count and descriptors; the
         // stage holds W and X as the descriptors say (consumer_wait) and is released only after
         // a wait_group that covers these wgmmas.
@@ -517,11 +527,7 @@ where
     // SAFETY: barrier PARTIAL_BARRIER is used only here, by the consumer threads, whole
     // warps convergently (every consumer thread runs the same mainloop trip count).
     unsafe { NamedBarrier::new(PARTIAL_BARRIER, CONSUMER_THREADS) }.sync();
-    unroll!(C in [0, 1, 2, 3] {
-        if C < chains {
-            acc[C].fence_operands();
-        }
-    });
+    fence_chains::<NT>(&mut acc);
     // The chains' sum, in a fixed order: (0 + 1) + (2 + 3).
     let [mut acc, a1, mut a2, a3] = acc;
     if chains > 1 {

@@ -337,16 +337,40 @@ fn check_weight_len<T>(what: &'static str, w: &[T], rows: usize, cols: usize) ->
     Ok(())
 }
 
-/// `(H + 2 Hkv) d` without overflow, for the packing functions.
-fn qkv_rows_checked(dims: &DecodeDims) -> Result<usize> {
-    dims.kv_heads
+/// The QKV packers' checks: `dims` valid, `(H + 2 Hkv) d` without overflow, `wqkv` that many
+/// rows of `hidden`. Returns `(d, hidden, rows)`.
+fn qkv_checked<T>(dims: &DecodeDims, wqkv: &[T]) -> Result<(usize, usize, usize)> {
+    dims.validate()?;
+    let rows = dims
+        .kv_heads
         .checked_mul(2)
         .and_then(|r| r.checked_add(dims.heads))
         .and_then(|r| r.checked_mul(dims.head_dim))
         .ok_or_else(|| Error::BadShape {
             what: "decode dims",
             detail: format!("{dims:?}: (heads + 2 kv_heads) head_dim overflows usize"),
-        })
+        })?;
+    check_weight_len("wqkv", wqkv, rows, dims.hidden)?;
+    Ok((dims.head_dim, dims.hidden, rows))
+}
+
+/// The gate/up packers' checks: `dims` valid, both weights `inter x hidden`, twice that
+/// within `usize`. Returns `(inter, hidden, an empty output with room for both)`.
+fn gate_up_checked<T>(
+    dims: &DecodeDims,
+    w_gate: &[T],
+    w_up: &[T],
+) -> Result<(usize, usize, Vec<T>)> {
+    let (n, k) = (dims.intermediate, dims.hidden);
+    dims.validate()?;
+    check_weight_len("w_gate", w_gate, n, k)?;
+    check_weight_len("w_up", w_up, n, k)?;
+    let cap = w_gate.len().checked_mul(2).ok_or(Error::TooLarge {
+        what: "packed gate/up weight elements",
+        value: u64::MAX,
+        max: usize::MAX as u64,
+    })?;
+    Ok((n, k, Vec::with_capacity(cap)))
 }
 
 /// Reorders the rows of a logical `wqkv` (`[(H + 2 Hkv) d][hidden]`) into the order the QKV
@@ -359,9 +383,7 @@ fn qkv_rows_checked(dims: &DecodeDims) -> Result<usize> {
 /// `(H + 2 Hkv) d` overflows); [`Error::LengthMismatch`] unless `wqkv` holds
 /// `(H + 2 Hkv) d x hidden` elements.
 pub fn pack_qkv_rows<T: Copy>(dims: &DecodeDims, wqkv: &[T]) -> Result<Vec<T>> {
-    dims.validate()?;
-    let (d, k, rows) = (dims.head_dim, dims.hidden, qkv_rows_checked(dims)?);
-    check_weight_len("wqkv", wqkv, rows, k)?;
+    let (d, k, rows) = qkv_checked(dims, wqkv)?;
     let mut out = Vec::with_capacity(wqkv.len());
     for packed in 0..rows {
         let head = packed / d;
@@ -386,16 +408,7 @@ pub fn qkv_logical_dim(d: usize, r: usize) -> usize {
 /// [`Error::LengthMismatch`] unless both hold `inter x hidden` elements; [`Error::TooLarge`]
 /// if the packed length passes `usize` (zero-sized `T` only).
 pub fn pack_gate_up_rows<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -> Result<Vec<T>> {
-    let (n, k) = (dims.intermediate, dims.hidden);
-    dims.validate()?;
-    check_weight_len("w_gate", w_gate, n, k)?;
-    check_weight_len("w_up", w_up, n, k)?;
-    let cap = w_gate.len().checked_mul(2).ok_or(Error::TooLarge {
-        what: "packed gate/up weight elements",
-        value: u64::MAX,
-        max: usize::MAX as u64,
-    })?;
-    let mut out = Vec::with_capacity(cap);
+    let (n, k, mut out) = gate_up_checked(dims, w_gate, w_up)?;
     for p in 0..n / 8 {
         for r in 0..8 {
             out.extend_from_slice(&w_gate[(8 * p + r) * k..][..k]);
@@ -416,9 +429,7 @@ pub fn pack_gate_up_rows<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -
 /// `(H + 2 Hkv) d` overflows); [`Error::LengthMismatch`] unless `wqkv` holds
 /// `(H + 2 Hkv) d x hidden` elements.
 pub fn pack_qkv_pairs<T: Copy>(dims: &DecodeDims, wqkv: &[T]) -> Result<Vec<T>> {
-    dims.validate()?;
-    let (d, k, rows) = (dims.head_dim, dims.hidden, qkv_rows_checked(dims)?);
-    check_weight_len("wqkv", wqkv, rows, k)?;
+    let (d, k, rows) = qkv_checked(dims, wqkv)?;
     let mut out = Vec::with_capacity(wqkv.len());
     for packed in 0..rows {
         let (head, r) = (packed / d, packed % d);
@@ -436,16 +447,7 @@ pub fn pack_qkv_pairs<T: Copy>(dims: &DecodeDims, wqkv: &[T]) -> Result<Vec<T>> 
 /// [`Error::LengthMismatch`] unless both hold `inter x hidden` elements; [`Error::TooLarge`]
 /// if the packed length passes `usize` (zero-sized `T` only).
 pub fn pack_gate_up_pairs<T: Copy>(dims: &DecodeDims, w_gate: &[T], w_up: &[T]) -> Result<Vec<T>> {
-    let (n, k) = (dims.intermediate, dims.hidden);
-    dims.validate()?;
-    check_weight_len("w_gate", w_gate, n, k)?;
-    check_weight_len("w_up", w_up, n, k)?;
-    let cap = w_gate.len().checked_mul(2).ok_or(Error::TooLarge {
-        what: "packed gate/up weight elements",
-        value: u64::MAX,
-        max: usize::MAX as u64,
-    })?;
-    let mut out = Vec::with_capacity(cap);
+    let (n, k, mut out) = gate_up_checked(dims, w_gate, w_up)?;
     for j in 0..n {
         out.extend_from_slice(&w_gate[j * k..][..k]);
         out.extend_from_slice(&w_up[j * k..][..k]);
