@@ -116,3 +116,47 @@ pub unsafe fn signal_wait_eq(sig: *const u64, value: u64) {
         }
     }
 }
+
+/// `fence.acq_rel.gpu` (PTX ISA 8.3 §9.7.12.4, `membar.gl`): this thread's memory operations
+/// before it are ordered before its operations after it, for every thread of the device. The
+/// writer side of [`count_arrival`] runs it after its writes, the last arriver before its reads.
+#[inline(always)]
+pub fn fence_gpu() {
+    // SAFETY: a fence only orders memory operations.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) };
+}
+
+/// Counts one arrival of `expected` on a last-arriver counter (`atom.acq_rel.gpu.global.add.u32`,
+/// PTX ISA §9.7.13.5) and returns whether this one was the last. The last arriver writes 0 back,
+/// so the counter is zero again for the next launch: split-K's fix-up and flash-decoding's
+/// combine both end this way, and neither ever waits for a peer (no spin, so no deadlock
+/// whatever the residency). A counter that already held `expected` or more (not zero at the
+/// launch, or more arrivals than `expected`) traps instead of letting anyone read partials that
+/// were never written.
+///
+/// Pattern: every writer thread writes its partials and runs [`fence_gpu`], the CTA (or the
+/// writing threads) synchronise, one thread calls this and broadcasts the answer, and the last
+/// arriver's threads run [`fence_gpu`] before reading the others' partials.
+///
+/// # Safety
+/// `ctr` is a 4-byte aligned global u32 that, during the launch, only the `expected` arrivals
+/// touch, each once.
+#[inline(always)]
+pub unsafe fn count_arrival(ctr: *mut u32, expected: u32) -> bool {
+    let old: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], 1;", o = out(reg32) old,
+            p = in(reg64) ctr, options(nostack));
+    }
+    if old >= expected {
+        // SAFETY: `trap` aborts the kernel; no preconditions.
+        unsafe { core::arch::nvptx::trap() };
+    }
+    let last = old == expected - 1;
+    if last {
+        // SAFETY: every arrival counted: nobody else touches the counter in this launch.
+        unsafe { ctr.write_volatile(0) };
+    }
+    last
+}

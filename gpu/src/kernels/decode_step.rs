@@ -36,6 +36,7 @@ use crate::device::mma::{
 };
 use crate::device::pdl;
 use crate::device::pipeline::{PipelineState, TmaPipeline};
+use crate::device::signal::{count_arrival, fence_gpu};
 use crate::device::smem::{dynamic_smem_base, dynamic_smem_size, Shared};
 use crate::device::thread::{block_dim_x, block_idx_x, sync_threads, thread_idx_x};
 use crate::device::tma::TensorMap;
@@ -760,14 +761,6 @@ unsafe fn attn_merge<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32, s
     unsafe { stamp(p.stamps, slot, 3) };
 }
 
-/// `fence.acq_rel.gpu` (PTX ISA 8.3 §9.7.12.4, `membar.gl`): this thread's memory operations
-/// before it are ordered before its operations after it, for every thread of the device.
-#[inline(always)]
-fn fence_gpu() {
-    // SAFETY: a fence only orders memory operations.
-    unsafe { core::arch::asm!("fence.acq_rel.gpu;", options(nostack)) };
-}
-
 /// The split-KV combine, fused into the attention (flash-decoding's reduction, done by the last
 /// CTA of each (sequence, KV head) instead of a kernel of its own): each CTA publishes its
 /// split's partials (every thread `fence.acq_rel.gpu` after its writes, then a CTA barrier) and
@@ -792,25 +785,11 @@ unsafe fn attn_combine<const G: usize>(p: &Attn, c: &AttnCta, ring: u32, d: u32)
     // SAFETY: every thread of the CTA reaches it (contract).
     unsafe { sync_threads() };
     if tid == 0 {
-        // SAFETY: b < batch, kvh < n_kv: inside the counters (contract).
-        let ctr = unsafe { p.counters.add((c.b * p.n_kv + c.kvh) as usize) };
-        let old: u32;
-        // SAFETY: a valid, 4-byte aligned global counter that only this launch's CTAs of this
-        // (sequence, KV head) touch, each once.
-        unsafe {
-            core::arch::asm!("atom.acq_rel.gpu.global.add.u32 {o}, [{p}], 1;", o = out(reg32) old,
-                p = in(reg64) ctr, options(nostack));
-        }
-        if old >= splits {
-            // A counter that was not 0 at the launch (the contract): merging now would mix in
-            // splits not yet written, silently; abort instead.
-            trap();
-        }
-        let last = old == splits - 1;
-        if last {
-            // SAFETY: every split counted: no CTA of this launch touches the counter again.
-            unsafe { ctr.write_volatile(0) };
-        }
+        // SAFETY: b < batch, kvh < n_kv: inside the counters (contract), which only this
+        // launch's `splits` CTAs of this (sequence, KV head) touch, each once (a counter not 0
+        // at the launch traps rather than merging splits not yet written).
+        let last =
+            unsafe { count_arrival(p.counters.add((c.b * p.n_kv + c.kvh) as usize), splits) };
         // SAFETY: inside the dynamic shared memory (contract); read after the barrier below.
         unsafe { flag.store(last as u32) };
     }
