@@ -198,28 +198,37 @@ fn main() -> warpline::Result<()> {
                     k.grid as f64 / slots as f64
                 );
             }
-            let t = timeline(&mut step, Variant::PdlPrefetch)?;
-            println!(
-                "timeline of one step, variant c, case {}x{} (us):",
-                case.batch, case.kv_len
-            );
-            println!(
-                "{:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10}",
-                "layer", "kernel", "start", "wait", "end", "overlap", "GB/s"
-            );
-            // GB/s: the kernel's weight (attention: KV at capacity) bytes over wait..end.
-            for (k, sk) in t.iter().zip(step.kernels()) {
-                let dt = (k.end_us - k.wait_us).max(1e-3);
+            // The printed timelines: WARPLINE_DECODE_TIMELINE_PRINT (variant letters, default
+            // c); the last one printed is the one the JSON keeps.
+            let printed = env("WARPLINE_DECODE_TIMELINE_PRINT").unwrap_or_else(|| "c".into());
+            let mut t = Vec::new();
+            for letter in printed.split(',') {
+                let v = Variant::parse(letter.trim())?;
+                t = timeline(&mut step, v)?;
                 println!(
-                    "{:>5} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.0}",
-                    k.layer,
-                    k.role,
-                    k.start_us,
-                    k.wait_us,
-                    k.end_us,
-                    k.overlap_us,
-                    sk.bytes as f64 / dt / 1e3
+                    "timeline of one step, variant {}, case {}x{} (us):",
+                    v.label(),
+                    case.batch,
+                    case.kv_len
                 );
+                println!(
+                    "{:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                    "layer", "kernel", "start", "wait", "end", "overlap", "GB/s"
+                );
+                // GB/s: the kernel's weight (attention: KV at capacity) bytes over wait..end.
+                for (k, sk) in t.iter().zip(step.kernels()) {
+                    let dt = (k.end_us - k.wait_us).max(1e-3);
+                    println!(
+                        "{:>5} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.0}",
+                        k.layer,
+                        k.role,
+                        k.start_us,
+                        k.wait_us,
+                        k.end_us,
+                        k.overlap_us,
+                        sk.bytes as f64 / dt / 1e3
+                    );
+                }
             }
             if let Some(path) = env("WARPLINE_DECODE_TIMELINE") {
                 let v = env("WARPLINE_DECODE_TIMELINE_VARIANT")

@@ -331,8 +331,8 @@ impl StepConfig {
         }
     }
 
-    /// Each swap-AB GEMM's ksplit by default, up to 32 sequences (the rule's above):
-    /// - gate_up in clusters of 2 (the rule alone picks 1 there: 448 CTAs, 1.7 waves of two per
+    /// Each swap-AB GEMM's ksplit by default:
+    /// - gate_up in clusters of 2 up to 32 sequences (the rule alone picks 1 there: 448 CTAs, 1.7 waves of two per
     ///   SM; in the PDL chain 896 CTAs of half the K each balance better, measured on the H200 in
     ///   session 16, variant e: 8 x 4096 161.7 against 163.8-164.7 us per layer, 32 x 4096 276.8
     ///   against 277.4-277.6, also faster at 1 x 1024 and 8 x 1024; clusters of 4 were slower,
@@ -341,19 +341,29 @@ impl StepConfig {
     ///   per SM, each reading at ~28 GB/s; 3 gives 192; session 18, variant e, twice each in one
     ///   call: 8 x 4096 160.2 and 160.5 against 162.2 and 162.7, 32 x 4096 273.4 and 273.4
     ///   against 275.2 and 275.0; clusters of 4 were slower, 172.5 and 283.9; qkv in 3 too
-    ///   lost at 8 x 4096, 163.8).
+    ///   lost at 8 x 4096, 163.8); above 32 sequences too (token tiles of 64, where gate_up
+    ///   and qkv keep the rule's). There the rule's 2 gives 128 CTAs, which with PDL become
+    ///   resident wherever the kernel before them has freed room, before it ends: down's CTAs
+    ///   were resident 27 us before gate_up (1.7 waves) ended and read 2.7 TB/s after their
+    ///   wait, against 3.3 TB/s in the graph without PDL, where all 128 start on an idle GPU
+    ///   (H200, session 20, 64 x 2048, the timelines of variants d and e; that the early CTAs
+    ///   doubled up on the SMs gate_up freed first is our reading, not measured). With 192
+    ///   CTAs, interleaved twice in one call (variant e, us per layer): 279.9 and 279.9 against
+    ///   the rule's 288.9 and 288.7 (e vs d +4.7% against +0.5%); clusters of 4 293.0, qkv in 3
+    ///   too 286.8, gate_up in 2 too 286.5.
     ///
     /// Each only where its K has enough 64-column k-blocks (gate_up's K is the hidden size,
     /// o_proj's the query width, down's the intermediate size).
     pub fn default_swap_ab_ksplit(dims: &DecodeDims, batch: usize) -> [Option<u32>; 4] {
-        if batch > 32 {
-            return [None; 4];
-        }
         let at_least = |ks: u32, k: usize| (k.div_ceil(wc::BK) >= ks as usize).then_some(ks);
         [
             None,
             at_least(3, dims.q_width()),
-            at_least(2, dims.hidden),
+            if batch > 32 {
+                None
+            } else {
+                at_least(2, dims.hidden)
+            },
             at_least(3, dims.intermediate),
         ]
     }
@@ -2068,10 +2078,10 @@ mod tests {
         assert_eq!(cfg.swap_ab, [false; 4]);
     }
 
-    /// The fused RMSNorm is the default up to 32 sequences, gate_up's ksplit 2 and o_proj's and
-    /// down's 3 up to 32 (where they measured faster), the RMSNorm kernels and the rule's
-    /// ksplit above; the fused norm's argument block packs its words where the kernel reads
-    /// them.
+    /// The fused RMSNorm is the default up to 32 sequences, gate_up's ksplit 2 up to 32 and
+    /// o_proj's and down's 3 at every batch (where they measured faster), the RMSNorm kernels
+    /// and the rule's ksplit for qkv and gate_up above; the fused norm's argument block packs
+    /// its words where the kernel reads them.
     #[test]
     fn issue21_fused_norm_defaults_and_argument_block() {
         let d = DecodeDims::llama3_8b();
@@ -2081,8 +2091,8 @@ mod tests {
             (8, true, ks3),
             (9, true, ks3),
             (32, true, ks3),
-            (33, false, [None; 4]),
-            (64, false, [None; 4]),
+            (33, false, [None, Some(3), None, Some(3)]),
+            (64, false, [None, Some(3), None, Some(3)]),
         ] {
             let c = StepConfig::new(&d, batch, 4, 4096);
             assert_eq!(c.fuse_norm, fused, "batch {batch}");
