@@ -21,7 +21,9 @@
 //! sequences), `WARPLINE_DECODE_SWAPAB_KSPLIT=q,o,gu,d` (each swap-AB GEMM's ksplit, 0 the
 //! rule's), `WARPLINE_DECODE_TILED=0|1` (the swap-AB weights tiled, `StepConfig::swap_ab_tiled`),
 //! `WARPLINE_DECODE_TRIGGER=wait|end` (where the swap-AB GEMMs trigger their dependents,
-//! `StepConfig::swap_ab_trigger_at_wait`),
+//! `StepConfig::swap_ab_trigger_at_wait`), `WARPLINE_DECODE_TIMELINE_PRINT=c|d,e|...` (the
+//! variants whose stamped timelines of the first case are printed, default `c`; the JSON keeps
+//! the last),
 //! `WARPLINE_DECODE_TIMELINE=file.png`
 //! (or `.svg`: the timeline picture, one row per kernel, the part before `griddepcontrol.wait`
 //! in the `wait` colour; variant `WARPLINE_DECODE_TIMELINE_VARIANT`, default `e`), `WARPLINE_DECODE_NPY=dir` (also

@@ -128,8 +128,9 @@ pub fn fence_gpu() {
 
 /// Counts one arrival of `expected` on a last-arriver counter (`atom.acq_rel.gpu.global.add.u32`,
 /// PTX ISA §9.7.13.5) and returns whether this one was the last. The last arriver writes 0 back,
-/// so the counter is zero again for the next launch: split-K's fix-up and flash-decoding's
-/// combine both end this way, and neither ever waits for a peer (no spin, so no deadlock
+/// so the counter is zero again for the next launch. Flash-decoding's combine (the decode
+/// attention's split-KV merge) ends this way, as a stream-K fix-up would
+/// (`notes/stream-k-attempt.diff`); no CTA ever waits for a peer (no spin, so no deadlock
 /// whatever the residency). A counter that already held `expected` or more (not zero at the
 /// launch, or more arrivals than `expected`) traps instead of letting anyone read partials that
 /// were never written.
