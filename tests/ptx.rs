@@ -282,14 +282,31 @@ fn sm90a_entry(name: &str) -> &'static str {
 
 /// ptxas's report section of `kernel` (sm_90a).
 fn sm90a_section<'r>(report: &'r str, kernel: &str) -> &'r str {
+    section(report, kernel, "sm_90a")
+}
+
+/// ptxas's report section of `kernel` compiled for `arch`.
+fn section<'r>(report: &'r str, kernel: &str, arch: &str) -> &'r str {
     let at = report
-        .find(&format!("Compiling entry function '{kernel}' for 'sm_90a'"))
-        .unwrap_or_else(|| panic!("{kernel} not compiled:\n{report}"));
+        .find(&format!("Compiling entry function '{kernel}' for '{arch}'"))
+        .unwrap_or_else(|| panic!("{kernel} not compiled for {arch}:\n{report}"));
     let rest = &report[at..];
     let end = rest[1..]
         .find("Compiling entry")
         .map_or(rest.len(), |i| i + 1);
     &rest[..end]
+}
+
+/// Registers ptxas gives the kernel of a report `section` (its "Used N registers" line).
+fn used_registers(section: &str) -> u32 {
+    section
+        .lines()
+        .find_map(|l| {
+            let i = l.find("Used ")?;
+            let rest = &l[i + 5..];
+            rest[..rest.find(' ')?].parse::<u32>().ok()
+        })
+        .unwrap_or_else(|| panic!("no register line in:\n{section}"))
 }
 
 #[test]
@@ -396,15 +413,7 @@ fn issue22_setmaxnreg_entries_start_with_entry_registers_and_do_not_spill() {
     let mut kernels: Vec<&str> = warpline::kernels::tc_gemm::ENTRIES.to_vec();
     kernels.push(warpline_gpu::contract::batched_gemm::KERNEL);
     for kernel in kernels {
-        let section = sm90a_section(&report, kernel);
-        let regs = section
-            .lines()
-            .find_map(|l| {
-                let i = l.find("Used ")?;
-                let rest = &l[i + 5..];
-                rest[..rest.find(' ')?].parse::<u32>().ok()
-            })
-            .unwrap_or_else(|| panic!("no register line for {kernel}:\n{section}"));
+        let regs = used_registers(sm90a_section(&report, kernel));
         assert_eq!(
             regs, expected,
             "{kernel}: ptxas gives {regs} registers at entry; the setmaxnreg budgets assume {expected}"
@@ -631,21 +640,6 @@ fn issue23_attention_entries_use_register_a_wgmma_pingpong_and_spill_at_most_the
     }
 }
 
-/// Registers ptxas gives `kernel` in `report` (the first "Used N registers" after its entry).
-fn used_registers(report: &str, kernel: &str, arch: &str) -> u32 {
-    let at = report
-        .find(&format!("Compiling entry function '{kernel}' for '{arch}'"))
-        .unwrap_or_else(|| panic!("{kernel} not compiled for {arch}:\n{report}"));
-    report[at..]
-        .lines()
-        .find_map(|l| {
-            let i = l.find("Used ")?;
-            let rest = &l[i + 5..];
-            rest[..rest.find(' ')?].parse::<u32>().ok()
-        })
-        .unwrap_or_else(|| panic!("no register line for {kernel}"))
-}
-
 #[test]
 fn issue21_two_attention_ctas_and_one_swap_ab_cta_fit_one_sms_registers() {
     // The decode step's 3-stage attention ring exists so that the swap-AB GEMM after the
@@ -654,14 +648,21 @@ fn issue21_two_attention_ctas_and_one_swap_ab_cta_fit_one_sms_registers() {
     // units of 256 (8 per thread), 65,536 per SM.
     use warpline_gpu::contract::{decode_step as ds, swap_ab_gemm as sw};
     let per_cta = |regs: u32, threads: u32| regs.div_ceil(8) * 8 * 32 * threads.div_ceil(32);
-    let attn = used_registers(&ptxas_report(), "decode_attn_tc_bf16_d128_g4", "sm_90");
+    let attn = used_registers(section(
+        &ptxas_report(),
+        "decode_attn_tc_bf16_d128_g4",
+        "sm_90",
+    ));
     let attn_cta = per_cta(attn, ds::ATTN_TC_THREADS);
     let report = ptxas_report_sm90a();
     for (name, nt) in sw::KERNELS.iter().zip(sw::TOKEN_TILES) {
         if nt > 64 {
             continue; // one CTA per SM above 64 tokens (swap_ab_gemm::smem_target)
         }
-        let gemm = per_cta(used_registers(&report, name, "sm_90a"), sw::THREADS_PER_CTA);
+        let gemm = per_cta(
+            used_registers(sm90a_section(&report, name)),
+            sw::THREADS_PER_CTA,
+        );
         assert!(
             ds::ATTN_TC_CTAS_PER_SM * attn_cta + gemm <= 65536,
             "{name}: {gemm} registers beside {} attention CTAs of {attn_cta} ({attn} per thread)",
