@@ -20,8 +20,9 @@
 //! shape is marked `*`; a summary table follows, with the max relative difference between the
 //! best configuration's C and cuBLAS's.
 //!
-//! Environment: `WARPLINE_DECODE_SWEEP=0` (default and PDL rows only); `WARPLINE_DECODE_SHAPES=
-//! MxNxK,...` (only these); `WARPLINE_DECODE_CONFIGS=ITEM,...` (only the swept configs that
+//! Environment: `WARPLINE_DECODE_SWEEP=0` (default and PDL rows only); `WARPLINE_SWAPAB_TOKENS=t`
+//! (the swap-AB ksplit rows' token tile); `WARPLINE_DECODE_SHAPES=
+//! MxNxK,...` (only these; any M over the bench's five (N, K)); `WARPLINE_DECODE_CONFIGS=ITEM,...` (only the swept configs that
 //! match an item; an item is tokens joined by `+`, all of which must match: an exact label such
 //! as `w16_ks8_u2_pf`, `r1`/`r2`, `u2`/`u4`, `w4`/`w8`/`w16`, `pf`/`nopf`, `pa`/`nopa`; e.g.
 //! `pf+u2,w16_ks8_u2_pf`). Without a driver it prints why it skipped and exits 0.
@@ -128,6 +129,10 @@ fn run(dev: &Device) -> warpline::Result<()> {
     // The swap-AB tensor-core configuration (sm_90a only).
     let tc = TcGemm::new(dev).ok();
     let swap_ab_ks = std::env::var("WARPLINE_SWAPAB_KS").as_deref() != Ok("0");
+    // WARPLINE_SWAPAB_TOKENS=t: the token tile of the ksplit rows (default the rule's).
+    let swap_ab_tokens: Option<u32> = std::env::var("WARPLINE_SWAPAB_TOKENS")
+        .ok()
+        .map(|v| v.parse().expect("WARPLINE_SWAPAB_TOKENS: a token tile"));
     let sweep = std::env::var("WARPLINE_DECODE_SWEEP").as_deref() != Ok("0");
     let config_filter: Option<Vec<String>> = std::env::var("WARPLINE_DECODE_CONFIGS")
         .ok()
@@ -161,7 +166,16 @@ fn run(dev: &Device) -> warpline::Result<()> {
         (4096, 14336),
         (28672, 4096),
     ] {
-        let ms = [1usize, 2, 7, 8, 16, 32, 64, 128];
+        // The bench's M values, and with WARPLINE_DECODE_SHAPES any M it names for this (N, K).
+        let mut ms = vec![1usize, 2, 7, 8, 16, 32, 64, 128];
+        if let Some(only) = &only {
+            for s in only {
+                let d: Vec<usize> = s.split('x').filter_map(|x| x.parse().ok()).collect();
+                if d.len() == 3 && (d[1], d[2]) == (n, k) && !ms.contains(&d[0]) {
+                    ms.push(d[0]);
+                }
+            }
+        }
         if let Some(only) = &only {
             // No weights to make for a weight shape none of the chosen shapes uses.
             if !ms.iter().any(|m| only.contains(&format!("{m}x{n}x{k}"))) {
@@ -293,7 +307,7 @@ fn run(dev: &Device) -> warpline::Result<()> {
                         variants.push((
                             format!("swapab ks{ks}"),
                             SwapAbConfig {
-                                tokens: None,
+                                tokens: swap_ab_tokens,
                                 ksplit: Some(ks),
                                 ..Default::default()
                             },

@@ -76,7 +76,7 @@ fn run(dev: &Device) -> warpline::Result<()> {
     let caps = dev.capabilities();
     println!("device: {} ({} SMs)", caps.name, caps.sm_count);
     // WARPLINE_TC_PTX=file: another build of the sm_90a module (same contract), to compare kernel
-    // variants in one run; WARPLINE_TC_SHAPES=MxNxK,...: only these shapes.
+    // variants in one run; WARPLINE_TC_SHAPES=MxNxK,...: only these shapes (any shape).
     let tc = match std::env::var("WARPLINE_TC_PTX") {
         Ok(path) => {
             let ptx = std::fs::read_to_string(&path).map_err(|e| warpline::Error::BadShape {
@@ -108,7 +108,16 @@ fn run(dev: &Device) -> warpline::Result<()> {
         "{:>22} {:>28} {:>10} {:>10} {:>10}",
         "M x N x K", "kernel", "ms", "TFLOP/s", "x cuBLAS"
     );
-    for (m, n, k) in [
+    // WARPLINE_TC_SHAPES names shapes outside this list too.
+    let listed: Option<Vec<(usize, usize, usize)>> = only.as_ref().map(|v| {
+        v.iter()
+            .filter_map(|s| {
+                let d: Vec<usize> = s.split('x').filter_map(|x| x.parse().ok()).collect();
+                (d.len() == 3).then(|| (d[0], d[1], d[2]))
+            })
+            .collect()
+    });
+    let default_shapes = vec![
         (2048usize, 2048usize, 2048usize),
         (4096, 4096, 4096),
         (8192, 8192, 8192),
@@ -119,7 +128,8 @@ fn run(dev: &Device) -> warpline::Result<()> {
         (3000, 5000, 2056),
         (6144, 6144, 6144),
         (128, 12288, 5376),
-    ] {
+    ];
+    for (m, n, k) in listed.unwrap_or(default_shapes) {
         if let Some(only) = &only {
             if !only.contains(&format!("{m}x{n}x{k}")) {
                 continue;
@@ -247,8 +257,10 @@ fn shape_rows<O: TcOutput<bf16>>(
     for &n in &knobs.clusters {
         variants.push(base(2, Raster::AlongN, false, default_group, Some(n)));
     }
-    // Skinny problems: the swap-AB configuration, automatic and with each ksplit.
+    // Skinny problems: GemmConfig::Auto's choice, then the swap-AB configuration, automatic and
+    // with each ksplit.
     if m <= 512 {
+        variants.push(TcGemmOptions::default());
         for (tokens, ks) in [
             (None, None),
             (None, Some(1u32)),
@@ -287,6 +299,11 @@ fn shape_rows<O: TcOutput<bf16>>(
         let r = opts.raster;
         let cv = MatrixMut::new(c.as_view_mut(), m, n, n);
         match tc.plan(stream, am, bm, BLayout::ColMajor, cv, 1.0, 0.0, opts) {
+            Ok(plan) if opts.config == GemmConfig::Auto && !opts.cooperative_knobs() => {
+                let k = plan.kernel_names().join(",");
+                names.push(format!("auto {}", k.trim_start_matches("tc_gemm_bf16_")));
+                plans.push(plan);
+            }
             Ok(plan) if opts.config == GemmConfig::SwapAb => {
                 let sh = plan.swap_ab_shapes()[0];
                 names.push(format!("swapab n{} ks{}", sh.tokens, sh.ksplit));

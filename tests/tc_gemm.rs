@@ -52,6 +52,9 @@ struct Case {
     group: Option<u32>,
     /// Rows and columns checked (None: all).
     sample: Option<usize>,
+    /// `GemmConfig::Auto` (with the other knobs at their defaults) instead of the cooperative
+    /// kernel with these knobs.
+    auto: bool,
 }
 
 impl Case {
@@ -68,6 +71,7 @@ impl Case {
             pingpong: false,
             group: None,
             sample: (m * n * k > 1 << 24).then_some(12),
+            auto: false,
         }
     }
 }
@@ -103,15 +107,19 @@ fn run_case<T: TcInput, O: TcOutput<T>>(tc: &TcGemm<'_>, case: Case) {
     let (mut dc, c0) =
         upload_c::<T, O>(&pool, &stream, &mut rng, m, n, ldc, c_len, case.beta != 0.0);
     let defaults = TcGemmOptions::default();
-    let opts = TcGemmOptions {
-        cluster: case.cluster,
-        raster: case.raster,
-        pingpong: case.pingpong,
-        group: case.group.unwrap_or(defaults.group),
-        // These cases test the cooperative / ping-pong kernels (tests/decode_gemm.rs tests the
-        // decode configuration that Auto would pick for M <= 64).
-        config: warpline::kernels::GemmConfig::Cooperative128x256,
-        ..defaults
+    let opts = if case.auto {
+        defaults
+    } else {
+        TcGemmOptions {
+            cluster: case.cluster,
+            raster: case.raster,
+            pingpong: case.pingpong,
+            group: case.group.unwrap_or(defaults.group),
+            // These cases test the cooperative / ping-pong kernels (tests/decode_gemm.rs tests the
+            // decode configuration that Auto would pick for M <= 64).
+            config: warpline::kernels::GemmConfig::Cooperative128x256,
+            ..defaults
+        }
     };
     tc.gemm(
         &stream,
@@ -243,6 +251,57 @@ fn pingpong_consumers_all_sizes_both_clusters_beta() {
                 run_case::<bf16, f32>(&tc, case);
                 run_case::<bf16, bf16>(&tc, case);
             }
+        }
+    }
+}
+
+/// `GemmConfig::Auto` gives BF16 problems of 65 to 128 rows with N >= 12288 the ping-pong kernel
+/// (`decode_gemm::auto_pingpong`), and its results are right there (N and K of no tile).
+#[test]
+fn issue20_auto_pingpong_for_65_to_128_rows() {
+    let Some((dev, ())) = tc_or_skip("tc_gemm auto ping-pong") else {
+        return;
+    };
+    let tc = TcGemm::new(&dev).unwrap();
+    let stream = dev.new_stream().unwrap();
+    let pool = MemPool::device_default(&dev, 0).unwrap();
+    for (m, n, want) in [
+        (65usize, 12289usize, "tc_gemm_bf16_bcol_pingpong"),
+        (128, 12300, "tc_gemm_bf16_bcol_pingpong"),
+        (100, 6150, "swap_ab_gemm_bf16_n128"),
+    ] {
+        let (k, ldc) = (520, n.next_multiple_of(4));
+        let a = pool.alloc_async::<bf16>(&stream, m * k).unwrap();
+        let b = pool.alloc_async::<bf16>(&stream, n * k).unwrap();
+        let mut c = pool.alloc_async::<f32>(&stream, m * ldc).unwrap();
+        let plan = tc
+            .plan(
+                &stream,
+                Matrix::new(a.as_view(), m, k, k),
+                Matrix::new(b.as_view(), n, k, k),
+                BLayout::ColMajor,
+                MatrixMut::new(c.as_view_mut(), m, n, ldc),
+                1.0,
+                0.0,
+                &TcGemmOptions::default(),
+            )
+            .unwrap();
+        assert_eq!(plan.kernel_names(), [want], "{m} x {n} x {k}");
+        drop(plan);
+        if want.contains("pingpong") {
+            let case = Case {
+                auto: true,
+                ..Case::new(m, n, k)
+            };
+            run_case::<bf16, f32>(&tc, case);
+            run_case::<bf16, bf16>(
+                &tc,
+                Case {
+                    alpha: 0.5,
+                    beta: -0.75,
+                    ..case
+                },
+            );
         }
     }
 }

@@ -1757,8 +1757,12 @@ fn tc_gemm_cmd<T: warpline::kernels::tc_gemm::TcInput>(
             0.0,
             &opts,
         )?;
+        // The swap-AB configuration's token tile and ksplit.
+        let swap = plan.swap_ab_shapes().first().map_or(String::new(), |s| {
+            format!(" (tokens {}, ksplit {})", s.tokens, s.ksplit)
+        });
         let config = format!(
-            "config {} (--config {}): {} {}",
+            "config {} (--config {}): {} {}{swap}",
             plan.gemm_config().name(),
             gemm_config.name(),
             plan.kernel_names().join(", "),

@@ -84,6 +84,25 @@ pub const AUTO_DECODE_MAX_M: usize = contract::MAX_M;
 /// decode kernel up to 64 rows and the cooperative kernel above).
 pub const AUTO_SWAP_AB_MAX_M: usize = 128;
 
+/// Smallest N for which [`GemmConfig::Auto`] gives BF16 problems of `AUTO_DECODE_MAX_M < M <=
+/// AUTO_SWAP_AB_MAX_M` rows (65 to 128) the cooperative kernel in its ping-pong form rather than
+/// the swap-AB kernel ([`auto_pingpong`]).
+pub const AUTO_PINGPONG_MIN_N: usize = 12288;
+
+/// Whether [`GemmConfig::Auto`] runs a BF16 `shape` (B column-major, no cooperative knob set)
+/// on the cooperative kernel's ping-pong form ([`TcGemm::plan`](super::TcGemm::plan) then sets
+/// `pingpong`; the cluster stays the default, 2 where it fits): 65 to 128 rows with `N >=
+/// AUTO_PINGPONG_MIN_N`. There each consumer warpgroup's 64 x 256 tiles keep the tensor cores
+/// fed, while the swap-AB kernel's 128-token tiles read slower than the ping-pong kernel per SM
+/// (H200, session 21, `benches/tc_gemm`, x cuBLAS in the same run: 128 x 14336 x 4096 ping-pong
+/// 1.000, swap-AB 0.769; 128 x 28672 x 4096 1.042 against 0.774; 128 x 12288 x 5376 0.86-0.975
+/// against 0.70-0.80; 96 x 14336 x 4096 0.925 against 0.641; 65 x 14336 x 4096 0.853 against
+/// 0.539), and narrower N leaves the ping-pong grid too few tiles (128 x 6144 x 4096: 0.62
+/// against 0.80; 128 x 4096 x 4096 0.59 against 1.04).
+pub fn auto_pingpong(shape: GemmShape) -> bool {
+    shape.m > AUTO_DECODE_MAX_M && shape.m <= AUTO_SWAP_AB_MAX_M && shape.n >= AUTO_PINGPONG_MIN_N
+}
+
 /// The selection rule of [`GemmConfig::Auto`] (explicit choices are returned unchanged). With B
 /// column-major and none of the cooperative kernel's own knobs set (`cooperative_knobs`:
 /// ping-pong, cluster size, cluster count):
@@ -92,7 +111,8 @@ pub const AUTO_SWAP_AB_MAX_M: usize = 128;
 ///   cluster, do. It beat the decode kernel's default configuration at every decode shape from
 ///   1 token up (H200, session 13: 13.8 against 14.6 us at 1 x 4096 x 4096, 66.0 against 78.2 at
 ///   8 x 28672 x 4096). A BF16-only kernel: for FP16, [`select_config_f16`] sends `M <=
-///   AUTO_DECODE_MAX_M` (64) to [`GemmConfig::Decode`] instead;
+///   AUTO_DECODE_MAX_M` (64) to [`GemmConfig::Decode`] instead. Except where [`auto_pingpong`]
+///   holds (65 to 128 rows, `N >= AUTO_PINGPONG_MIN_N`): the cooperative kernel, ping-pong;
 /// - otherwise [`GemmConfig::Cooperative128x256`].
 ///
 /// A row-major B always gets the cooperative kernel. Pure: no device needed.
@@ -104,7 +124,9 @@ pub fn select_config(
 ) -> GemmConfig {
     let skinny = layout == BLayout::ColMajor && !cooperative_knobs;
     match requested {
-        GemmConfig::Auto if skinny && shape.m <= AUTO_SWAP_AB_MAX_M => GemmConfig::SwapAb,
+        GemmConfig::Auto if skinny && shape.m <= AUTO_SWAP_AB_MAX_M && !auto_pingpong(shape) => {
+            GemmConfig::SwapAb
+        }
         GemmConfig::Auto => GemmConfig::Cooperative128x256,
         explicit => explicit,
     }
@@ -773,6 +795,30 @@ mod tests {
                 select_config(GemmConfig::Auto, shape(m, 4096, 4096), col, false),
                 GemmConfig::Cooperative128x256,
                 "M = {m}"
+            );
+        }
+        // 65 to 128 rows with N >= 12288: the cooperative kernel (ping-pong, set by the plan).
+        for (m, n, coop) in [
+            (64, 28672, false),
+            (65, 12288, true),
+            (128, 14336, true),
+            (128, 12287, false),
+            (128, 6144, false),
+            (129, 28672, true),
+        ] {
+            assert_eq!(
+                auto_pingpong(shape(m, n, 4096)),
+                coop && m <= 128,
+                "{m} x {n}"
+            );
+            assert_eq!(
+                select_config(GemmConfig::Auto, shape(m, n, 4096), col, false),
+                if coop {
+                    GemmConfig::Cooperative128x256
+                } else {
+                    GemmConfig::SwapAb
+                },
+                "{m} x {n}"
             );
         }
         // Row-major B, or cooperative knobs: never decode under Auto.

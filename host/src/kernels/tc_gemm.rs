@@ -43,8 +43,8 @@ use warpline_gpu::contract::tc_gemm as contract;
 
 use super::check_stream;
 use super::decode_gemm::{
-    select_config, select_config_f16, DecodeConfig, DecodeGemm, DecodeGemmOptions, DecodeLaunch,
-    GemmConfig,
+    auto_pingpong, select_config, select_config_f16, DecodeConfig, DecodeGemm, DecodeGemmOptions,
+    DecodeLaunch, GemmConfig,
 };
 use crate::device::{Device, Kernel};
 use crate::error::{Error, Result};
@@ -116,7 +116,8 @@ pub struct TcGemmOptions {
     /// Kernel configuration (issue 20): [`GemmConfig::Auto`] follows [`select_config`] (BF16:
     /// the swap-AB kernel for `M <= 128`, FP16: the decode kernel for `M <= 64`, each with a
     /// column-major B and none of `pingpong`, `cluster`, `clusters` set; else the cooperative
-    /// kernel). [`TcGemm::plan_chain2`] always uses the cooperative kernel.
+    /// kernel, in its ping-pong form where [`auto_pingpong`] holds: BF16, 65 to 128 rows, N of
+    /// 12288 or more). [`TcGemm::plan_chain2`] always uses the cooperative kernel.
     pub config: GemmConfig,
     /// Tunables of the decode configuration.
     pub decode: DecodeConfig,
@@ -631,6 +632,23 @@ impl<'d> TcGemm<'d> {
             self.select(shape, layout, opts)
         } else {
             self.select_f16(shape, layout, opts)
+        };
+        // Auto's ping-pong form of the cooperative kernel (`auto_pingpong`; BF16 only).
+        let pingpong_opts;
+        let opts = if T::IS_BF16
+            && opts.config == GemmConfig::Auto
+            && config == GemmConfig::Cooperative128x256
+            && layout == BLayout::ColMajor
+            && !opts.cooperative_knobs()
+            && auto_pingpong(shape)
+        {
+            pingpong_opts = TcGemmOptions {
+                pingpong: true,
+                ..*opts
+            };
+            &pingpong_opts
+        } else {
+            opts
         };
         if config == GemmConfig::SwapAb {
             let (Some(a), Some(b)) = (T::bf16_matrix(a), T::bf16_matrix(b)) else {
