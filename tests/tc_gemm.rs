@@ -255,11 +255,13 @@ fn pingpong_consumers_all_sizes_both_clusters_beta() {
     }
 }
 
-/// `GemmConfig::Auto` gives BF16 problems of 65 to 128 rows with N >= 12288 the ping-pong kernel
-/// (`decode_gemm::auto_pingpong`), and its results are right there (N and K of no tile).
+/// `GemmConfig::Auto`'s BF16 choices by shape, each checked against the f64 reference (N and K
+/// of no tile): the ping-pong kernel for 65 to 128 rows with N >= 12288
+/// (`decode_gemm::auto_pingpong`), the decode kernel's `r2_pa` entries for at most 8 rows and
+/// 4096 columns (`decode_gemm::auto_decode_bf16`), the swap-AB kernel between.
 #[test]
-fn issue20_auto_pingpong_for_65_to_128_rows() {
-    let Some((dev, ())) = tc_or_skip("tc_gemm auto ping-pong") else {
+fn issue20_auto_choices_by_shape() {
+    let Some((dev, ())) = tc_or_skip("tc_gemm auto choices") else {
         return;
     };
     let tc = TcGemm::new(&dev).unwrap();
@@ -269,6 +271,10 @@ fn issue20_auto_pingpong_for_65_to_128_rows() {
         (65usize, 12289usize, "tc_gemm_bf16_bcol_pingpong"),
         (128, 12300, "tc_gemm_bf16_bcol_pingpong"),
         (100, 6150, "swap_ab_gemm_bf16_n128"),
+        (1, 4000, "decode_gemm_bf16_t1_u2_r2_pa"),
+        (7, 4096, "decode_gemm_bf16_t1_u2_r2_pa"),
+        (8, 4097, "swap_ab_gemm_bf16_n8"),
+        (9, 3000, "swap_ab_gemm_bf16_n16"),
     ] {
         let (k, ldc) = (520, n.next_multiple_of(4));
         let a = pool.alloc_async::<bf16>(&stream, m * k).unwrap();
@@ -288,7 +294,7 @@ fn issue20_auto_pingpong_for_65_to_128_rows() {
             .unwrap();
         assert_eq!(plan.kernel_names(), [want], "{m} x {n} x {k}");
         drop(plan);
-        if want.contains("pingpong") {
+        {
             let case = Case {
                 auto: true,
                 ..Case::new(m, n, k)

@@ -84,6 +84,28 @@ pub const AUTO_DECODE_MAX_M: usize = contract::MAX_M;
 /// decode kernel up to 64 rows and the cooperative kernel above).
 pub const AUTO_SWAP_AB_MAX_M: usize = 128;
 
+/// Largest M, and largest N, for which [`GemmConfig::Auto`] gives BF16 problems the decode
+/// kernel ([`auto_decode_bf16`]) rather than the swap-AB kernel.
+pub const AUTO_DECODE_BF16_MAX_M: usize = 8;
+/// See [`AUTO_DECODE_BF16_MAX_M`].
+pub const AUTO_DECODE_BF16_MAX_N: usize = 4096;
+
+/// Whether [`GemmConfig::Auto`] runs a BF16 `shape` (B column-major, no cooperative knob set) on
+/// the decode kernel, with [`DecodeConfig::auto_bf16`] unless the caller set `opts.decode`: at
+/// most 8 rows and at most 4096 columns. There each CTA's 16 warps stream weight rows in
+/// `mma.sync` tiles with the next k-block's tokens in registers, and nothing waits on a
+/// cluster's DSMEM reduction (H200, session 21, `benches/decode_gemm`, the same run: 1 x 4096 x
+/// 4096 13.01 us against the swap-AB kernel's 14.18 plain, 10.64 against 11.96 with PDL and
+/// early weights; 8 x 4096 x 14336 33.80 against 34.56 and 31.04 against 34.07); with more
+/// columns the swap-AB kernel is as fast or faster (1 x 6144 x 4096 with PDL: 17.52 against
+/// 16.58; 8 x 14336 x 4096: 36.08 against 35.31 plain), and from 16 rows it is faster. The
+/// measurement reads the weights from DRAM, as a decode step does; with one 32 MB weight matrix
+/// left in L2 (`benches/tc_gemm`, same session) the swap-AB kernel was faster at 8 x 4096 x 4096
+/// (10.3 against 11.4 us) and about even at 1 x 4096 x 4096 (10.1 against 9.8 us).
+pub fn auto_decode_bf16(shape: GemmShape) -> bool {
+    shape.m <= AUTO_DECODE_BF16_MAX_M && shape.n <= AUTO_DECODE_BF16_MAX_N
+}
+
 /// Smallest N for which [`GemmConfig::Auto`] gives BF16 problems of `AUTO_DECODE_MAX_M < M <=
 /// AUTO_SWAP_AB_MAX_M` rows (65 to 128) the cooperative kernel in its ping-pong form rather than
 /// the swap-AB kernel ([`auto_pingpong`]).
@@ -113,6 +135,7 @@ pub fn auto_pingpong(shape: GemmShape) -> bool {
 ///   8 x 28672 x 4096). A BF16-only kernel: for FP16, [`select_config_f16`] sends `M <=
 ///   AUTO_DECODE_MAX_M` (64) to [`GemmConfig::Decode`] instead. Except where [`auto_pingpong`]
 ///   holds (65 to 128 rows, `N >= AUTO_PINGPONG_MIN_N`): the cooperative kernel, ping-pong;
+///   and where [`auto_decode_bf16`] holds (at most 8 rows and 4096 columns): the decode kernel;
 /// - otherwise [`GemmConfig::Cooperative128x256`].
 ///
 /// A row-major B always gets the cooperative kernel. Pure: no device needed.
@@ -124,6 +147,7 @@ pub fn select_config(
 ) -> GemmConfig {
     let skinny = layout == BLayout::ColMajor && !cooperative_knobs;
     match requested {
+        GemmConfig::Auto if skinny && auto_decode_bf16(shape) => GemmConfig::Decode,
         GemmConfig::Auto if skinny && shape.m <= AUTO_SWAP_AB_MAX_M && !auto_pingpong(shape) => {
             GemmConfig::SwapAb
         }
@@ -193,6 +217,22 @@ impl Default for DecodeConfig {
 }
 
 impl DecodeConfig {
+    /// The configuration [`GemmConfig::Auto`] gives BF16 problems it sends to the decode kernel
+    /// ([`auto_decode_bf16`]) when the caller left `TcGemmOptions::decode` at its default: 16
+    /// warps, the launcher's ksplit, unroll 2, the L2 prefetch hint, two row tiles per warp and
+    /// the tokens one k-block ahead (entries `..._r2_pa`; measured fastest at 1 to 8 tokens,
+    /// `benches/decode_gemm`).
+    pub const fn auto_bf16() -> Self {
+        Self {
+            warps: 16,
+            ksplit: None,
+            unroll: 2,
+            l2_prefetch: true,
+            row_tiles: 2,
+            prefetch_a: true,
+        }
+    }
+
     /// Every combination the bench sweeps: warps {4, 8, 16} x ksplit {1, 2, 4, 8, 16 dividing
     /// warps} x unroll {2, 4} x L2 prefetch {on, off} x row tiles {1, 2} x A prefetch {off, on
     /// (unroll 2 only)}. (Row tiles 2 has entries for up to 32 tokens only: [`launch_shape`]
@@ -774,8 +814,18 @@ mod tests {
     fn issue20_decode_selection_rule() {
         let col = BLayout::ColMajor;
         for m in [1, 2, 7, 8, 9, 16, 17, 33, 64, 65, 127, 128] {
+            // BF16: the decode kernel up to 8 rows at 4096 columns, then the swap-AB kernel.
             assert_eq!(
                 select_config(GemmConfig::Auto, shape(m, 4096, 4096), col, false),
+                if m <= 8 {
+                    GemmConfig::Decode
+                } else {
+                    GemmConfig::SwapAb
+                },
+                "M = {m}"
+            );
+            assert_eq!(
+                select_config(GemmConfig::Auto, shape(m, 4097, 4096), col, false),
                 GemmConfig::SwapAb,
                 "M = {m}"
             );

@@ -117,7 +117,8 @@ pub struct TcGemmOptions {
     /// the swap-AB kernel for `M <= 128`, FP16: the decode kernel for `M <= 64`, each with a
     /// column-major B and none of `pingpong`, `cluster`, `clusters` set; else the cooperative
     /// kernel, in its ping-pong form where [`auto_pingpong`] holds: BF16, 65 to 128 rows, N of
-    /// 12288 or more). [`TcGemm::plan_chain2`] always uses the cooperative kernel.
+    /// 12288 or more; BF16 problems of at most 8 rows and 4096 columns get the decode kernel,
+    /// [`crate::kernels::decode_gemm::auto_decode_bf16`]). [`TcGemm::plan_chain2`] always uses the cooperative kernel.
     pub config: GemmConfig,
     /// Tunables of the decode configuration.
     pub decode: DecodeConfig,
@@ -650,7 +651,56 @@ impl<'d> TcGemm<'d> {
         } else {
             opts
         };
-        if config == GemmConfig::SwapAb {
+        // Auto's decode kernel for BF16 (`auto_decode_bf16`) runs its own configuration unless
+        // the caller set one; where the decode kernel refuses the problem (or this module lacks
+        // it), the swap-AB kernel that Auto would pick otherwise.
+        let auto_bf16_decode =
+            T::IS_BF16 && opts.config == GemmConfig::Auto && config == GemmConfig::Decode;
+        if config == GemmConfig::Decode {
+            if opts.cooperative_knobs() {
+                return Err(Error::BadShape {
+                    what: "tc_gemm config decode",
+                    detail: "ping-pong, cluster and clusters are options of the cooperative kernel; allowed with GemmConfig::Decode: none of them".into(),
+                });
+            }
+            let decode_cfg = if auto_bf16_decode && opts.decode == DecodeConfig::default() {
+                DecodeConfig::auto_bf16()
+            } else {
+                opts.decode
+            };
+            let prepared = match &self.decode {
+                Some(d) => d.prepare(
+                    stream,
+                    &a,
+                    &b,
+                    layout,
+                    &c,
+                    alpha,
+                    beta,
+                    &DecodeGemmOptions::new(decode_cfg, opts.pdl),
+                ),
+                // Report why the launcher is missing.
+                None => Err(DecodeGemm::new(self.dev).err().unwrap_or(Error::Empty {
+                    what: "decode gemm launcher",
+                })),
+            };
+            match prepared {
+                Ok(l) => {
+                    return Ok(TcGemmPlan {
+                        dev: self.dev,
+                        stream: stream.clone(),
+                        table: None,
+                        launches: Vec::new(),
+                        decode: vec![l],
+                        swap_ab: Vec::new(),
+                        shapes: vec![shape],
+                    })
+                }
+                Err(e) if !auto_bf16_decode => return Err(e),
+                Err(_) => {}
+            }
+        }
+        if config == GemmConfig::SwapAb || auto_bf16_decode {
             let (Some(a), Some(b)) = (T::bf16_matrix(a), T::bf16_matrix(b)) else {
                 return Err(Error::BadShape {
                     what: "tc_gemm config swapab",
@@ -670,53 +720,24 @@ impl<'d> TcGemm<'d> {
                 opts,
             );
         }
-        if config == GemmConfig::Decode {
-            if opts.cooperative_knobs() {
-                return Err(Error::BadShape {
-                    what: "tc_gemm config decode",
-                    detail: "ping-pong, cluster and clusters are options of the cooperative kernel; allowed with GemmConfig::Decode: none of them".into(),
-                });
-            }
-            let decode = match &self.decode {
-                Some(d) => d,
-                // Explicitly asked for: report why the launcher is missing.
-                None => {
-                    return Err(DecodeGemm::new(self.dev).err().unwrap_or(Error::Empty {
-                        what: "decode gemm launcher",
-                    }))
-                }
-            };
-            let l = decode.prepare(
-                stream,
-                &a,
-                &b,
-                layout,
-                &c,
-                alpha,
-                beta,
-                &DecodeGemmOptions::new(opts.decode, opts.pdl),
-            )?;
-            return Ok(TcGemmPlan {
-                dev: self.dev,
-                stream: stream.clone(),
-                table: None,
-                launches: Vec::new(),
-                decode: vec![l],
-                swap_ab: Vec::new(),
-                shapes: vec![shape],
-            });
-        }
         let (p, shape, maps) =
             self.prepare(stream, &a, &b, layout, &c, alpha, beta, opts, opts.pdl)?;
         self.finish(stream, vec![(p, maps)], vec![shape])
     }
 
     /// The configuration a BF16 [`TcGemm::plan`] of `shape` with `opts` uses: `opts.config`,
-    /// with [`GemmConfig::Auto`] resolved by [`select_config`] (and to the cooperative kernel
-    /// when this device's module lacks the decode entries).
+    /// with [`GemmConfig::Auto`] resolved by [`select_config`] (and to the swap-AB kernel when
+    /// this device's module lacks the decode entries; [`TcGemm::plan`] also falls back to it
+    /// where the decode kernel refuses the problem).
     pub fn select(&self, shape: GemmShape, layout: BLayout, opts: &TcGemmOptions) -> GemmConfig {
         let knobs = opts.cooperative_knobs();
-        self.resolve(opts, select_config(opts.config, shape, layout, knobs))
+        match select_config(opts.config, shape, layout, knobs) {
+            // Auto's BF16 decode choice falls back to the swap-AB kernel without the entries.
+            GemmConfig::Decode if opts.config == GemmConfig::Auto && self.decode.is_none() => {
+                GemmConfig::SwapAb
+            }
+            c => c,
+        }
     }
 
     /// [`TcGemm::select`] for FP16 inputs ([`select_config_f16`]: no swap-AB kernel).
