@@ -847,6 +847,15 @@ mod tests {
                 "M = {m}"
             );
         }
+        // Auto's BF16 decode configuration has an entry at every shape the rule sends it.
+        for m in 1..=AUTO_DECODE_BF16_MAX_M {
+            for (n, k) in [(1, 8), (1003, 2056), (4096, 4096), (4096, 14336)] {
+                assert!(auto_decode_bf16(shape(m, n, k)));
+                let ls = launch_shape(shape(m, n, k), true, &DecodeConfig::auto_bf16(), 132)
+                    .unwrap_or_else(|e| panic!("{m} x {n} x {k}: {e}"));
+                assert_eq!(ls.kernel, "decode_gemm_bf16_t1_u2_r2_pa", "{m} x {n} x {k}");
+            }
+        }
         // 65 to 128 rows with N >= 12288: the cooperative kernel (ping-pong, set by the plan).
         for (m, n, coop) in [
             (64, 28672, false),
