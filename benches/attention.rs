@@ -101,12 +101,8 @@ fn shapes() -> Vec<[usize; 4]> {
         Ok(v) => v
             .split(',')
             .map(|s| {
-                let d: Vec<usize> = s
-                    .split('x')
-                    .map(|x| x.trim().parse().expect("WARPLINE_ATTN_SHAPES: BxHxSxD,..."))
-                    .collect();
-                assert_eq!(d.len(), 4, "WARPLINE_ATTN_SHAPES: BxHxSxD,...");
-                [d[0], d[1], d[2], d[3]]
+                warpline_suite::support::parse_dims::<4>(s)
+                    .expect("WARPLINE_ATTN_SHAPES: BxHxSxD,...")
             })
             .collect(),
         Err(_) => vec![[16, 16, 2048, 128], [4, 16, 8192, 128], [16, 32, 2048, 64]],

@@ -70,16 +70,8 @@ fn shapes() -> Vec<[usize; 4]> {
         Ok(v) => v
             .split(',')
             .map(|s| {
-                let d: Vec<usize> = s
-                    .split('x')
-                    .map(|x| {
-                        x.trim()
-                            .parse()
-                            .expect("WARPLINE_BATCHED_SHAPES: BxMxNxK,...")
-                    })
-                    .collect();
-                assert_eq!(d.len(), 4, "WARPLINE_BATCHED_SHAPES: BxMxNxK,...");
-                [d[0], d[1], d[2], d[3]]
+                warpline_suite::support::parse_dims::<4>(s)
+                    .expect("WARPLINE_BATCHED_SHAPES: BxMxNxK,...")
             })
             .collect(),
         Err(_) => vec![

@@ -36,7 +36,7 @@ use warpline::kernels::tc_gemm::{
     WeightsBeforeWait,
 };
 use warpline::{bf16, Device, DeviceBuffer, MemPool, Stream};
-use warpline_suite::support::gpu_or_skip;
+use warpline_suite::support::{gpu_or_skip, parse_dims};
 
 const REPS: usize = 15;
 const BATCH: usize = 20;
@@ -169,10 +169,9 @@ fn run(dev: &Device) -> warpline::Result<()> {
         // The bench's M values, and with WARPLINE_DECODE_SHAPES any M it names for this (N, K).
         let mut ms = vec![1usize, 2, 7, 8, 16, 32, 64, 128];
         if let Some(only) = &only {
-            for s in only {
-                let d: Vec<usize> = s.split('x').filter_map(|x| x.parse().ok()).collect();
-                if d.len() == 3 && (d[1], d[2]) == (n, k) && !ms.contains(&d[0]) {
-                    ms.push(d[0]);
+            for [m, sn, sk] in only.iter().filter_map(|s| parse_dims(s)) {
+                if (sn, sk) == (n, k) && !ms.contains(&m) {
+                    ms.push(m);
                 }
             }
         }

@@ -111,10 +111,7 @@ fn run(dev: &Device) -> warpline::Result<()> {
     // WARPLINE_TC_SHAPES names shapes outside this list too.
     let listed: Option<Vec<(usize, usize, usize)>> = only.as_ref().map(|v| {
         v.iter()
-            .filter_map(|s| {
-                let d: Vec<usize> = s.split('x').filter_map(|x| x.parse().ok()).collect();
-                (d.len() == 3).then(|| (d[0], d[1], d[2]))
-            })
+            .filter_map(|s| warpline_suite::support::parse_dims(s).map(|[m, n, k]| (m, n, k)))
             .collect()
     });
     let default_shapes = vec![

@@ -211,6 +211,16 @@ pub fn gemm_seed(label: &str) -> u64 {
     s
 }
 
+/// A bench's shape string, `N` unsigned dimensions joined by `x` (`"128x4096x4096"`, each part
+/// trimmed); `None` for anything else.
+pub fn parse_dims<const N: usize>(s: &str) -> Option<[usize; N]> {
+    let d: Vec<usize> = s
+        .split('x')
+        .map(|x| x.trim().parse().ok())
+        .collect::<Option<_>>()?;
+    d.try_into().ok()
+}
+
 /// `n` standard normal samples (Box-Muller).
 pub fn normal(rng: &mut rand::rngs::StdRng, n: usize) -> Vec<f32> {
     use rand::Rng;
@@ -447,5 +457,27 @@ mod tests {
     #[should_panic(expected = "WARPLINE_REQUIRE_GPU=1 requires the GPU")]
     fn a_skip_fails_when_the_gpu_is_required() {
         skip_or_fail("probe", "no CUDA driver", true);
+    }
+
+    #[test]
+    fn parse_dims_takes_exactly_n_unsigned_dimensions() {
+        assert_eq!(
+            super::parse_dims::<3>("128x4096x4096"),
+            Some([128, 4096, 4096])
+        );
+        assert_eq!(
+            super::parse_dims::<4>(" 16 x16x2048x 128"),
+            Some([16, 16, 2048, 128])
+        );
+        for bad in [
+            "",
+            "128x4096",
+            "128x4096x4096x1",
+            "12ax4096x4096",
+            "-1x2x3",
+            "1xx2",
+        ] {
+            assert_eq!(super::parse_dims::<3>(bad), None, "{bad:?}");
+        }
     }
 }

@@ -294,21 +294,19 @@ fn issue20_auto_choices_by_shape() {
             .unwrap();
         assert_eq!(plan.kernel_names(), [want], "{m} x {n} x {k}");
         drop(plan);
-        {
-            let case = Case {
-                auto: true,
-                ..Case::new(m, n, k)
-            };
-            run_case::<bf16, f32>(&tc, case);
-            run_case::<bf16, bf16>(
-                &tc,
-                Case {
-                    alpha: 0.5,
-                    beta: -0.75,
-                    ..case
-                },
-            );
-        }
+        let case = Case {
+            auto: true,
+            ..Case::new(m, n, k)
+        };
+        run_case::<bf16, f32>(&tc, case);
+        run_case::<bf16, bf16>(
+            &tc,
+            Case {
+                alpha: 0.5,
+                beta: -0.75,
+                ..case
+            },
+        );
     }
 }
 

@@ -731,13 +731,8 @@ impl<'d> TcGemm<'d> {
     /// where the decode kernel refuses the problem).
     pub fn select(&self, shape: GemmShape, layout: BLayout, opts: &TcGemmOptions) -> GemmConfig {
         let knobs = opts.cooperative_knobs();
-        match select_config(opts.config, shape, layout, knobs) {
-            // Auto's BF16 decode choice falls back to the swap-AB kernel without the entries.
-            GemmConfig::Decode if opts.config == GemmConfig::Auto && self.decode.is_none() => {
-                GemmConfig::SwapAb
-            }
-            c => c,
-        }
+        let chosen = select_config(opts.config, shape, layout, knobs);
+        self.resolve(opts, chosen, GemmConfig::SwapAb)
     }
 
     /// [`TcGemm::select`] for FP16 inputs ([`select_config_f16`]: no swap-AB kernel).
@@ -748,13 +743,21 @@ impl<'d> TcGemm<'d> {
         opts: &TcGemmOptions,
     ) -> GemmConfig {
         let knobs = opts.cooperative_knobs();
-        self.resolve(opts, select_config_f16(opts.config, shape, layout, knobs))
+        let chosen = select_config_f16(opts.config, shape, layout, knobs);
+        self.resolve(opts, chosen, GemmConfig::Cooperative128x256)
     }
 
-    fn resolve(&self, opts: &TcGemmOptions, chosen: GemmConfig) -> GemmConfig {
+    /// `chosen`, except that Auto's decode choice becomes `fallback` when this device's module
+    /// lacks the decode entries (BF16: the swap-AB kernel; FP16: the cooperative kernel).
+    fn resolve(
+        &self,
+        opts: &TcGemmOptions,
+        chosen: GemmConfig,
+        fallback: GemmConfig,
+    ) -> GemmConfig {
         match chosen {
             GemmConfig::Decode if opts.config == GemmConfig::Auto && self.decode.is_none() => {
-                GemmConfig::Cooperative128x256
+                fallback
             }
             c => c,
         }
